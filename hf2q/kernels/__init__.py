@@ -1,0 +1,1 @@
+"""Fused kernels with ops references; they know nothing of the runtime."""

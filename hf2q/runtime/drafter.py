@@ -1,0 +1,489 @@
+"""The DFlash block-diffusion drafter in the z-lab checkpoint format: config, model, load, save.
+
+What it does: parse and validate a drafter ``config.json`` (refusing DFlash2 and vendor formats),
+build the MLX model whose parameter names are z-lab's tensor names, run one drafting forward
+(a block ``[last_token, MASK x (B-1)]`` attending non-causally to target features of the verified
+context plus the block itself), and write a drafter back in the same layout.
+
+What it does not do: own an embedding or an lm_head (the target's are bound at run time), decide
+acceptance, or touch the target's caches. Facts about the format: ``shared/docs/dflash.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+from mlx_lm.models.qwen3 import MLP
+from mlx_lm.models.rope_utils import initialize_rope
+
+from hf2q.errors import DrafterError
+
+DRAFTER_ARCHITECTURE = "DFlashDraftModel"
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """Evenly spaced target layers from 1 to N-3 (SpecForge's and z-lab's training rule)."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [
+        round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)
+    ]
+
+
+def check_drafter_format(cfg: dict[str, Any], where: str = "the drafter") -> None:
+    """Raise :class:`DrafterError` unless ``cfg`` is a DFlash (v1) drafter config in z-lab's format."""
+    archs = [str(a) for a in cfg.get("architectures") or []]
+    dflash = cfg.get("dflash_config") or {}
+    if "DFlash2DraftModel" in archs or any(
+        int(dflash.get(k, 0) or 0) > 0
+        for k in ("conv_kernel_size", "selector_rank", "selector_top_k")
+    ):
+        raise DrafterError(
+            f"{where} is a DFlash2 drafter (DFlash2DraftModel), which hf2q does not support yet: "
+            "use a DFlash drafter such as z-lab/Qwen3.5-4B-DFlash"
+        )
+    if "speculators_config" in cfg or "aux_hidden_state_layer_ids" in json.dumps(cfg):
+        raise DrafterError(
+            f"{where} is in the vendor 'speculators' format, which hf2q does not read: use a "
+            "drafter in z-lab's DFlash format (config.json with dflash_config)"
+        )
+    if DRAFTER_ARCHITECTURE not in archs and "dflash_config" not in cfg:
+        name = archs[0] if archs else cfg.get("model_type", "unknown")
+        raise DrafterError(
+            f"{where} is not a DFlash drafter (architecture {name}): pass a drafter whose "
+            f"config.json names {DRAFTER_ARCHITECTURE} and has dflash_config"
+        )
+
+
+@dataclass
+class DFlashConfig:
+    """The fields of a z-lab DFlash drafter ``config.json`` that the model uses."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    num_target_layers: int
+    target_layer_ids: list[int]
+    mask_token_id: int
+    block_size: int = 16
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 32768
+    layer_types: list[str] = field(default_factory=list)
+    sliding_window: int | None = None
+    is_causal: bool | None = None
+    attention_bias: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.layer_types:
+            self.layer_types = ["full_attention"] * self.num_hidden_layers
+        self.target_layer_ids = [int(i) for i in self.target_layer_ids]
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any], where: str = "the drafter") -> DFlashConfig:
+        """Parse a z-lab drafter config; raise :class:`DrafterError` naming what is wrong."""
+        check_drafter_format(cfg, where)
+        dflash = dict(cfg.get("dflash_config") or {})
+        need = [
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "intermediate_size",
+            "vocab_size",
+        ]
+        missing = [k for k in need if k not in cfg]
+        if "mask_token_id" not in dflash:
+            missing.append("dflash_config.mask_token_id")
+        if missing:
+            raise DrafterError(
+                f"{where}'s config.json lacks {', '.join(missing)}: it is not a complete DFlash drafter config"
+            )
+        n_layers = int(cfg["num_hidden_layers"])
+        num_target_layers = cfg.get("num_target_layers", dflash.get("num_target_layers"))
+        ids = dflash.get("target_layer_ids", cfg.get("target_layer_ids"))
+        if ids is None:
+            if num_target_layers is None:
+                raise DrafterError(
+                    f"{where}'s config.json has neither dflash_config.target_layer_ids nor num_target_layers: add target_layer_ids"
+                )
+            ids = default_target_layer_ids(int(num_target_layers), n_layers)
+        if num_target_layers is None:
+            raise DrafterError(
+                f"{where}'s config.json lacks num_target_layers: add the target's layer count"
+            )
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+        rope_theta = cfg.get("rope_theta", (rope or {}).get("rope_theta", 10000.0))
+        if rope is not None and rope.get("rope_type", rope.get("type", "default")) == "default":
+            rope = None
+        layer_types = list(cfg.get("layer_types") or ["full_attention"] * n_layers)
+        if len(layer_types) != n_layers:
+            raise DrafterError(
+                f"{where}'s layer_types has {len(layer_types)} entries for {n_layers} layers: make them match"
+            )
+        unknown = sorted(set(layer_types) - set(LAYER_TYPES))
+        if unknown:
+            raise DrafterError(
+                f"{where} has unsupported layer types {unknown} (supported: {', '.join(LAYER_TYPES)})"
+            )
+        if "sliding_attention" in layer_types and not cfg.get("sliding_window"):
+            raise DrafterError(
+                f"{where} has sliding_attention layers but no sliding_window: add sliding_window to config.json"
+            )
+        known = set(need) | {
+            "head_dim",
+            "num_target_layers",
+            "block_size",
+            "rms_norm_eps",
+            "rope_theta",
+            "rope_parameters",
+            "rope_scaling",
+            "max_position_embeddings",
+            "layer_types",
+            "sliding_window",
+            "is_causal",
+            "attention_bias",
+            "dflash_config",
+        }
+        return cls(
+            hidden_size=int(cfg["hidden_size"]),
+            num_hidden_layers=n_layers,
+            num_attention_heads=int(cfg["num_attention_heads"]),
+            num_key_value_heads=int(cfg["num_key_value_heads"]),
+            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]),
+            intermediate_size=int(cfg["intermediate_size"]),
+            vocab_size=int(cfg["vocab_size"]),
+            num_target_layers=int(num_target_layers),
+            target_layer_ids=list(ids),
+            mask_token_id=int(dflash["mask_token_id"]),
+            block_size=int(dflash.get("block_size", cfg.get("block_size", 16))),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope_theta),
+            rope_scaling=rope,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+            layer_types=layer_types,
+            sliding_window=cfg.get("sliding_window"),
+            is_causal=cfg.get("is_causal"),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            extra={k: v for k, v in cfg.items() if k not in known},
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config.json z-lab's loaders read (target_layer_ids always written explicitly)."""
+        cfg: dict[str, Any] = dict(self.extra)
+        cfg.update(
+            {
+                "architectures": [DRAFTER_ARCHITECTURE],
+                "model_type": cfg.get("model_type", "qwen3"),
+                "hidden_size": self.hidden_size,
+                "num_hidden_layers": self.num_hidden_layers,
+                "num_attention_heads": self.num_attention_heads,
+                "num_key_value_heads": self.num_key_value_heads,
+                "head_dim": self.head_dim,
+                "intermediate_size": self.intermediate_size,
+                "vocab_size": self.vocab_size,
+                "rms_norm_eps": self.rms_norm_eps,
+                "rope_theta": self.rope_theta,
+                "max_position_embeddings": self.max_position_embeddings,
+                "attention_bias": self.attention_bias,
+                "hidden_act": "silu",
+                "tie_word_embeddings": False,
+                "layer_types": list(self.layer_types),
+                "block_size": self.block_size,
+                "num_target_layers": self.num_target_layers,
+                "dflash_config": {
+                    "mask_token_id": self.mask_token_id,
+                    "target_layer_ids": list(self.target_layer_ids),
+                    "block_size": self.block_size,
+                },
+            }
+        )
+        if self.rope_scaling is not None:
+            cfg["rope_scaling"] = self.rope_scaling
+        if self.sliding_window is not None:
+            cfg["sliding_window"] = self.sliding_window
+        if self.is_causal is not None:
+            cfg["is_causal"] = self.is_causal
+        return cfg
+
+    def validate_for_target(
+        self, *, hidden_size: int, vocab_size: int, num_layers: int, where: str = "the drafter"
+    ) -> None:
+        """Raise :class:`DrafterError` if this drafter cannot draft for a target of these sizes."""
+        if self.hidden_size != hidden_size:
+            raise DrafterError(
+                f"{where} has hidden size {self.hidden_size} but the target has {hidden_size}: "
+                "pass the drafter trained for this target"
+            )
+        if self.num_target_layers != num_layers:
+            raise DrafterError(
+                f"{where} was trained for a target of {self.num_target_layers} layers but the target "
+                f"has {num_layers}: pass the drafter trained for this target"
+            )
+        bad = [i for i in self.target_layer_ids if not 0 <= i < num_layers]
+        if bad:
+            raise DrafterError(
+                f"{where}'s target_layer_ids {bad} are outside the target's {num_layers} layers: fix dflash_config.target_layer_ids"
+            )
+        if self.vocab_size != vocab_size:
+            raise DrafterError(
+                f"{where} has vocab size {self.vocab_size} but the target's embedding has "
+                f"{vocab_size} rows: pass the drafter trained for this target"
+            )
+        if not 0 <= self.mask_token_id < vocab_size:
+            raise DrafterError(
+                f"{where}'s mask_token_id {self.mask_token_id} is outside the target's embedding "
+                f"(0..{vocab_size - 1}): fix dflash_config.mask_token_id"
+            )
+
+
+class DFlashAttention(nn.Module):
+    """Attention of one drafter layer: queries from the block, keys/values from context + block."""
+
+    def __init__(self, cfg: DFlashConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        dim, bias = cfg.hidden_size, cfg.attention_bias
+        self.q_proj = nn.Linear(dim, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(dim, self.n_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(dim, self.n_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, dim, bias=bias)
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        sliding = cfg.layer_types[layer_idx] == "sliding_attention"
+        self.sliding_window = cfg.sliding_window if sliding else None
+        # z-lab's convention: sliding layers are causal inside the block unless is_causal says otherwise.
+        self.is_causal = sliding if cfg.is_causal is None else bool(cfg.is_causal)
+        self.rope = initialize_rope(
+            cfg.head_dim, cfg.rope_theta, False, cfg.rope_scaling, cfg.max_position_embeddings
+        )
+
+    def _heads(self, x: mx.array, n: int) -> mx.array:
+        B, L, _ = x.shape
+        return x.reshape(B, L, n, self.head_dim).transpose(0, 2, 1, 3)  # (B, n, L, d)
+
+    def queries(self, x: mx.array, offset: int | mx.array) -> mx.array:
+        """Normed, rotated queries of block rows ``x`` (B, L, H) starting at position ``offset``."""
+        return self.rope(self.q_norm(self._heads(self.q_proj(x), self.n_heads)), offset=offset)
+
+    def keys_values(self, x: mx.array, offset: int | mx.array) -> tuple[mx.array, mx.array]:
+        """Normed, rotated keys and values of rows ``x`` (B, L, H) starting at position ``offset``."""
+        k = self.rope(self.k_norm(self._heads(self.k_proj(x), self.n_kv_heads)), offset=offset)
+        return k, self._heads(self.v_proj(x), self.n_kv_heads)
+
+    def attend(self, q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None) -> mx.array:
+        """Scaled dot-product attention and output projection; returns (B, L, H)."""
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        B, _, L, _ = out.shape
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+    def block_mask(self, n_ctx: int, n_block: int, ctx_start: int) -> mx.array | None:
+        """Boolean mask (n_block, n_ctx + n_block) for the block rows at positions after the context.
+
+        ``ctx_start`` is the absolute position of the first context key kept in view; the block
+        starts right after the last context key.
+        """
+        if not self.is_causal and self.sliding_window is None:
+            return None
+        q_pos = ctx_start + n_ctx + mx.arange(n_block)[:, None]
+        k_pos = ctx_start + mx.arange(n_ctx + n_block)[None, :]
+        visible = mx.ones((n_block, n_ctx + n_block), dtype=mx.bool_)
+        if self.is_causal:
+            visible = visible & (k_pos <= q_pos)
+        if self.sliding_window is not None:
+            visible = visible & (q_pos - k_pos < self.sliding_window)
+        return visible
+
+    def __call__(self, x: mx.array, ctx: mx.array, cache: KVCache) -> mx.array:
+        # x: (B, L, H) block rows; ctx: (B, S, H) new verified context rows (S may be 0).
+        L = x.shape[1]
+        start = cache.offset
+        if ctx.shape[1] > 0:
+            k_ctx, v_ctx = self.keys_values(ctx, start)
+            keys, values = cache.update_and_fetch(k_ctx, v_ctx)
+        else:
+            keys, values = cache.keys_and_values() if cache.offset else (None, None)
+        n_ctx = cache.offset
+        q = self.queries(x, n_ctx)
+        k_blk, v_blk = self.keys_values(x, n_ctx)
+        first = 0
+        if self.sliding_window is not None:
+            # Keys older than the window are invisible to every block row: drop them early.
+            first = max(0, n_ctx - (self.sliding_window - 1))
+        if keys is not None and n_ctx > first:
+            k_all = mx.concatenate([keys[..., first:n_ctx, :], k_blk], axis=2)
+            v_all = mx.concatenate([values[..., first:n_ctx, :], v_blk], axis=2)
+        else:
+            k_all, v_all = k_blk, v_blk
+        mask = self.block_mask(n_ctx - first, L, first)
+        return self.attend(q, k_all, v_all, mask)
+
+
+class DFlashDecoderLayer(nn.Module):
+    """Pre-norm decoder layer: DFlash attention then a SwiGLU MLP, both with residuals."""
+
+    def __init__(self, cfg: DFlashConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = DFlashAttention(cfg, layer_idx)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def __call__(self, x: mx.array, ctx: mx.array, cache: KVCache) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), ctx, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashDraftModel(nn.Module):
+    """The drafter: ``fc`` + ``hidden_norm`` over concatenated target features, a layer stack, ``norm``.
+
+    Parameter names equal z-lab's tensor names, so ``load_weights`` reads their safetensors as is.
+    The target's embedding and lm_head are bound with :meth:`bind` and are not parameters here.
+    """
+
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.fc = nn.Linear(
+            len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False
+        )
+        self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.layers = [DFlashDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)]
+        self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self._embed: Callable[[mx.array], mx.array] | None = None
+        self._head: Callable[[mx.array], mx.array] | None = None
+
+    def bind(
+        self, embed: Callable[[mx.array], mx.array], head: Callable[[mx.array], mx.array]
+    ) -> DFlashDraftModel:
+        """Use the target's embedding (token ids -> hidden) and head (hidden -> logits)."""
+        # Plain callables, not modules: the target's weights must not join this model's parameters.
+        self._embed, self._head = embed, head
+        return self
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.config.mask_token_id
+
+    def make_cache(self) -> list[KVCache]:
+        """One KV cache per layer, holding keys/values of verified context positions only."""
+        return [KVCache() for _ in self.layers]
+
+    def context(self, features: mx.array) -> mx.array:
+        """Project concatenated target features (B, S, n_ids*H) to drafter context rows (B, S, H)."""
+        return self.hidden_norm(self.fc(features))
+
+    def hidden(self, block: mx.array, features: mx.array, cache: list[KVCache]) -> mx.array:
+        """Final-normed hidden states (B, L, H) of the block rows.
+
+        Args:
+            block: (B, L) token ids ``[last_committed, MASK, ..., MASK]``.
+            features: (B, S, n_ids*H) target features of the S newly verified positions; they are
+                appended to ``cache`` and stay there (the cache holds verified context only).
+            cache: from :meth:`make_cache`.
+        """
+        if self._embed is None:
+            raise RuntimeError("DFlashDraftModel.bind(embed, head) must be called before drafting")
+        h = self._embed(block)
+        ctx = self.context(features)
+        for layer, c in zip(self.layers, cache, strict=True):
+            h = layer(h, ctx, c)
+        return self.norm(h)
+
+    def __call__(self, block: mx.array, features: mx.array, cache: list[KVCache]) -> mx.array:
+        """Draft logits (B, L-1, vocab) for block positions 1..L-1."""
+        return self._head(self.hidden(block, features, cache)[:, 1:])
+
+
+def load_drafter_config(path: str | Path) -> DFlashConfig:
+    """Read and validate ``path/config.json`` as a DFlash drafter config."""
+    folder = Path(path)
+    cfg_file = folder / "config.json"
+    if not cfg_file.is_file():
+        raise DrafterError(
+            f"{folder} has no config.json: pass a DFlash drafter folder or Hub repo id"
+        )
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise DrafterError(
+            f"{cfg_file} is not valid JSON ({exc.msg} at line {exc.lineno}): re-download or fix it"
+        ) from exc
+    return DFlashConfig.from_dict(cfg, where=f"drafter {folder}")
+
+
+def load_drafter(path: str | Path, *, dtype: mx.Dtype | None = None) -> DFlashDraftModel:
+    """Load a DFlash drafter from a local z-lab-format folder (quantized ones from hf2q too)."""
+    folder = Path(path)
+    cfg = load_drafter_config(folder)
+    raw = json.loads((folder / "config.json").read_text())
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise DrafterError(f"{folder} has no .safetensors weights: pass a complete drafter folder")
+    weights: dict[str, mx.array] = {}
+    for f in files:
+        try:
+            weights.update(mx.load(str(f)))
+        except Exception as exc:  # MLX raises RuntimeError/ValueError for damaged files
+            raise DrafterError(
+                f"{f} cannot be read ({exc}): re-download or re-convert the drafter"
+            ) from exc
+    model = DFlashDraftModel(cfg)
+    quant = raw.get("quantization")
+    if quant:
+        nn.quantize(
+            model,
+            group_size=quant.get("group_size", 64),
+            bits=quant.get("bits", 4),
+            mode=quant.get("mode", "affine"),
+            class_predicate=lambda p, m: f"{p}.scales" in weights,
+        )
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as exc:
+        raise DrafterError(
+            f"{folder}'s weights do not match its config.json ({exc}): the checkpoint is inconsistent"
+        ) from exc
+    if dtype is not None and not quant:
+        model.set_dtype(dtype)
+    model.eval()
+    mx.eval(model.parameters())
+    return model
+
+
+def save_drafter(
+    model: DFlashDraftModel, path: str | Path, *, extra_config: dict[str, Any] | None = None
+) -> None:
+    """Write ``model`` as a z-lab drafter: ``config.json`` + ``model.safetensors`` (no prefix)."""
+    from mlx.utils import tree_flatten
+
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = model.config.to_dict()
+    if extra_config:
+        cfg.update(extra_config)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")

@@ -1,0 +1,148 @@
+"""The target model: an mlx-lm causal LM viewed as embedding, decoder layers, final norm and head.
+
+What it does: locate those parts in mlx-lm's own model classes (Qwen3.5 / Qwen3.6 dense and MoE,
+multimodal wrapper or text-only, and plain Qwen3), and run a forward pass that drives mlx-lm's
+decoder layers one by one so the outputs of chosen layers (the drafter's ``target_layer_ids``) can
+be captured. Each layer's own ``__call__`` runs unchanged; nothing upstream is patched, and the
+model stays usable by plain mlx-lm generation.
+
+What it does not do: implement any layer, decide acceptance, or roll caches back (see the
+caches module).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask, create_ssm_mask
+
+from hf2q.errors import ModelError
+
+#: model_type values whose layer structure this adapter understands.
+SUPPORTED_TARGET_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "qwen3")
+
+#: ``layer_fn(index, layer, h, mask, cache) -> h``: how one decoder layer is run (default: its own __call__).
+LayerFn = Callable[[int, nn.Module, mx.array, Any, Any], mx.array]
+
+
+def _run_layer(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any) -> mx.array:
+    return layer(h, mask=mask, cache=cache)
+
+
+class TargetModel:
+    """A loaded mlx-lm model plus the handles DFlash needs; see the module docstring."""
+
+    def __init__(self, model: nn.Module, tokenizer: Any = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        lm = getattr(model, "language_model", model)
+        inner = getattr(lm, "model", None)
+        if inner is None or not hasattr(inner, "embed_tokens") or not hasattr(inner, "layers"):
+            raise ModelError(
+                f"{type(model).__module__} models are not supported as DFlash targets "
+                f"(supported model types: {', '.join(SUPPORTED_TARGET_TYPES)})"
+            )
+        self.lm = lm
+        self.inner = inner
+        self.args = lm.args
+        self.model_type = getattr(model, "model_type", getattr(self.args, "model_type", ""))
+
+    # -- sizes -----------------------------------------------------------------------------
+    @property
+    def layers(self) -> list[nn.Module]:
+        return self.inner.layers
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.inner.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.args.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the embedding (what drafter token ids and the mask id index into)."""
+        emb = self.inner.embed_tokens
+        w = emb.weight
+        # Quantized embeddings pack several values per uint32; the row count is still shape[0].
+        return int(w.shape[0])
+
+    def is_linear(self, index: int) -> bool:
+        """True for Gated-DeltaNet (linear attention) layers, False for full attention."""
+        return bool(getattr(self.inner.layers[index], "is_linear", False))
+
+    @property
+    def linear_layers(self) -> list[int]:
+        return [i for i in range(self.num_layers) if self.is_linear(i)]
+
+    # -- pieces ----------------------------------------------------------------------------
+    def embed(self, tokens: mx.array) -> mx.array:
+        """Token ids (B, L) -> input hidden states (B, L, H)."""
+        return self.inner.embed_tokens(tokens)
+
+    def head(self, h: mx.array) -> mx.array:
+        """Final-normed hidden states (B, L, H) -> logits (B, L, vocab)."""
+        if getattr(self.args, "tie_word_embeddings", False) or not hasattr(self.lm, "lm_head"):
+            return self.inner.embed_tokens.as_linear(h)
+        return self.lm.lm_head(h)
+
+    def logits(self, h: mx.array) -> mx.array:
+        """Last-layer hidden states -> logits (final norm, then head)."""
+        return self.head(self.inner.norm(h))
+
+    def make_cache(self) -> list[Any]:
+        """mlx-lm's own cache list for this model (KVCache / ArraysCache per layer)."""
+        return self.model.make_cache()
+
+    def masks(self, h: mx.array, cache: Sequence[Any] | None) -> tuple[Any, Any]:
+        """(full-attention mask, linear-attention mask) for input ``h``, as mlx-lm builds them."""
+        fa_mask = ssm_mask = None
+        for i in range(self.num_layers):
+            c = cache[i] if cache is not None else None
+            if self.is_linear(i):
+                if ssm_mask is None:
+                    ssm_mask = create_ssm_mask(h, c)
+            elif fa_mask is None:
+                fa_mask = create_attention_mask(h, c)
+        return fa_mask, ssm_mask
+
+    def forward(
+        self,
+        tokens: mx.array,
+        cache: Sequence[Any] | None = None,
+        *,
+        capture: Sequence[int] = (),
+        layer_fn: LayerFn | None = None,
+        last_only: bool = False,
+    ) -> tuple[mx.array, mx.array | None]:
+        """Run the target on ``tokens`` (B, L), updating ``cache`` in place.
+
+        Args:
+            capture: decoder layer indices whose outputs (after the layer's residual adds, before
+                the final norm) are returned concatenated on the feature axis, in this order.
+            layer_fn: runs one layer; defaults to the layer's own ``__call__``. The verify path
+                passes one that records what exact rollback needs.
+            last_only: return logits of the last position only (prefill).
+
+        Returns:
+            ``(logits, features)``: logits (B, L or 1, vocab); features (B, L, len(capture)*H) or
+            None when nothing is captured.
+        """
+        run = layer_fn or _run_layer
+        h = self.embed(tokens)
+        fa_mask, ssm_mask = self.masks(h, cache)
+        want = {lid: k for k, lid in enumerate(capture)}
+        captured: list[mx.array | None] = [None] * len(capture)
+        for i, layer in enumerate(self.inner.layers):
+            c = cache[i] if cache is not None else None
+            h = run(i, layer, h, ssm_mask if self.is_linear(i) else fa_mask, c)
+            if i in want:
+                captured[want[i]] = h
+        if last_only:
+            h = h[:, -1:]
+        features = mx.concatenate(captured, axis=-1) if capture else None
+        return self.logits(h), features
