@@ -29,6 +29,27 @@ def gated_delta_steps(
 ) -> tuple[mx.array, mx.array]:
     """Gated delta rule over T steps, returning every intermediate state.
 
+    The contract is :func:`gated_delta_steps_reference` (same arguments, shapes, dtypes and
+    results). This entry point runs it through ``mx.compile``, which replays the traced graph
+    per input shape instead of rebuilding T steps of small ops in Python each call (about 3x
+    faster on CPU for small models; bit-identical results on CPU, tested).
+    """
+    if mask is None:
+        return _compiled(q, k, v, g, beta, state)
+    return _compiled_masked(q, k, v, g, beta, state, mask)
+
+
+def gated_delta_steps_reference(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    g: mx.array,
+    beta: mx.array,
+    state: mx.array,
+    mask: mx.array | None = None,
+) -> tuple[mx.array, mx.array]:
+    """Ops reference of :func:`gated_delta_steps`: a Python loop of small MLX ops per step.
+
     Per step t and value head h (``kh`` = the key head that h reads, ``h // (Hv // Hk)``)::
 
         S = S * g[t, h]                        # decay
@@ -64,6 +85,10 @@ def gated_delta_steps(
         ys.append(y)
         states.append(state)
     return mx.stack(ys, axis=1), mx.stack(states, axis=1)
+
+
+_compiled = mx.compile(gated_delta_steps_reference)
+_compiled_masked = mx.compile(gated_delta_steps_reference)
 
 
 def _step(

@@ -175,4 +175,3 @@ def make_target_cache(model: Any) -> TargetCache:
         for c in base
     ]
     return TargetCache(caches)
-

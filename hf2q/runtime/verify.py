@@ -41,7 +41,9 @@ def gdn_verify(attn: nn.Module, x: mx.array, mask: Any, cache: GDNRollbackCache)
         (B, T, H) the layer's output (before the residual add).
     """
     if getattr(attn, "sharding_group", None) is not None:
-        raise NotImplementedError("verify of tensor-parallel Gated-DeltaNet layers is not supported")
+        raise NotImplementedError(
+            "verify of tensor-parallel Gated-DeltaNet layers is not supported"
+        )
     if cache.lengths is not None:
         raise NotImplementedError("verify does not support right-padded (lengths) caches")
     B, S, _ = x.shape
