@@ -40,14 +40,15 @@ def fit_drafter(
     sequences: mx.array,
     *,
     steps: int = 300,
+    anchors_per_step: int = 1,
     lr: float = 3e-3,
     gamma: float = 7.0,
     seed: int = 0,
 ) -> list[float]:
     """Fit ``drafter`` (bound to ``target``) to ``sequences`` (N, L) of equal length; return losses.
 
-    Every step takes one anchor position p for all N sequences (shared positions keep the
-    drafter's own cached forward usable for a batch).
+    Every step takes ``anchors_per_step`` anchor positions p, each for all N sequences at once
+    (a shared position keeps the drafter's own cached forward usable for a batch).
     """
     B = drafter.block_size
     ids = drafter.config.target_layer_ids
@@ -59,7 +60,7 @@ def fit_drafter(
     w = mx.array([math.exp(-(k - 1) / gamma) for k in range(1, B)])
     rng = np.random.default_rng(seed)
 
-    def loss_fn(model: DFlashDraftModel, p: int) -> mx.array:
+    def block_loss(model: DFlashDraftModel, p: int) -> mx.array:
         n_lab = min(B - 1, L - 1 - p)
         block = mx.concatenate(
             [sequences[:, p : p + 1], mx.full((N, B - 1), mask_id, dtype=mx.int32)], axis=1
@@ -69,13 +70,16 @@ def fit_drafter(
         ce = nn.losses.cross_entropy(logits, labels, reduction="none")  # (N, n_lab)
         return (ce * w[:n_lab]).sum() / (w[:n_lab].sum() * N)
 
+    def loss_fn(model: DFlashDraftModel, ps: list[int]) -> mx.array:
+        return sum(block_loss(model, p) for p in ps) / len(ps)
+
     opt = optim.Adam(learning_rate=lr)
     grad_fn = nn.value_and_grad(drafter, loss_fn)
     losses = []
     drafter.train()
     for _ in range(steps):
-        p = int(rng.integers(1, L - 1))
-        loss, grads = grad_fn(drafter, p)
+        ps = [int(x) for x in rng.integers(1, L - 1, size=anchors_per_step)]
+        loss, grads = grad_fn(drafter, ps)
         opt.update(drafter, grads)
         mx.eval(drafter.parameters(), opt.state, loss)
         losses.append(float(loss.item()))
