@@ -75,7 +75,7 @@ def gdn_verify(attn: nn.Module, x: mx.array, mask: Any, cache: GDNRollbackCache)
         state = mx.zeros((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim), dtype=mx.float32)
     y, states = gated_delta_steps(q, k, v, g, beta, state, mask)
     cache[0] = mx.contiguous(conv_input[:, -K1:])
-    cache[1] = states[:, -1]
+    cache[1] = states[-1]
     cache.advance(S)
     cache.set_record(conv_input, states)
     out = attn.norm(y, z)
