@@ -205,3 +205,21 @@ def test_rollback_misuse_is_refused(request):
         verify_forward(target, mx.array([ids[4:8]]), cache)
     cache.commit()
     assert cache.offset == 8 and all(getattr(c, "record", None) is None for c in cache)
+
+
+def test_compiled_verify_layer_equals_the_eager_one_bit_for_bit(request):
+    from hf2q.runtime.verify import gdn_verify
+
+    target, ids = _target(request, "qwen35_causal_dir")
+    ref = make_target_cache(target)
+    target.forward(mx.array([ids[:9]]), ref)
+    x = target.embed(mx.array([ids[9:25]]))
+    for i in target.linear_layers[:2]:
+        attn = target.layers[i].linear_attn
+        a, b = GDNRollbackCache(), GDNRollbackCache()
+        a.cache, b.cache = list(ref[i].cache), list(ref[i].cache)
+        out_c = gdn_verify(attn, x, None, a, compiled=True)
+        out_e = gdn_verify(attn, x, None, b, compiled=False)
+        assert mx.array_equal(out_c, out_e)
+        assert all(mx.array_equal(s, t) for s, t in zip(a.record.states, b.record.states))
+        assert mx.array_equal(a.record.conv_input, b.record.conv_input)
