@@ -124,31 +124,76 @@ def fixture_pair(work: Path) -> tuple[Path, Path, list[list[int]]]:
     return tdir, ddir, prompts
 
 
+#: Shapes of the synthetic pairs: "4b" is Qwen3.5-4B's text model and z-lab's drafter for it;
+#: "tiny" is the same code path small enough to check on a CPU.
+SYNTHETIC = {
+    "4b": dict(
+        hidden=2560,
+        inter=9216,
+        layers=32,
+        heads=16,
+        kv=4,
+        head_dim=256,
+        lv=32,
+        lk=16,
+        lkd=128,
+        lvd=128,
+        vocab=248320,
+        d_layers=5,
+        d_heads=32,
+        d_kv=8,
+        d_head_dim=128,
+        d_inter=9728,
+        ids=[1, 8, 15, 22, 29],
+        mask=248070,
+    ),
+    "tiny": dict(
+        hidden=128,
+        inter=256,
+        layers=8,
+        heads=4,
+        kv=2,
+        head_dim=32,
+        lv=4,
+        lk=2,
+        lkd=32,
+        lvd=32,
+        vocab=2048,
+        d_layers=2,
+        d_heads=4,
+        d_kv=2,
+        d_head_dim=32,
+        d_inter=256,
+        ids=[1, 4, 6],
+        mask=2040,
+    ),
+}
+
+
 def synthetic_pair(work: Path, size: str) -> tuple[Path, Path]:
-    """Random-weight Qwen3.5-4B-shaped target (bf16, mlx-lm layout) and a 5-layer drafter."""
+    """Random-weight Qwen3.5-shaped target (bf16, mlx-lm layout) and a z-lab-shaped drafter."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.models import qwen3_5
 
     from hf2q.runtime.drafter import DFlashConfig, DFlashDraftModel, save_drafter
 
-    if size != "4b":
-        raise SystemExit("--synthetic supports 4b")
-    tdir, ddir = work / "synthetic4b_target", work / "synthetic4b_draft"
-    vocab = 248320
+    sh = SYNTHETIC[size]
+    tdir, ddir = work / f"synthetic{size}_target", work / f"synthetic{size}_draft"
+    vocab = sh["vocab"]
     if not (tdir / "config.json").is_file():
         text = dict(
             model_type="qwen3_5_text",
-            hidden_size=2560,
-            intermediate_size=9216,
-            num_hidden_layers=32,
-            num_attention_heads=16,
-            num_key_value_heads=4,
-            head_dim=256,
-            linear_num_value_heads=32,
-            linear_num_key_heads=16,
-            linear_key_head_dim=128,
-            linear_value_head_dim=128,
+            hidden_size=sh["hidden"],
+            intermediate_size=sh["inter"],
+            num_hidden_layers=sh["layers"],
+            num_attention_heads=sh["heads"],
+            num_key_value_heads=sh["kv"],
+            head_dim=sh["head_dim"],
+            linear_num_value_heads=sh["lv"],
+            linear_num_key_heads=sh["lk"],
+            linear_key_head_dim=sh["lkd"],
+            linear_value_head_dim=sh["lvd"],
             linear_conv_kernel_dim=4,
             rms_norm_eps=1e-6,
             vocab_size=vocab,
@@ -179,16 +224,16 @@ def synthetic_pair(work: Path, size: str) -> tuple[Path, Path]:
         del model, weights
     if not (ddir / "config.json").is_file():
         dcfg = DFlashConfig(
-            hidden_size=2560,
-            num_hidden_layers=5,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
-            intermediate_size=9728,
+            hidden_size=sh["hidden"],
+            num_hidden_layers=sh["d_layers"],
+            num_attention_heads=sh["d_heads"],
+            num_key_value_heads=sh["d_kv"],
+            head_dim=sh["d_head_dim"],
+            intermediate_size=sh["d_inter"],
             vocab_size=vocab,
-            num_target_layers=32,
-            target_layer_ids=[1, 8, 15, 22, 29],
-            mask_token_id=248070,
+            num_target_layers=sh["layers"],
+            target_layer_ids=sh["ids"],
+            mask_token_id=sh["mask"],
             block_size=16,
             rope_theta=10000000.0,
         )
@@ -365,7 +410,7 @@ def main() -> None:
     ap.add_argument("--model")
     ap.add_argument("--draft")
     ap.add_argument("--fixture", action="store_true")
-    ap.add_argument("--synthetic", choices=["4b"])
+    ap.add_argument("--synthetic", choices=sorted(SYNTHETIC))
     ap.add_argument("--work", default=str(ROOT / "runs" / "bench"))
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=None)
@@ -406,7 +451,8 @@ def main() -> None:
     if prompts is None:
         if args.synthetic:
             mx.random.seed(2)
-            prompts = [mx.random.randint(0, 240000, (64,)).tolist() for _ in range(args.prompts)]
+            top = SYNTHETIC[args.synthetic]["vocab"] - 300  # clear of EOS and MASK rows
+            prompts = [mx.random.randint(0, top, (64,)).tolist() for _ in range(args.prompts)]
         else:
             prompts = [
                 encode_prompt(pair.tokenizer, t, chat=pair.chat_default) for t in DEFAULT_PROMPTS
@@ -480,6 +526,8 @@ def main() -> None:
     for i in range(len(prompts)):
         ref = rows[("mlx-lm plain", i)].tokens
         equal = all(rows[(n, i)].tokens == ref for n in names)
+        # Where each implementation first departs from mlx-lm's tokens ("=" when identical).
+        diverge = {n: _first_diff(rows[(n, i)].tokens, ref) for n in names if n != "mlx-lm plain"}
         meds = {n: statistics.median(rows[(n, i)].tps) for n in names}
         for n in names:
             summary[n].append(meds[n])
@@ -488,7 +536,9 @@ def main() -> None:
             f"| {i} | "
             + " | ".join(f"{meds[n]:.1f}" for n in names)
             + f" | {_fmt(rows[('hf2q dflash', i)].tau)} | {_fmt(tz.tau if tz else None)}"
-            + f" | {len(ref)} | {equal} |"
+            + f" | {len(ref)} | {equal}"
+            + ("" if equal else " (" + ", ".join(f"{n}: {d}" for n, d in diverge.items()) + ")")
+            + " |"
         )
         result["rows"].append(
             {
@@ -496,6 +546,7 @@ def main() -> None:
                 "median_tps": meds,
                 "median_cpu_tps": {n: statistics.median(rows[(n, i)].cpu_tps) for n in names},
                 "equal": equal,
+                "diverge": diverge,
                 "tau": {n: rows[(n, i)].tau for n in names},
                 **{f"tokens_{n}": rows[(n, i)].tokens for n in names},
             }
@@ -519,6 +570,13 @@ def main() -> None:
         )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+
+
+def _first_diff(a: list[int], b: list[int]) -> str:
+    if a == b:
+        return "="
+    n = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"differs at {n}"
 
 
 def _fmt(x: float | None) -> str:
