@@ -153,3 +153,18 @@ def test_summary_metrics_follow_dflash_definitions(fitted_pairs):
     assert summary.accepted_histogram == [a.count(k) for k in range(8)]
     assert all(r.rolled_back == r.drafted - r.accepted for r in rs)
     assert summary.generation_tps > 0 and summary.prompt_tps > 0
+
+
+def test_measure_acceptance_pools_rounds_over_prompts(fitted_pairs):
+    from hf2q.runtime.dflash import measure_acceptance
+
+    target_dir, draft_dir = fitted_pairs["qwen35"]
+    lm, target, drafter = _load(target_dir, draft_dir)
+    prompts = [lm.tokenizer.encode(t)[:4] for t in FIT_TEXTS[:2]]
+    stats = measure_acceptance(target, drafter, prompts, max_tokens=30, block_size=8)
+    per = [_dflash(target, drafter, p, max_tokens=30, block_size=8)[1] for p in prompts]
+    a = [r.accepted for rs in per for r in rs]
+    assert stats.rounds == len(a) and sum(stats.accepted_histogram) == len(a)
+    assert stats.tau == pytest.approx(sum(x + 1 for x in a) / len(a))
+    assert stats.acceptance_rate == pytest.approx(sum(a) / sum(r.drafted for rs in per for r in rs))
+    assert stats.tokens == 60

@@ -114,6 +114,8 @@ class Summary:
     acceptance_rate: float | None = None  # sum(a) / sum(B - 1)
     draft_share: float | None = None  # sum(a) / sum(a + 1)
     accepted_histogram: list[int] | None = None  # [rounds with a == 0, a == 1, ..., a == B-1]
+    drafted: int | None = None  # sum over rounds of B - 1
+    accepted: int | None = None  # sum over rounds of a
     t_draft: float | None = None  # totals over rounds, seconds
     t_verify: float | None = None
     t_rollback: float | None = None
@@ -347,6 +349,8 @@ def _dflash(
         acceptance_rate=sum_a / sum_drafted if sum_drafted else None,
         draft_share=sum_a / (sum_a + n_rounds) if n_rounds else None,
         accepted_histogram=hist,
+        drafted=sum_drafted,
+        accepted=sum_a,
         t_draft=t_draft_sum,
         t_verify=t_verify_sum,
         t_rollback=t_roll_sum,
@@ -439,6 +443,61 @@ def _plain(
     )
 
 
+@dataclass(frozen=True)
+class AcceptanceStats:
+    """DFlash acceptance pooled over the rounds of several generations (dflash.md metrics)."""
+
+    rounds: int
+    tokens: int
+    tau: float  # mean over all rounds of (a + 1)
+    acceptance_rate: float  # sum(a) / sum(B - 1)
+    accepted_histogram: list[int]  # rounds with a == 0, 1, ..., B-1
+
+
+def measure_acceptance(
+    target: TargetModel,
+    drafter: DFlashDraftModel,
+    prompts: Iterable[Sequence[int]],
+    *,
+    max_tokens: int = 256,
+    block_size: int | None = None,
+    sampling: SamplingParams | None = None,
+    eos_token_ids: Iterable[int] = (),
+) -> AcceptanceStats:
+    """Run the real decoding loop on each prompt and pool tau / acceptance over all rounds.
+
+    This is how a drafter should be judged (training accuracy is not a gate, see dflash.md).
+    """
+    eos = list(eos_token_ids)
+    sum_a = sum_drafted = rounds = tokens = 0
+    hist: list[int] = []
+    for prompt in prompts:
+        s = run(
+            dflash_generate(
+                target,
+                drafter,
+                prompt,
+                max_tokens=max_tokens,
+                block_size=block_size,
+                sampling=sampling,
+                eos_token_ids=eos,
+            )
+        )
+        h = s.accepted_histogram or []
+        hist = [x + y for x, y in zip(hist or [0] * len(h), h)]
+        rounds += s.rounds or 0
+        tokens += s.generation_tokens
+        sum_a += s.accepted or 0
+        sum_drafted += s.drafted or 0
+    return AcceptanceStats(
+        rounds=rounds,
+        tokens=tokens,
+        tau=(sum_a + rounds) / rounds if rounds else 0.0,
+        acceptance_rate=sum_a / sum_drafted if sum_drafted else 0.0,
+        accepted_histogram=hist,
+    )
+
+
 def run(events: Iterable[Event]) -> Summary:
     """Consume a generator of events and return its :class:`Summary`."""
     summary = None
@@ -461,4 +520,6 @@ __all__ = [
     "plain_generate",
     "prefill",
     "run",
+    "AcceptanceStats",
+    "measure_acceptance",
 ]
