@@ -168,3 +168,51 @@ def test_measure_acceptance_pools_rounds_over_prompts(fitted_pairs):
     assert stats.tau == pytest.approx(sum(x + 1 for x in a) / len(a))
     assert stats.acceptance_rate == pytest.approx(sum(a) / sum(r.drafted for rs in per for r in rs))
     assert stats.tokens == 60
+
+
+def test_chunked_prefill_gives_the_same_tokens(fitted_pairs):
+    target_dir, draft_dir = fitted_pairs["qwen35"]
+    lm, target, drafter = _load(target_dir, draft_dir)
+    prompt = lm.tokenizer.encode("def add(a, b):\n    return a + b\nclass Counter:")
+    want = mlx_lm_greedy(lm, prompt, 20)
+    for step in (3, 7):  # several chunks, each one's features appended to the drafter cache
+        summary, _ = _dflash(
+            target,
+            drafter,
+            prompt,
+            max_tokens=20,
+            prefill_step_size=step,
+            eos_token_ids=lm.tokenizer.eos_token_ids,
+        )
+        assert summary.tokens == want
+        plain = run(
+            plain_generate(
+                target,
+                prompt,
+                max_tokens=20,
+                prefill_step_size=step,
+                eos_token_ids=lm.tokenizer.eos_token_ids,
+            )
+        )
+        assert plain.tokens == want
+
+
+def test_quantized_target_is_lossless_too(qwen35_dir, drafter_dir):
+    import mlx.nn as nn
+
+    lm = load_model(qwen35_dir)
+    nn.quantize(lm.model, group_size=32, bits=8)
+    target = TargetModel(lm.model, lm.tokenizer)
+    drafter = load_drafter(drafter_dir).bind(target.embed, target.head)
+    prompt = lm.tokenizer.encode(FIT_TEXTS[0])
+    want = mlx_lm_greedy(lm, prompt, 16)
+    for B in (4, 16):
+        summary, _ = _dflash(
+            target,
+            drafter,
+            prompt,
+            max_tokens=16,
+            block_size=B,
+            eos_token_ids=lm.tokenizer.eos_token_ids,
+        )
+        assert summary.tokens == want
