@@ -73,7 +73,7 @@ class RoundDone:
     bonus: int  # the target's token after the accepted drafts
     rolled_back: int  # B - 1 - a
     committed: tuple[int, ...]  # d_1..d_a, bonus; truncated at EOS / max_tokens
-    t_draft: float  # seconds
+    t_draft: float  # seconds the loop waited for the draft (it runs while the event is consumed)
     t_verify: float  # seconds, includes acceptance
     t_rollback: float  # seconds
     generated: int  # tokens generated so far, the first one included
@@ -259,27 +259,30 @@ def _dflash(
     finish = _finish(token, 1, max_tokens, eos)
     yield PrefillDone(len(prompt), prefill_time, len(prompt) / prefill_time, token, finish)
 
-    hist = [0] * B
-    n_rounds = sum_a = sum_drafted = 0
-    t_draft_sum = t_verify_sum = t_roll_sum = 0.0
-    while finish is None:
-        remaining = max_tokens - len(tokens)
-        bs = min(B, remaining + 1)  # never draft more than can be committed
-        last = tokens[-1]
-
-        t0 = time.perf_counter()
+    def submit_draft(last: int, ctx: mx.array) -> tuple[mx.array, mx.array | None, int]:
+        """Queue the drafter forward for block [last, MASK x (bs-1)]; return (draft, q, bs)."""
+        bs = min(B, max_tokens - len(tokens) + 1)  # never draft more than can be committed
         block = mx.array([[last] + [mask_id] * (bs - 1)], dtype=mx.int32)
         dlogits = drafter(block, ctx, dcache)[0]  # (bs-1, V)
         if sampling.greedy:
-            draft = mx.argmax(dlogits, axis=-1).astype(mx.int32)
-            q = None
+            draft, q = mx.argmax(dlogits, axis=-1).astype(mx.int32), None
         else:
             q = probs(dlogits, sampling)
             draft = mx.random.categorical(mx.log(q), axis=-1, key=keys.next()).astype(mx.int32)
-        # The draft runs on the device while the host builds the verify graph (it cannot start
-        # before the drafts exist anyway); waiting for the draft only afterwards keeps the
-        # overlap and still splits the time exactly.
         mx.async_eval(draft)
+        return draft, q, bs
+
+    hist = [0] * B
+    n_rounds = sum_a = sum_drafted = 0
+    t_draft_sum = t_verify_sum = t_roll_sum = 0.0
+    pending = submit_draft(tokens[-1], ctx) if finish is None else None
+    while finish is None:
+        # The round's draft was queued before the previous event was handed out, so it ran on
+        # the device meanwhile; t_draft is the part of it the loop still had to wait for. The
+        # verify graph is built while the draft may still be running (it cannot start earlier).
+        t0 = time.perf_counter()
+        draft, q, bs = pending
+        last = tokens[-1]
         vin = mx.concatenate([mx.array([last], dtype=mx.int32), draft])[None]  # (1, bs)
         vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
         if sampling.greedy:
@@ -293,9 +296,7 @@ def _dflash(
         t2 = time.perf_counter()
 
         tcache.rollback(a + 1)
-        ctx = feats[:, : a + 1]
-        # Materialise the restored states while the host yields and builds the next draft.
-        mx.async_eval(ctx, tcache.state)
+        ctx = feats[:, : a + 1]  # the verified positions become drafter context
         t3 = time.perf_counter()
 
         committed = draft[:a].tolist() + [bonus]
@@ -306,6 +307,10 @@ def _dflash(
             if finish is not None:
                 break
         tokens.extend(kept)
+        if finish is None:
+            # Queue the next draft (and the restored states) before handing the event out.
+            pending = submit_draft(bonus, ctx)
+            mx.async_eval(tcache.state)
 
         n_rounds += 1
         sum_a += a
