@@ -1,0 +1,323 @@
+"""Gated-DeltaNet layers as pure functions over mlx-lm's own modules, with exact rollback records.
+
+What it does: compute what ``mlx_lm.models.qwen3_5.GatedDeltaNet`` computes (same parameters,
+same math) as a function of ``(x, conv_state, state)`` that returns the output and a
+:class:`GdnRecord` instead of mutating a cache, so that
+
+* a verify block of T tokens can be rolled back to any n <= T kept tokens exactly
+  (:func:`rollback`): from per-step states (``record="states"``, a view) or by replaying n steps
+  from the initial state (``record="final"``);
+* a whole decoder layer (norms, mixer, MLP) can be wrapped in ``mx.compile``
+  (:func:`compile_gdn_decoder_layer`), which removes the Python overhead and fuses the
+  elementwise work of the step;
+* the recurrence runs where it is fastest: ``impl="cuda"`` (one fused CUDA kernel for conv,
+  SiLU, q/k normalisation, gates and recurrence), ``"cuda_steps"`` (mlx-lm ops up to the
+  recurrence, then the CUDA recurrence kernel), ``"mlx"`` (mlx-lm's ``gated_delta_update``:
+  its Metal kernel on Apple GPUs, ops elsewhere; final state only) or ``"ops"`` (portable ops).
+
+What it does not do: own caches, decide acceptance, or support padding masks (batched prompts
+with left padding keep mlx-lm's own layer call). Nothing upstream is patched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.gated_delta import compute_g, gated_delta_update, normalize_qk
+
+IMPLS = ("ops", "mlx", "cuda_steps", "cuda")
+RECORDS = ("states", "final")
+
+
+class GdnRecord(NamedTuple):
+    """What exact rollback of one Gated-DeltaNet layer after a block of T tokens needs.
+
+    Attributes:
+        conv_state: (B, K-1, C) conv rows before the block.
+        qkv: (B, T, C) ``in_proj_qkv`` of the block (the conv rows it appended).
+        a, b: (B, T, Hv) gate projections of the block (replay needs them).
+        state0: (B, Hv, Dv, Dk) float32 recurrent state before the block.
+        rec: per-step states (B, T, Hv, Dv, Dk) when ``record == "states"``, else the final
+            state (B, Hv, Dv, Dk).
+        record: ``"states"`` or ``"final"``.
+    """
+
+    conv_state: mx.array
+    qkv: mx.array
+    a: mx.array
+    b: mx.array
+    state0: mx.array
+    rec: mx.array
+    record: str
+
+    @property
+    def steps(self) -> int:
+        return int(self.qkv.shape[1])
+
+    @property
+    def final_state(self) -> mx.array:
+        return self.rec[:, -1] if self.record == "states" else self.rec
+
+    @property
+    def final_conv_state(self) -> mx.array:
+        return conv_rows(self.conv_state, self.qkv, self.steps)
+
+
+# -- the recurrence as ops ------------------------------------------------------------------------
+
+
+def _step(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array, state: mx.array):
+    # q, k: (B, Hv, Dk); v: (B, Hv, Dv); g, beta: (B, Hv); state: (B, Hv, Dv, Dk) float32.
+    state = state * g[..., None, None]
+    kv_mem = (state * k[..., None, :]).sum(axis=-1)  # (B, Hv, Dv)
+    delta = (v - kv_mem) * beta[..., None]
+    state = state + k[..., None, :] * delta[..., None]
+    y = (state * q[..., None, :]).sum(axis=-1)
+    return y.astype(q.dtype), state
+
+
+_step_compiled = mx.compile(_step)
+
+
+def gated_delta_steps_ops(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    g: mx.array,
+    beta: mx.array,
+    state: mx.array,
+    *,
+    record: str = "states",
+    steps: int | None = None,
+) -> tuple[mx.array, mx.array] | mx.array:
+    """The gated delta rule over T steps with ops (runs on every MLX device).
+
+    Same contract as :func:`hf2q.kernels.cuda_gated_delta.gated_delta_steps_cuda`: returns
+    ``(y, states)`` (per-step states, ``record="states"``) or ``(y, final)``; with ``steps=n`` only
+    the final state after n steps.
+    """
+    T, Hk = q.shape[1], q.shape[2]
+    Hv = v.shape[2]
+    if Hv > Hk:
+        q = mx.repeat(q, Hv // Hk, axis=2)
+        k = mx.repeat(k, Hv // Hk, axis=2)
+    n = T if steps is None else min(int(steps), T)
+    ys: list[mx.array] = []
+    states: list[mx.array] = []
+    for t in range(n):
+        y, state = _step_compiled(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state)
+        ys.append(y)
+        if record == "states" and steps is None:
+            states.append(state)
+    if steps is not None:
+        return state
+    y_all = mx.stack(ys, axis=1)
+    if record == "states":
+        return y_all, mx.stack(states, axis=1)
+    return y_all, state
+
+
+# -- one Gated-DeltaNet mixer ----------------------------------------------------------------------
+
+
+def conv_rows(conv_state: mx.array, qkv: mx.array, n: int) -> mx.array:
+    """Conv state after keeping the first ``n`` of the block's rows: (B, K-1, C)."""
+    keep = conv_state.shape[1]
+    return mx.concatenate([conv_state, qkv[:, :n]], axis=1)[:, n : n + keep]
+
+
+def _prepare_ops(attn: nn.Module, conv_state: mx.array, qkv: mx.array, a: mx.array, b: mx.array):
+    """mlx-lm's conv + SiLU, split, q/k normalisation and gates for the rows of ``qkv``."""
+    B, T, _ = qkv.shape
+    conv_out = nn.silu(attn.conv1d(mx.concatenate([conv_state, qkv], axis=1)))
+    q, k, v = (
+        t.reshape(B, T, h, d)
+        for t, h, d in zip(
+            mx.split(conv_out, [attn.key_dim, 2 * attn.key_dim], -1),
+            [attn.num_k_heads, attn.num_k_heads, attn.num_v_heads],
+            [attn.head_k_dim, attn.head_k_dim, attn.head_v_dim],
+        )
+    )
+    q, k = normalize_qk(q, k, inv_scale=attn.head_k_dim**-0.5, eps=1e-6)
+    return q, k, v, compute_g(attn.A_log, a, attn.dt_bias), mx.sigmoid(b)
+
+
+def _recurrence(
+    attn: nn.Module,
+    conv_state: mx.array,
+    qkv: mx.array,
+    a: mx.array,
+    b: mx.array,
+    state: mx.array,
+    *,
+    impl: str,
+    record: str,
+    steps: int | None = None,
+):
+    if impl == "cuda":
+        from hf2q.kernels.cuda_gated_delta import gdn_fused_cuda
+
+        return gdn_fused_cuda(
+            conv_state,
+            qkv,
+            attn.conv1d.weight,
+            a,
+            b,
+            attn.A_log,
+            attn.dt_bias,
+            state,
+            num_k_heads=attn.num_k_heads,
+            key_dim=attn.head_k_dim,
+            num_v_heads=attn.num_v_heads,
+            value_dim=attn.head_v_dim,
+            record="final" if steps is not None else record,
+            steps=steps,
+        )
+    if steps is not None and impl != "cuda_steps":
+        # Replay with ops: only the first `steps` rows are needed.
+        qkv, a, b = qkv[:, :steps], a[:, :steps], b[:, :steps]
+    q, k, v, g, beta = _prepare_ops(attn, conv_state, qkv, a, b)
+    if impl == "cuda_steps":
+        from hf2q.kernels.cuda_gated_delta import gated_delta_steps_cuda
+
+        return gated_delta_steps_cuda(
+            q, k, v, g, beta, state, record="final" if steps is not None else record, steps=steps
+        )
+    if impl == "mlx":
+        if record != "final" and steps is None:
+            raise ValueError("impl 'mlx' records the final state only: use record='final'")
+        # gated_delta_update takes raw a/b; recompute from them exactly as mlx-lm does.
+        y, final = gated_delta_update(q, k, v, a, b, attn.A_log, attn.dt_bias, state, None)
+        return final if steps is not None else (y, final)
+    if impl == "ops":
+        return gated_delta_steps_ops(
+            q, k, v, g, beta, state, record="final" if steps is not None else record, steps=steps
+        )
+    raise ValueError(f"unknown impl {impl!r} (choose from {', '.join(IMPLS)})")
+
+
+def gdn_mixer(
+    attn: nn.Module,
+    x: mx.array,
+    conv_state: mx.array | None,
+    state: mx.array | None,
+    *,
+    impl: str = "ops",
+    record: str = "states",
+) -> tuple[mx.array, GdnRecord]:
+    """One ``GatedDeltaNet`` (``layer.linear_attn``) over ``x`` (B, T, H), without a cache.
+
+    Args:
+        attn: mlx-lm's ``GatedDeltaNet`` module (its parameters are used as they are).
+        x: (B, T, hidden) the normed layer input.
+        conv_state: (B, K-1, C) or None (zeros, a fresh sequence).
+        state: (B, Hv, Dv, Dk) float32 or None (zeros).
+        impl: one of :data:`IMPLS`.
+        record: ``"states"`` (per-step states) or ``"final"``.
+
+    Returns:
+        ``(out, record)``: out (B, T, hidden) as mlx-lm's layer returns it, and the record.
+    """
+    if record not in RECORDS:
+        raise ValueError(f"record must be one of {RECORDS}, not {record!r}")
+    B, T, _ = x.shape
+    qkv = attn.in_proj_qkv(x)
+    z = attn.in_proj_z(x).reshape(B, T, attn.num_v_heads, attn.head_v_dim)
+    b = attn.in_proj_b(x)
+    a = attn.in_proj_a(x)
+    if conv_state is None:
+        conv_state = mx.zeros((B, attn.conv_kernel_size - 1, attn.conv_dim), dtype=x.dtype)
+    if state is None:
+        state = mx.zeros(
+            (B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim), dtype=mx.float32
+        )
+    y, rec = _recurrence(attn, conv_state, qkv, a, b, state, impl=impl, record=record)
+    out = attn.out_proj(attn.norm(y, z).reshape(B, T, -1))
+    return out, GdnRecord(conv_state, qkv, a, b, state, rec, record)
+
+
+def gdn_decoder_layer(
+    layer: nn.Module,
+    x: mx.array,
+    conv_state: mx.array | None,
+    state: mx.array | None,
+    *,
+    impl: str = "ops",
+    record: str = "states",
+) -> tuple[mx.array, GdnRecord]:
+    """A whole Qwen3.5 linear-attention ``DecoderLayer``: norm, mixer, residual, norm, MLP, residual."""
+    r, rec = gdn_mixer(
+        layer.linear_attn, layer.input_layernorm(x), conv_state, state, impl=impl, record=record
+    )
+    h = x + r
+    return h + layer.mlp(layer.post_attention_layernorm(h)), rec
+
+
+def rollback_state(attn: nn.Module, rec: GdnRecord, n: int, *, impl: str = "ops") -> mx.array:
+    """Recurrent state after the first ``n`` (1 <= n <= T) tokens of the recorded block, exactly.
+
+    Per-step records return a view; final-state records replay ``n`` steps from ``state0``
+    (nothing when ``n == T``). ``impl`` picks the replay implementation (as in :func:`gdn_mixer`).
+    """
+    T = rec.steps
+    if not 1 <= n <= T:
+        raise ValueError(f"can keep 1..{T} tokens of this block, not {n}")
+    if rec.record == "states":
+        return rec.rec[:, n - 1]
+    if n == T:
+        return rec.rec
+    return _recurrence(
+        attn, rec.conv_state, rec.qkv, rec.a, rec.b, rec.state0, impl=impl, record="final", steps=n
+    )
+
+
+def rollback(attn: nn.Module, rec: GdnRecord, n: int, *, impl: str = "ops") -> tuple[mx.array, mx.array]:
+    """``(conv_state, state)`` of the layer after keeping the first ``n`` tokens of the block."""
+    return conv_rows(rec.conv_state, rec.qkv, n), rollback_state(attn, rec, n, impl=impl)
+
+
+# -- compiled layers -----------------------------------------------------------------------------
+
+LayerRunner = Callable[[mx.array, mx.array, mx.array], tuple[mx.array, GdnRecord]]
+
+
+def compile_gdn_decoder_layer(layer: nn.Module, *, impl: str, record: str) -> LayerRunner:
+    """``mx.compile`` of :func:`gdn_decoder_layer` for one layer.
+
+    The caller keeps the returned function for the model's lifetime (one trace per input shape,
+    e.g. T=1 for decode and T=16 for verify). Inputs must be arrays (no None).
+    """
+
+    def fn(x: mx.array, conv_state: mx.array, state: mx.array):
+        out, rec = gdn_decoder_layer(layer, x, conv_state, state, impl=impl, record=record)
+        # Inputs are not returned from the compiled graph; the record is rebuilt outside.
+        return out, rec.qkv, rec.a, rec.b, rec.rec
+
+    cfn = mx.compile(fn)
+
+    def run(x: mx.array, conv_state: mx.array, state: mx.array) -> tuple[mx.array, GdnRecord]:
+        out, qkv, a, b, r = cfn(x, conv_state, state)
+        return out, GdnRecord(conv_state, qkv, a, b, state, r, record)
+
+    return run
+
+
+def compile_post_attention(layer: nn.Module) -> Callable[[mx.array, mx.array], mx.array]:
+    """``mx.compile`` of what follows the attention of a decoder layer: residual, norm, MLP, residual."""
+
+    def fn(x: mx.array, r: mx.array) -> mx.array:
+        h = x + r
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    return mx.compile(fn)
+
+
+def empty_states(attn: nn.Module, batch: int, dtype: Any) -> tuple[mx.array, mx.array]:
+    """Zero ``(conv_state, state)`` for a fresh sequence of ``batch`` rows."""
+    return (
+        mx.zeros((batch, attn.conv_kernel_size - 1, attn.conv_dim), dtype=dtype),
+        mx.zeros((batch, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim), dtype=mx.float32),
+    )
