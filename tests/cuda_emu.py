@@ -84,7 +84,12 @@ _CTYPES = {
     mx.float16: "__half",
     mx.int32: "int32_t",
 }
-_NP_VIEW = {mx.float32: np.float32, mx.bfloat16: np.uint16, mx.float16: np.uint16, mx.int32: np.int32}
+_NP_VIEW = {
+    mx.float32: np.float32,
+    mx.bfloat16: np.uint16,
+    mx.float16: np.uint16,
+    mx.int32: np.int32,
+}
 _MX_VIEW = {mx.bfloat16: mx.uint16, mx.float16: mx.uint16}
 
 
@@ -157,16 +162,32 @@ class EmulatedKernel:
 
     def _lib(self, in_dtypes, out_dtypes, template) -> ctypes.CDLL:
         code = _wrap(
-            self.name, self.input_names, in_dtypes, self.output_names, out_dtypes,
-            self.source, self.header, template,
+            self.name,
+            self.input_names,
+            in_dtypes,
+            self.output_names,
+            out_dtypes,
+            self.source,
+            self.header,
+            template,
         )
         key = hashlib.sha1(code.encode()).hexdigest()[:16]
         if key not in self._libs:
             cpp = self.workdir / f"{self.name}_{key}.cpp"
             so = self.workdir / f"{self.name}_{key}.so"
             cpp.write_text(code)
-            cmd = [compiler() or "g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
-                   "-Wno-unknown-pragmas", "-o", str(so), str(cpp)]
+            cmd = [
+                compiler() or "g++",
+                "-std=c++20",
+                "-O1",
+                "-shared",
+                "-fPIC",
+                "-pthread",
+                "-Wno-unknown-pragmas",
+                "-o",
+                str(so),
+                str(cpp),
+            ]
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode != 0:
                 raise RuntimeError(f"emulator build of {self.name} failed:\n{res.stderr[-4000:]}")

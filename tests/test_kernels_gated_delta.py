@@ -55,7 +55,9 @@ def inputs(B=2, T=7, Hk=2, Hv=4, Dk=32, Dv=16, dtype=mx.float32, seed=0):
 
 def numpy_rule(q, k, v, g, beta, state):
     """The gated delta rule in float64 NumPy, written out step by step (the specification)."""
-    q, k, v, g, beta, S = (np.array(x.astype(mx.float32), dtype=np.float64) for x in (q, k, v, g, beta, state))
+    q, k, v, g, beta, S = (
+        np.array(x.astype(mx.float32), dtype=np.float64) for x in (q, k, v, g, beta, state)
+    )
     B, T, Hk, _ = q.shape
     Hv = v.shape[2]
     rep = Hv // Hk
@@ -112,7 +114,9 @@ def test_per_step_states_equal_running_the_steps_one_by_one():
     q, k, v, g, beta, s0 = inputs(B=2, T=6, seed=3)
     _, states = gated_delta_steps_ops(q, k, v, g, beta, s0)
     for t in range(6):
-        _, s_t = gated_delta_ops(q[:, : t + 1], k[:, : t + 1], v[:, : t + 1], g[:, : t + 1], beta[:, : t + 1], s0)
+        _, s_t = gated_delta_ops(
+            q[:, : t + 1], k[:, : t + 1], v[:, : t + 1], g[:, : t + 1], beta[:, : t + 1], s0
+        )
         assert rel(states[:, t], s_t) <= F32_TOL
 
 
@@ -311,9 +315,18 @@ def test_compiled_layer_with_the_fused_kernel_equals_the_uncompiled_one():
     from hf2q.kernels.gdn import compile_gdn_decoder_layer, empty_states, gdn_decoder_layer
 
     args = qwen3_5.TextModelArgs(
-        model_type="qwen3_5_text", hidden_size=128, intermediate_size=256, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
-        linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=32, vocab_size=64,
+        model_type="qwen3_5_text",
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=64,
+        linear_value_head_dim=32,
+        vocab_size=64,
     )
     mx.random.seed(21)
     layer = qwen3_5.DecoderLayer(args, 0)

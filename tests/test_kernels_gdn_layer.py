@@ -205,3 +205,27 @@ def test_dispatching_gated_delta_steps_on_the_cpu_returns_per_step_states(monkey
     y, states = select.gated_delta_steps(q, k, v, g, beta, s0)
     assert y.shape == (1, 4, 4, 16) and states.shape == (1, 4, 4, 16, 16)
     assert not mx.array_equal(states[:, 0], states[:, 3])
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["float32", "4bit"])
+def test_fused_projections_give_the_same_layer_output_and_record(quantized):
+    import mlx.nn as nn
+
+    from hf2q.kernels.gdn import fuse_projections
+
+    model = tiny_model(seed=13)
+    if quantized:
+        nn.quantize(model, group_size=64, bits=4)
+    layer = model.model.layers[0]
+    start = filled_cache(layer, 1, seed=14)
+    x = mx.random.normal((1, 4, 64))
+    out, rec = gdn_decoder_layer(layer, x, start[0], start[1], impl="ops", record="states")
+    fused = fuse_projections(layer)
+    out_f, rec_f = gdn_decoder_layer(
+        layer, x, start[0], start[1], impl="ops", record="states", fused=fused
+    )
+    assert mx.allclose(out_f, out, rtol=1e-5, atol=1e-6)
+    assert mx.allclose(rec_f.rec, rec.rec, rtol=1e-5, atol=1e-7)
+    run = compile_gdn_decoder_layer(layer, impl="ops", record="states", fused=fused)
+    out_c, _ = run(x, start[0], start[1])
+    assert mx.allclose(out_c, out, rtol=1e-5, atol=1e-6)

@@ -266,9 +266,7 @@ _WRITE_FINAL = r"""
 def _source(*, fused: bool, record: str, write_y: bool, replay: bool) -> str:
     n_steps = "min(T, (int)steps[0])" if replay else "T"
     steps = _STEPS.replace("__WRITE_Y__", _WRITE_Y if write_y else "")
-    steps = steps.replace(
-        "__WRITE_STEP_STATE__", _WRITE_STEP_STATE if record == "states" else ""
-    )
+    steps = steps.replace("__WRITE_STEP_STATE__", _WRITE_STEP_STATE if record == "states" else "")
     body = _PROLOGUE
     if fused:
         body += _FUSED_SETUP
@@ -345,8 +343,16 @@ def _record_outputs(B: int, T: int, Hv: int, Dv: int, Dk: int, record: str) -> t
     raise ValueError(f"record must be 'states' or 'final', not {record!r}")
 
 
-def _launch(kern: Any, inputs: list, template: list, out_shapes: list, out_dtypes: list,
-            grid: tuple, threads: int, verbose: bool) -> list:
+def _launch(
+    kern: Any,
+    inputs: list,
+    template: list,
+    out_shapes: list,
+    out_dtypes: list,
+    grid: tuple,
+    threads: int,
+    verbose: bool,
+) -> list:
     return kern(
         inputs=inputs,
         template=template,
@@ -464,7 +470,7 @@ def gdn_fused_cuda(
     B, T, C = qkv.shape
     Hk, Dk, Hv, Dv = num_k_heads, key_dim, num_v_heads, value_dim
     check_shapes(Dk=Dk, Dv=Dv, Hk=Hk, Hv=Hv, T=T)
-    if C != 2 * Hk * Dk + Hv * Dv:
+    if 2 * Hk * Dk + Hv * Dv != C:
         raise UnsupportedShape(f"qkv has {C} channels, expected {2 * Hk * Dk + Hv * Dv}")
     K = conv_w.shape[-1] if conv_w.ndim == 2 else conv_w.shape[1]
     if conv_w.ndim == 3:

@@ -120,6 +120,70 @@ def gated_delta_steps_ops(
     return y_all, state
 
 
+# -- concatenated projections ---------------------------------------------------------------------
+
+
+def concat_linears(mods: list[nn.Module]) -> nn.Module:
+    """One linear layer computing ``concatenate([m(x) for m in mods], -1)`` with one matmul.
+
+    Works for ``nn.Linear`` (no bias) and ``nn.QuantizedLinear`` with equal quantization; the
+    weights are copied (the originals stay untouched and usable).
+    """
+    first = mods[0]
+    if any(type(m) is not type(first) for m in mods):
+        raise ValueError("cannot concatenate linear layers of different types")
+    if isinstance(first, nn.QuantizedLinear):
+        out = nn.QuantizedLinear.__new__(nn.QuantizedLinear)
+        nn.Module.__init__(out)
+        for attr in ("group_size", "bits", "mode"):
+            if hasattr(first, attr):
+                vals = {getattr(m, attr) for m in mods}
+                if len(vals) != 1:
+                    raise ValueError(f"cannot concatenate linear layers with different {attr}")
+                setattr(out, attr, getattr(first, attr))
+        for name in list(first):
+            if name == "bias":
+                raise ValueError("concat_linears supports layers without bias")
+            out[name] = mx.concatenate([m[name] for m in mods], axis=0)
+        out.freeze()
+        return out
+    if isinstance(first, nn.Linear):
+        if any("bias" in m for m in mods):
+            raise ValueError("concat_linears supports layers without bias")
+        out = nn.Linear(1, 1, bias=False)
+        out.weight = mx.concatenate([m.weight for m in mods], axis=0)
+        return out
+    raise ValueError(f"cannot concatenate {type(first).__name__} layers")
+
+
+class FusedProjections(NamedTuple):
+    """A Gated-DeltaNet decoder layer's input projections as two matmuls instead of six.
+
+    ``in_proj``: ``[in_proj_qkv; in_proj_z; in_proj_b; in_proj_a]``; ``gate_up``: the MLP's
+    ``[gate_proj; up_proj]``. Built once per layer by :func:`fuse_projections`.
+    """
+
+    in_proj: nn.Module
+    gate_up: nn.Module
+
+
+def fuse_projections(layer: nn.Module) -> FusedProjections:
+    """Concatenated projections of a linear-attention decoder layer (weights copied once)."""
+    a = layer.linear_attn
+    return FusedProjections(
+        concat_linears([a.in_proj_qkv, a.in_proj_z, a.in_proj_b, a.in_proj_a]),
+        concat_linears([layer.mlp.gate_proj, layer.mlp.up_proj]),
+    )
+
+
+def mlp_fused(mlp: nn.Module, gate_up: nn.Module, x: mx.array) -> mx.array:
+    """mlx-lm's SwiGLU MLP with its gate and up projections done as one matmul."""
+    from mlx_lm.models.activations import swiglu
+
+    g, u = mx.split(gate_up(x), 2, axis=-1)
+    return mlp.down_proj(swiglu(g, u))
+
+
 # -- one Gated-DeltaNet mixer ----------------------------------------------------------------------
 
 
@@ -207,6 +271,7 @@ def gdn_mixer(
     *,
     impl: str = "ops",
     record: str = "states",
+    in_proj: nn.Module | None = None,
 ) -> tuple[mx.array, GdnRecord]:
     """One ``GatedDeltaNet`` (``layer.linear_attn``) over ``x`` (B, T, H), without a cache.
 
@@ -217,6 +282,7 @@ def gdn_mixer(
         state: (B, Hv, Dv, Dk) float32 or None (zeros).
         impl: one of :data:`IMPLS`.
         record: ``"states"`` (per-step states) or ``"final"``.
+        in_proj: ``FusedProjections.in_proj`` of this layer: one matmul for qkv, z, b and a.
 
     Returns:
         ``(out, record)``: out (B, T, hidden) as mlx-lm's layer returns it, and the record.
@@ -224,16 +290,19 @@ def gdn_mixer(
     if record not in RECORDS:
         raise ValueError(f"record must be one of {RECORDS}, not {record!r}")
     B, T, _ = x.shape
-    qkv = attn.in_proj_qkv(x)
-    z = attn.in_proj_z(x).reshape(B, T, attn.num_v_heads, attn.head_v_dim)
-    b = attn.in_proj_b(x)
-    a = attn.in_proj_a(x)
+    if in_proj is None:
+        qkv = attn.in_proj_qkv(x)
+        z = attn.in_proj_z(x)
+        b = attn.in_proj_b(x)
+        a = attn.in_proj_a(x)
+    else:
+        C, V, H = attn.conv_dim, attn.value_dim, attn.num_v_heads
+        qkv, z, b, a = mx.split(in_proj(x), [C, C + V, C + V + H], axis=-1)
+    z = z.reshape(B, T, attn.num_v_heads, attn.head_v_dim)
     if conv_state is None:
         conv_state = mx.zeros((B, attn.conv_kernel_size - 1, attn.conv_dim), dtype=x.dtype)
     if state is None:
-        state = mx.zeros(
-            (B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim), dtype=mx.float32
-        )
+        state = mx.zeros((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim), dtype=mx.float32)
     y, rec = _recurrence(attn, conv_state, qkv, a, b, state, impl=impl, record=record)
     out = attn.out_proj(attn.norm(y, z).reshape(B, T, -1))
     return out, GdnRecord(conv_state, qkv, a, b, state, rec, record)
@@ -247,13 +316,26 @@ def gdn_decoder_layer(
     *,
     impl: str = "ops",
     record: str = "states",
+    fused: FusedProjections | None = None,
 ) -> tuple[mx.array, GdnRecord]:
-    """A whole Qwen3.5 linear-attention ``DecoderLayer``: norm, mixer, residual, norm, MLP, residual."""
+    """A whole Qwen3.5 linear-attention ``DecoderLayer``: norm, mixer, residual, norm, MLP, residual.
+
+    ``fused`` (from :func:`fuse_projections`) replaces the six input matmuls by two.
+    """
     r, rec = gdn_mixer(
-        layer.linear_attn, layer.input_layernorm(x), conv_state, state, impl=impl, record=record
+        layer.linear_attn,
+        layer.input_layernorm(x),
+        conv_state,
+        state,
+        impl=impl,
+        record=record,
+        in_proj=None if fused is None else fused.in_proj,
     )
     h = x + r
-    return h + layer.mlp(layer.post_attention_layernorm(h)), rec
+    hn = layer.post_attention_layernorm(h)
+    if fused is None:
+        return h + layer.mlp(hn), rec
+    return h + mlp_fused(layer.mlp, fused.gate_up, hn), rec
 
 
 def rollback_state(attn: nn.Module, rec: GdnRecord, n: int, *, impl: str = "ops") -> mx.array:
@@ -274,7 +356,9 @@ def rollback_state(attn: nn.Module, rec: GdnRecord, n: int, *, impl: str = "ops"
     )
 
 
-def rollback(attn: nn.Module, rec: GdnRecord, n: int, *, impl: str = "ops") -> tuple[mx.array, mx.array]:
+def rollback(
+    attn: nn.Module, rec: GdnRecord, n: int, *, impl: str = "ops"
+) -> tuple[mx.array, mx.array]:
     """``(conv_state, state)`` of the layer after keeping the first ``n`` tokens of the block."""
     return conv_rows(rec.conv_state, rec.qkv, n), rollback_state(attn, rec, n, impl=impl)
 
@@ -284,7 +368,9 @@ def rollback(attn: nn.Module, rec: GdnRecord, n: int, *, impl: str = "ops") -> t
 LayerRunner = Callable[[mx.array, mx.array, mx.array], tuple[mx.array, GdnRecord]]
 
 
-def compile_gdn_decoder_layer(layer: nn.Module, *, impl: str, record: str) -> LayerRunner:
+def compile_gdn_decoder_layer(
+    layer: nn.Module, *, impl: str, record: str, fused: FusedProjections | None = None
+) -> LayerRunner:
     """``mx.compile`` of :func:`gdn_decoder_layer` for one layer.
 
     The caller keeps the returned function for the model's lifetime (one trace per input shape,
@@ -292,7 +378,9 @@ def compile_gdn_decoder_layer(layer: nn.Module, *, impl: str, record: str) -> La
     """
 
     def fn(x: mx.array, conv_state: mx.array, state: mx.array):
-        out, rec = gdn_decoder_layer(layer, x, conv_state, state, impl=impl, record=record)
+        out, rec = gdn_decoder_layer(
+            layer, x, conv_state, state, impl=impl, record=record, fused=fused
+        )
         # Inputs are not returned from the compiled graph; the record is rebuilt outside.
         return out, rec.qkv, rec.a, rec.b, rec.rec
 

@@ -94,10 +94,14 @@ def gdn_impl(attn: object) -> str:
         if problem is None:
             return "cuda"
         if mode == "cuda":
-            raise UsageError(f"{ENV}=cuda but the fused CUDA kernel cannot run: {problem}; unset {ENV}")
+            raise UsageError(
+                f"{ENV}=cuda but the fused CUDA kernel cannot run: {problem}; unset {ENV}"
+            )
         return "ops"
     if mode == "cuda":
-        raise UsageError(f"{ENV}=cuda but MLX computes on {where}: unset {ENV} or run on an NVIDIA GPU")
+        raise UsageError(
+            f"{ENV}=cuda but MLX computes on {where}: unset {ENV} or run on an NVIDIA GPU"
+        )
     return "mlx" if where == "metal" else "ops"
 
 
@@ -106,7 +110,9 @@ def gdn_record(impl: str) -> str:
     forced = os.environ.get(RECORD_ENV, "").strip().lower()
     if forced:
         if forced not in ("states", "final"):
-            raise UsageError(f"{RECORD_ENV}={forced!r} must be 'states' or 'final': unset it or fix it")
+            raise UsageError(
+                f"{RECORD_ENV}={forced!r} must be 'states' or 'final': unset it or fix it"
+            )
         if impl == "mlx" and forced == "states":
             raise UsageError(f"{RECORD_ENV}=states is not available with mlx-lm's kernel: unset it")
         return forced
@@ -147,5 +153,7 @@ def describe(attn: object | None = None) -> dict[str, str]:
             "ops": "ops (portable)",
         }[impl]
         info["gdn_record"] = gdn_record(impl)
-    info["recurrence"] = "CUDA kernel" if info["backend"] == "cuda" and info["mode"] != "ops" else "ops"
+    info["recurrence"] = (
+        "CUDA kernel" if info["backend"] == "cuda" and info["mode"] != "ops" else "ops"
+    )
     return info
