@@ -28,7 +28,7 @@ import mlx.core as mx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hf2q.kernels import cuda_gated_delta as cg  # noqa: E402
-from hf2q.kernels.gdn import _prepare_ops, gated_delta_steps_ops  # noqa: E402
+from hf2q.kernels.gdn import gated_delta_steps_ops, prepare_ops  # noqa: E402
 
 # Qwen3.5-4B's Gated-DeltaNet: 16 key heads, 32 value heads, head dims 128, conv kernel 4.
 HK, HV, DK, DV, K = 16, 32, 128, 128, 4
@@ -74,7 +74,7 @@ def block_inputs(attn, T: int, dtype, seed: int):
     conv0 = (mx.random.normal((1, K - 1, attn.conv_dim)) * 0.5).astype(dtype)
     st0 = mx.random.normal((1, HV, DV, DK)) * 0.05
     qkv, a, b = attn.in_proj_qkv(x), attn.in_proj_a(x), attn.in_proj_b(x)
-    q, k, v, g, beta = _prepare_ops(attn, conv0, qkv, a, b)
+    q, k, v, g, beta = prepare_ops(attn, mx.concatenate([conv0, qkv], axis=1), a, b)
     arrays = dict(conv0=conv0, st0=st0, qkv=qkv, a=a, b=b, q=q, k=k, v=v, g=g, beta=beta)
     mx.eval(list(arrays.values()))
     return arrays

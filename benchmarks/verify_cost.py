@@ -618,7 +618,7 @@ def _profile_block(target, glayer, alayer, T, args, dtype, budget, log, counts) 
     from mlx_lm.models.cache import ArraysCache
     from mlx_lm.models.gated_delta import compute_g, gated_delta_ops, normalize_qk
 
-    from hf2q.kernels.gdn import _prepare_ops
+    from hf2q.kernels.gdn import prepare_ops
 
     ga, sa = glayer.linear_attn, alayer.self_attn
     att = target.layers.index(alayer)
@@ -633,7 +633,7 @@ def _profile_block(target, glayer, alayer, T, args, dtype, budget, log, counts) 
     qkv = ga.in_proj_qkv(x)
     a, b = ga.in_proj_a(x), ga.in_proj_b(x)
     z = ga.in_proj_z(x).reshape(1, T, ga.num_v_heads, ga.head_v_dim)
-    q, kk, v, g, beta = _prepare_ops(ga, conv0, qkv, a, b)
+    q, kk, v, g, beta = prepare_ops(ga, mx.concatenate([conv0, qkv], axis=1), a, b)
     y, _ = gated_delta_steps_ops(q, kk, v, g, beta, st0, record="final")
     kv_cache = fill_target_cache(target, args.context, dtype)[att]
     kv_off = kv_cache.offset

@@ -16,7 +16,6 @@ from hf2q.kernels import select
 from hf2q.kernels.gdn import (
     compile_gdn_decoder_layer,
     compile_post_attention,
-    conv_rows,
     empty_states,
     gdn_decoder_layer,
     gdn_mixer,
@@ -111,12 +110,18 @@ def test_rollback_refuses_counts_outside_the_block():
         rollback(layer.linear_attn, rec, 4)
 
 
-def test_conv_rows_keep_the_last_rows_before_the_cut():
-    conv = mx.arange(6).reshape(1, 3, 2)
-    qkv = mx.arange(100, 108).reshape(1, 4, 2)
-    # concat rows: c0 c1 c2 q0 q1 q2 q3; keeping 2 tokens leaves rows c2 q0 q1
-    assert conv_rows(conv, qkv, 2).tolist() == [[[4, 5], [100, 101], [102, 103]]]
-    assert conv_rows(conv, qkv, 4).tolist() == [[[102, 103], [104, 105], [106, 107]]]
+def test_record_gives_the_conv_rows_before_each_cut():
+    from hf2q.kernels.gdn import GdnRecord
+
+    conv_input = mx.concatenate(
+        [mx.arange(6).reshape(1, 3, 2), mx.arange(100, 108).reshape(1, 4, 2)], axis=1
+    )
+    rec = GdnRecord(conv_input, mx.zeros((1, 4, 1)), mx.zeros((1, 4, 1)), None, None, "final")
+    # rows: c0 c1 c2 q0 q1 q2 q3; keeping 2 tokens leaves rows c2 q0 q1
+    assert rec.kept_rows == 3 and rec.steps == 4
+    assert rec.conv_state_after(2).tolist() == [[[4, 5], [100, 101], [102, 103]]]
+    assert rec.final_conv_state.tolist() == [[[102, 103], [104, 105], [106, 107]]]
+    assert rec.qkv.tolist() == mx.arange(100, 108).reshape(1, 4, 2).tolist()
 
 
 @pytest.mark.parametrize("impl,record", [("ops", "states"), ("ops", "final"), ("mlx", "final")])

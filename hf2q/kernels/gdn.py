@@ -36,8 +36,8 @@ class GdnRecord(NamedTuple):
     """What exact rollback of one Gated-DeltaNet layer after a block of T tokens needs.
 
     Attributes:
-        conv_state: (B, K-1, C) conv rows before the block.
-        qkv: (B, T, C) ``in_proj_qkv`` of the block (the conv rows it appended).
+        conv_input: (B, K-1+T, C) the conv rows before the block followed by the block's
+            ``in_proj_qkv`` rows; the conv state after n kept tokens is ``conv_input[:, n:n+K-1]``.
         a, b: (B, T, Hv) gate projections of the block (replay needs them).
         state0: (B, Hv, Dv, Dk) float32 recurrent state before the block.
         rec: per-step states (B, T, Hv, Dv, Dk) when ``record == "states"``, else the final
@@ -45,8 +45,7 @@ class GdnRecord(NamedTuple):
         record: ``"states"`` or ``"final"``.
     """
 
-    conv_state: mx.array
-    qkv: mx.array
+    conv_input: mx.array
     a: mx.array
     b: mx.array
     state0: mx.array
@@ -55,7 +54,24 @@ class GdnRecord(NamedTuple):
 
     @property
     def steps(self) -> int:
-        return int(self.qkv.shape[1])
+        return int(self.a.shape[1])
+
+    @property
+    def kept_rows(self) -> int:
+        """K-1: conv rows carried between blocks."""
+        return int(self.conv_input.shape[1]) - self.steps
+
+    @property
+    def conv_state(self) -> mx.array:
+        return self.conv_input[:, : self.kept_rows]
+
+    @property
+    def qkv(self) -> mx.array:
+        return self.conv_input[:, self.kept_rows :]
+
+    def conv_state_after(self, n: int) -> mx.array:
+        """Conv state after keeping the first ``n`` tokens of the block: (B, K-1, C), a view."""
+        return self.conv_input[:, n : n + self.kept_rows]
 
     @property
     def final_state(self) -> mx.array:
@@ -63,7 +79,7 @@ class GdnRecord(NamedTuple):
 
     @property
     def final_conv_state(self) -> mx.array:
-        return conv_rows(self.conv_state, self.qkv, self.steps)
+        return self.conv_state_after(self.steps)
 
 
 # -- the recurrence as ops ------------------------------------------------------------------------
@@ -187,16 +203,13 @@ def mlp_fused(mlp: nn.Module, gate_up: nn.Module, x: mx.array) -> mx.array:
 # -- one Gated-DeltaNet mixer ----------------------------------------------------------------------
 
 
-def conv_rows(conv_state: mx.array, qkv: mx.array, n: int) -> mx.array:
-    """Conv state after keeping the first ``n`` of the block's rows: (B, K-1, C)."""
-    keep = conv_state.shape[1]
-    return mx.concatenate([conv_state, qkv[:, :n]], axis=1)[:, n : n + keep]
+def prepare_ops(attn: nn.Module, conv_input: mx.array, a: mx.array, b: mx.array):
+    """mlx-lm's conv + SiLU, split, q/k normalisation and gates for the T rows of ``a``/``b``.
 
-
-def _prepare_ops(attn: nn.Module, conv_state: mx.array, qkv: mx.array, a: mx.array, b: mx.array):
-    """mlx-lm's conv + SiLU, split, q/k normalisation and gates for the rows of ``qkv``."""
-    B, T, _ = qkv.shape
-    conv_out = nn.silu(attn.conv1d(mx.concatenate([conv_state, qkv], axis=1)))
+    ``conv_input``: (B, K-1+T, C) the conv state followed by the block's ``in_proj_qkv`` rows.
+    """
+    B, T, _ = a.shape
+    conv_out = nn.silu(attn.conv1d(conv_input))
     q, k, v = (
         t.reshape(B, T, h, d)
         for t, h, d in zip(
@@ -213,6 +226,7 @@ def _recurrence(
     attn: nn.Module,
     conv_state: mx.array,
     qkv: mx.array,
+    conv_input: mx.array,
     a: mx.array,
     b: mx.array,
     state: mx.array,
@@ -242,8 +256,9 @@ def _recurrence(
         )
     if steps is not None and impl != "cuda_steps":
         # Replay with ops: only the first `steps` rows are needed.
-        qkv, a, b = qkv[:, :steps], a[:, :steps], b[:, :steps]
-    q, k, v, g, beta = _prepare_ops(attn, conv_state, qkv, a, b)
+        K1 = conv_input.shape[1] - a.shape[1]
+        conv_input, a, b = conv_input[:, : K1 + steps], a[:, :steps], b[:, :steps]
+    q, k, v, g, beta = prepare_ops(attn, conv_input, a, b)
     if impl == "cuda_steps":
         from hf2q.kernels.cuda_gated_delta import gated_delta_steps_cuda
 
@@ -303,9 +318,10 @@ def gdn_mixer(
         conv_state = mx.zeros((B, attn.conv_kernel_size - 1, attn.conv_dim), dtype=x.dtype)
     if state is None:
         state = mx.zeros((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim), dtype=mx.float32)
-    y, rec = _recurrence(attn, conv_state, qkv, a, b, state, impl=impl, record=record)
+    conv_input = mx.concatenate([conv_state, qkv], axis=1)
+    y, rec = _recurrence(attn, conv_state, qkv, conv_input, a, b, state, impl=impl, record=record)
     out = attn.out_proj(attn.norm(y, z).reshape(B, T, -1))
-    return out, GdnRecord(conv_state, qkv, a, b, state, rec, record)
+    return out, GdnRecord(conv_input, a, b, state, rec, record)
 
 
 def gdn_decoder_layer(
@@ -352,7 +368,16 @@ def rollback_state(attn: nn.Module, rec: GdnRecord, n: int, *, impl: str = "ops"
     if n == T:
         return rec.rec
     return _recurrence(
-        attn, rec.conv_state, rec.qkv, rec.a, rec.b, rec.state0, impl=impl, record="final", steps=n
+        attn,
+        rec.conv_state,
+        rec.qkv,
+        rec.conv_input,
+        rec.a,
+        rec.b,
+        rec.state0,
+        impl=impl,
+        record="final",
+        steps=n,
     )
 
 
@@ -360,7 +385,7 @@ def rollback(
     attn: nn.Module, rec: GdnRecord, n: int, *, impl: str = "ops"
 ) -> tuple[mx.array, mx.array]:
     """``(conv_state, state)`` of the layer after keeping the first ``n`` tokens of the block."""
-    return conv_rows(rec.conv_state, rec.qkv, n), rollback_state(attn, rec, n, impl=impl)
+    return rec.conv_state_after(n), rollback_state(attn, rec, n, impl=impl)
 
 
 # -- compiled layers -----------------------------------------------------------------------------
@@ -382,13 +407,13 @@ def compile_gdn_decoder_layer(
             layer, x, conv_state, state, impl=impl, record=record, fused=fused
         )
         # Inputs are not returned from the compiled graph; the record is rebuilt outside.
-        return out, rec.qkv, rec.a, rec.b, rec.rec
+        return out, rec.conv_input, rec.a, rec.b, rec.rec
 
     cfn = mx.compile(fn)
 
     def run(x: mx.array, conv_state: mx.array, state: mx.array) -> tuple[mx.array, GdnRecord]:
-        out, qkv, a, b, r = cfn(x, conv_state, state)
-        return out, GdnRecord(conv_state, qkv, a, b, state, r, record)
+        out, conv_input, a, b, r = cfn(x, conv_state, state)
+        return out, GdnRecord(conv_input, a, b, state, r, record)
 
     return run
 
