@@ -33,6 +33,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
@@ -239,10 +240,15 @@ def build_drafter(shape: str, target: TargetModel, dtype, seed: int = 1) -> DFla
     return drafter.bind(target.embed, target.head)
 
 
-def fill_target_cache(target: TargetModel, ctx: int, dtype, seed: int = 2) -> list[Any]:
-    """mlx-lm caches holding ``ctx`` positions of (random) context, as after a prefill."""
+def fill_target_cache(
+    target: TargetModel, ctx: int, dtype, seed: int = 2, cache: list[Any] | None = None
+) -> list[Any]:
+    """Caches holding ``ctx`` positions of (random) context, as after a prefill.
+
+    ``cache``: an empty cache list to fill (default: mlx-lm's own, ``target.make_cache()``).
+    """
     mx.random.seed(seed)
-    cache = target.make_cache()
+    cache = target.make_cache() if cache is None else cache
     for i, layer in enumerate(target.layers):
         if target.is_linear(i):
             attn = layer.linear_attn
@@ -270,8 +276,12 @@ def restore(cache: list[Any], snap: list[Any]) -> None:
     for c, s in zip(cache, snap):
         if hasattr(c, "cache"):
             c[0], c[1] = s
+            if hasattr(c, "record"):  # the runtime's GDNRollbackCache
+                c.record = None
         else:
             c.offset = s
+    if hasattr(cache, "pending"):  # the runtime's TargetCache
+        cache.pending = 0
 
 
 def weight_bytes_per_token(target: TargetModel) -> int:
@@ -352,6 +362,9 @@ class LayerFnPath:
             return self._attn[i](h, mask, cache)
         return layer(h, mask=mask, cache=cache)
 
+    def make_cache(self) -> list[Any]:
+        return self.target.make_cache()
+
     def forward(self, tokens: mx.array, cache: list[Any], capture: list[int]):
         return self.target.forward(tokens, cache, capture=capture, layer_fn=self._layer)
 
@@ -369,11 +382,39 @@ class LayerFnPath:
         return out
 
 
+class RuntimePath:
+    """The runtime's public verify (``hf2q.runtime.verify.verify_forward`` on its ``TargetCache``,
+    rolled back with ``TargetCache.rollback``); decode is the runtime's plain step (mlx-lm's own
+    forward)."""
+
+    def __init__(self, target: TargetModel) -> None:
+        from hf2q.runtime.verify import verify_forward
+
+        self.target, self._verify = target, verify_forward
+
+    def make_cache(self) -> list[Any]:
+        from hf2q.runtime.cache import make_target_cache
+
+        return make_target_cache(self.target.model)
+
+    def forward(self, tokens: mx.array, cache: Any, capture: list[int]):
+        if tokens.shape[1] == 1:
+            return self.target.forward(tokens, cache, capture=capture)
+        return self._verify(self.target, tokens, cache, capture=capture)
+
+    def rollback(self, cache: Any, n: int, T: int) -> list[mx.array]:
+        cache.rollback(n)
+        return [c.state for c in cache]
+
+
 class StockPath:
     """mlx-lm's own layer calls (what plain mlx-lm runs); no exact rollback exists for it."""
 
     def __init__(self, target: TargetModel) -> None:
         self.target = target
+
+    def make_cache(self) -> list[Any]:
+        return self.target.make_cache()
 
     def forward(self, tokens: mx.array, cache: list[Any], capture: list[int]):
         return self.target.forward(tokens, cache, capture=capture)
@@ -410,8 +451,8 @@ def paths_for(backend: str) -> dict[str, Callable[[TargetModel], Any]]:
                 "fused-compiled-final+proj": _path("cuda", "final", True, True),
             }
         )
-    # The runtime's public verify path, once it exists, is added here in one line, e.g.
-    # paths["runtime"] = lambda t: RuntimeVerifyPath(t)
+    if importlib.util.find_spec("hf2q.runtime.verify") is not None:
+        paths["runtime"] = RuntimePath  # the runtime's public verify, where it exists
     return paths
 
 
@@ -460,19 +501,59 @@ def guarded(results: dict, key: str, fn: Callable[[], Any], budget: Budget, log)
     return value
 
 
-def bench_paths(target, drafter, args, dtype, results, budget, log, quick: bool = False) -> None:
-    T, ctx, n_keep = args.block, args.context, args.keep
-    capture = list(drafter.config.target_layer_ids)
-    cache = fill_target_cache(target, ctx, dtype)
+def _bench_path(name, path, cache, tokens, capture, args, results, budget, log) -> None:
+    """decode-1, verify-T and rollback of one target path, each restored to the same context."""
+    T, n_keep = args.block, args.keep
+    tok1, tok16 = tokens
     snap = snapshot(cache)
+
+    def reset():
+        restore(cache, snap)
+
+    def decode():
+        logits, _ = path.forward(tok1, cache, [])
+        mx.eval(mx.argmax(logits[:, -1], axis=-1), [c.state for c in cache])
+
+    def verify():
+        logits, feats = path.forward(tok16, cache, capture)
+        mx.eval(mx.argmax(logits, axis=-1), feats, [c.state for c in cache])
+
+    def rollback_time():
+        times = []
+        for i in range(args.warmup + args.reps):
+            reset()
+            verify()
+            t0 = time.perf_counter()
+            mx.eval(path.rollback(cache, n_keep, T))
+            _sync()
+            if i >= args.warmup:
+                times.append((time.perf_counter() - t0) * 1e3)
+        reset()
+        return {"median_ms": statistics.median(times), "reps": args.reps, "n_keep": n_keep}
+
+    for key, fn in (
+        (
+            f"decode1/{name}",
+            lambda: measure(decode, reps=args.reps, warmup=args.warmup, after=reset),
+        ),
+        (
+            f"verify{T}/{name}",
+            lambda: measure(verify, reps=args.reps, warmup=args.warmup, after=reset),
+        ),
+    ):
+        guarded(results, key, fn, budget, log)
+    if name != "stock":
+        guarded(results, f"rollback/{name}", rollback_time, budget, log)
+
+
+def bench_paths(target, drafter, args, dtype, results, budget, log, quick: bool = False) -> None:
+    T, ctx = args.block, args.context
+    capture = list(drafter.config.target_layer_ids)
     vocab = target.vocab_size
     mx.random.seed(3)
     tok1 = mx.random.randint(0, vocab, (1, 1))
     tok16 = mx.random.randint(0, vocab, (1, T))
     backend = select.backend()
-
-    def reset():
-        restore(cache, snap)
 
     for name, make in paths_for(backend).items():
         if args.paths and name not in args.paths:
@@ -488,50 +569,9 @@ def bench_paths(target, drafter, args, dtype, results, budget, log, quick: bool 
             }
             log(f"  build/{name}: ERROR {type(exc).__name__}: {str(exc)[:2000]}")
             continue
-
-        def decode(path=path):
-            logits, _ = path.forward(tok1, cache, [])
-            mx.eval(mx.argmax(logits[:, -1], axis=-1), [c.state for c in cache])
-
-        def verify(path=path):
-            logits, feats = path.forward(tok16, cache, capture)
-            mx.eval(mx.argmax(logits, axis=-1), feats, [c.state for c in cache])
-
-        guarded(
-            results,
-            f"decode1/{name}",
-            lambda: measure(decode, reps=args.reps, warmup=args.warmup, after=reset),
-            budget,
-            log,
-        )
-        guarded(
-            results,
-            f"verify{T}/{name}",
-            lambda: measure(verify, reps=args.reps, warmup=args.warmup, after=reset),
-            budget,
-            log,
-        )
-        if name == "stock":
-            continue
-
-        def verify_then_rollback(path=path):
-            verify(path)
-            t0 = time.perf_counter()
-            mx.eval(path.rollback(cache, n_keep, T))
-            _sync()
-            return (time.perf_counter() - t0) * 1e3
-
-        def rollback_time(path=path):
-            times = []
-            for i in range(args.warmup + args.reps):
-                reset()
-                dt = verify_then_rollback(path)
-                if i >= args.warmup:
-                    times.append(dt)
-            reset()
-            return {"median_ms": statistics.median(times), "reps": args.reps, "n_keep": n_keep}
-
-        guarded(results, f"rollback/{name}", rollback_time, budget, log)
+        # Every path starts from the same (seeded) context in a cache of its own kind.
+        cache = fill_target_cache(target, ctx, dtype, cache=path.make_cache())
+        _bench_path(name, path, cache, (tok1, tok16), capture, args, results, budget, log)
 
     # draft-16: drafter forward over [last, MASK x 15] with 8 new context rows, and argmax.
     def draft_bench():
