@@ -18,6 +18,7 @@ What it does not do: support quantized KV caches or attention sinks (use the lay
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import scaled_dot_product_attention
 
-from hf2q.kernels.gdn import concat_linears, mlp_fused
+from hf2q.kernels.gdn import _alive, concat_linears, mlp_fused
 
 AttentionRunner = Callable[[mx.array, Any, Any], mx.array]
 
@@ -38,16 +39,20 @@ def compile_attention_layer(layer: nn.Module, *, fuse_proj: bool = False) -> Att
         fuse_proj: compute q/k/v with one matmul and the MLP's gate/up with one (weights are
             concatenated once, here; the layer itself is not changed).
     """
+    ref = weakref.ref(layer)  # the model owns the layer; these functions must not keep it alive
     sa = layer.self_attn
-    nq, nkv = sa.num_attention_heads, sa.num_key_value_heads
+    nq, nkv, head_dim, scale = sa.num_attention_heads, sa.num_key_value_heads, sa.head_dim, sa.scale
     qkv = concat_linears([sa.q_proj, sa.k_proj, sa.v_proj]) if fuse_proj else None
     gate_up = concat_linears([layer.mlp.gate_proj, layer.mlp.up_proj]) if fuse_proj else None
-    q_width = nq * sa.head_dim * 2
-    kv_width = nkv * sa.head_dim
+    q_width = nq * head_dim * 2
+    kv_width = nkv * head_dim
+    del sa
 
     def pre(x: mx.array, offset: mx.array):
+        lay = _alive(ref)
+        sa = lay.self_attn
         B, L, _ = x.shape
-        h = layer.input_layernorm(x)
+        h = lay.input_layernorm(x)
         if qkv is None:
             q_out, keys, values = sa.q_proj(h), sa.k_proj(h), sa.v_proj(h)
         else:
@@ -60,24 +65,25 @@ def compile_attention_layer(layer: nn.Module, *, fuse_proj: bool = False) -> Att
         return sa.rope(queries, offset=offset), sa.rope(keys, offset=offset), values, gate
 
     def post(x: mx.array, attn: mx.array, gate: mx.array) -> mx.array:
+        lay = _alive(ref)
         B, L, _ = x.shape
         o = attn.transpose(0, 2, 1, 3).reshape(B, L, -1)
-        h = x + sa.o_proj(o * mx.sigmoid(gate))
-        hn = layer.post_attention_layernorm(h)
+        h = x + lay.self_attn.o_proj(o * mx.sigmoid(gate))
+        hn = lay.post_attention_layernorm(h)
         if gate_up is None:
-            return h + layer.mlp(hn)
-        return h + mlp_fused(layer.mlp, gate_up, hn)
+            return h + lay.mlp(hn)
+        return h + mlp_fused(lay.mlp, gate_up, hn)
 
     cpre, cpost = mx.compile(pre), mx.compile(post)
 
     def run(x: mx.array, mask: Any, cache: Any) -> mx.array:
         if cache is None or hasattr(cache, "bits"):
-            return layer(x, mask=mask, cache=cache)
+            return _alive(ref)(x, mask=mask, cache=cache)
         offset = mx.array(cache.offset, dtype=mx.int32)
         queries, keys, values, gate = cpre(x, offset)
         keys, values = cache.update_and_fetch(keys, values)
         out = scaled_dot_product_attention(
-            queries, keys, values, cache=cache, scale=sa.scale, mask=mask
+            queries, keys, values, cache=cache, scale=scale, mask=mask
         )
         return cpost(x, out, gate)
 

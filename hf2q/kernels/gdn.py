@@ -21,6 +21,7 @@ with left padding keep mlx-lm's own layer call). Nothing upstream is patched.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -398,13 +399,15 @@ def compile_gdn_decoder_layer(
 ) -> LayerRunner:
     """``mx.compile`` of :func:`gdn_decoder_layer` for one layer.
 
-    The caller keeps the returned function for the model's lifetime (one trace per input shape,
-    e.g. T=1 for decode and T=16 for verify). Inputs must be arrays (no None).
+    The caller keeps the returned function as long as the model (one trace per input shape,
+    e.g. T=1 for decode and T=16 for verify); it holds the layer only weakly, so the model must
+    stay alive while it is used. Inputs must be arrays (no None).
     """
+    ref = weakref.ref(layer)
 
     def fn(x: mx.array, conv_state: mx.array, state: mx.array):
         out, rec = gdn_decoder_layer(
-            layer, x, conv_state, state, impl=impl, record=record, fused=fused
+            _alive(ref), x, conv_state, state, impl=impl, record=record, fused=fused
         )
         # Inputs are not returned from the compiled graph; the record is rebuilt outside.
         return out, rec.conv_input, rec.a, rec.b, rec.rec
@@ -420,12 +423,21 @@ def compile_gdn_decoder_layer(
 
 def compile_post_attention(layer: nn.Module) -> Callable[[mx.array, mx.array], mx.array]:
     """``mx.compile`` of what follows the attention of a decoder layer: residual, norm, MLP, residual."""
+    ref = weakref.ref(layer)
 
     def fn(x: mx.array, r: mx.array) -> mx.array:
+        lay = _alive(ref)
         h = x + r
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        return h + lay.mlp(lay.post_attention_layernorm(h))
 
     return mx.compile(fn)
+
+
+def _alive(ref: weakref.ref) -> nn.Module:
+    layer = ref()
+    if layer is None:
+        raise RuntimeError("the layer of this compiled function was freed: keep the model alive")
+    return layer
 
 
 def empty_states(attn: nn.Module, batch: int, dtype: Any) -> tuple[mx.array, mx.array]:
