@@ -121,6 +121,7 @@ def _timed_impls(plain: tuple, fused: tuple, T: int, fkw: dict) -> dict[str, Any
 
 def check_variants(log) -> list[dict[str, Any]]:
     rows = []
+    shown: set[str] = set()
     for dtype in (mx.float32, mx.bfloat16):
         attn = make_layer(dtype)
         fkw = dict(num_k_heads=HK, key_dim=DK, num_v_heads=HV, value_dim=DV)
@@ -160,12 +161,14 @@ def check_variants(log) -> list[dict[str, Any]]:
                     row["ok"] = False
                     row["error"] = f"{type(exc).__name__}: {exc}"
                     log(f"FAILED {name} {dtype} T={T}: {exc}")
-                    log("---- generated source (verbose re-run) ----")
-                    try:
-                        mx.eval(fn(True))
-                    except Exception as exc2:
-                        log(f"(verbose re-run failed too: {str(exc2)[:300]})")
                     log(traceback.format_exc())
+                    if name not in shown:  # the generated source once per variant
+                        shown.add(name)
+                        log("---- generated source (verbose re-run) ----")
+                        try:
+                            mx.eval(fn(True))
+                        except Exception as exc2:
+                            log(f"(verbose re-run failed too: {str(exc2)[:300]})")
                 log(json.dumps(row))
                 rows.append(row)
     return rows

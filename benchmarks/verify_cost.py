@@ -459,6 +459,7 @@ def paths_for(backend: str) -> dict[str, Callable[[TargetModel], Any]]:
 #: Paths timed for the second and later dtypes (the full set runs for the first one).
 QUICK_PATHS = (
     "stock",
+    "runtime",
     "ops-states",
     "ops-compiled-final+proj",
     "fused-states",
@@ -863,7 +864,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = select.backend()
     shape = "small" if args.small else "4b"
     dtypes = (args.dtypes or ("bf16,4bit" if backend != "cpu" else "float32")).split(",")
-    args.reps = args.reps or (20 if backend != "cpu" else 5)
+    args.reps = args.reps or (15 if backend != "cpu" else 5)
     budget = Budget(args.budget_s)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
