@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
 import sys
 import time
@@ -615,6 +616,11 @@ def summarise(results: dict, T: int) -> dict[str, Any]:
     names = sorted(
         {k.split("/", 1)[1] for k in results if k.startswith(("decode1/", f"verify{T}/"))}
     )
+
+    def p10(key):
+        v = results.get(key)
+        return v.get("p10_ms") if isinstance(v, dict) else None
+
     for name in names:
         d, v, r = med(f"decode1/{name}"), med(f"verify{T}/{name}"), med(f"rollback/{name}")
         row: dict[str, Any] = {
@@ -622,6 +628,8 @@ def summarise(results: dict, T: int) -> dict[str, Any]:
             f"verify{T}_ms": v,
             "rollback_ms": r,
             f"draft{T}_ms": draft,
+            "decode1_p10_ms": p10(f"decode1/{name}"),
+            f"verify{T}_p10_ms": p10(f"verify{T}/{name}"),
         }
         if d and v:
             row[f"verify{T}_over_decode1"] = v / d
@@ -886,6 +894,7 @@ def main(argv: list[str] | None = None) -> int:
         "block": args.block,
         "runs": {},
     }
+    results["loadavg_start"] = os.getloadavg()
     log(f"verify_cost: backend={backend} shape={shape} dtypes={dtypes} reps={args.reps}")
     bw_bytes = (args.bandwidth_mb or (2048 if backend != "cpu" else 256)) * 2**20
     results["copy_bandwidth"] = (
@@ -944,6 +953,7 @@ def main(argv: list[str] | None = None) -> int:
         mx.clear_cache()
         if args.out:  # write as we go: a later crash keeps what was measured
             Path(args.out).write_text(json.dumps(results, indent=1, default=str))
+    results["loadavg_end"] = os.getloadavg()
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1, default=str))
     print_table(results, args.block)
