@@ -503,49 +503,85 @@ def guarded(results: dict, key: str, fn: Callable[[], Any], budget: Budget, log)
     return value
 
 
-def _bench_path(name, path, cache, tokens, capture, args, results, budget, log) -> None:
-    """decode-1, verify-T and rollback of one target path, each restored to the same context."""
-    T, n_keep = args.block, args.keep
-    tok1, tok16 = tokens
-    snap = snapshot(cache)
+class PathRun:
+    """One target path with its own cache, restored to the same context after every timed step."""
 
-    def reset():
-        restore(cache, snap)
-
-    def decode():
-        logits, _ = path.forward(tok1, cache, [])
-        mx.eval(mx.argmax(logits[:, -1], axis=-1), [c.state for c in cache])
-
-    def verify():
-        logits, feats = path.forward(tok16, cache, capture)
-        mx.eval(mx.argmax(logits, axis=-1), feats, [c.state for c in cache])
-
-    def rollback_time():
-        times = []
-        for i in range(args.warmup + args.reps):
-            reset()
-            verify()
-            t0 = time.perf_counter()
-            mx.eval(path.rollback(cache, n_keep, T))
-            _sync()
-            if i >= args.warmup:
-                times.append((time.perf_counter() - t0) * 1e3)
-        reset()
-        return {"median_ms": statistics.median(times), "reps": args.reps, "n_keep": n_keep}
-
-    for key, fn in (
-        (
-            f"decode1/{name}",
-            lambda: measure(decode, reps=args.reps, warmup=args.warmup, after=reset),
-        ),
-        (
-            f"verify{T}/{name}",
-            lambda: measure(verify, reps=args.reps, warmup=args.warmup, after=reset),
-        ),
+    def __init__(
+        self, name: str, path: Any, cache: list[Any], tokens, capture, T: int, n_keep: int
     ):
-        guarded(results, key, fn, budget, log)
-    if name != "stock":
-        guarded(results, f"rollback/{name}", rollback_time, budget, log)
+        self.name, self.path, self.cache = name, path, cache
+        self.tok1, self.tok16 = tokens
+        self.capture, self.T, self.n_keep = capture, T, n_keep
+        self.snap = snapshot(cache)
+
+    def reset(self) -> None:
+        restore(self.cache, self.snap)
+
+    def _timed(self, fn: Callable[[], Any]) -> float:
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        return (time.perf_counter() - t0) * 1e3
+
+    def _decode(self) -> None:
+        logits, _ = self.path.forward(self.tok1, self.cache, [])
+        mx.eval(mx.argmax(logits[:, -1], axis=-1), [c.state for c in self.cache])
+
+    def _verify(self) -> None:
+        logits, feats = self.path.forward(self.tok16, self.cache, self.capture)
+        mx.eval(mx.argmax(logits, axis=-1), feats, [c.state for c in self.cache])
+
+    def decode(self) -> float:
+        dt = self._timed(self._decode)
+        self.reset()
+        return dt
+
+    def verify(self) -> float:
+        dt = self._timed(self._verify)
+        self.reset()
+        return dt
+
+    def rollback(self) -> float:
+        self._verify()
+        dt = self._timed(lambda: mx.eval(self.path.rollback(self.cache, self.n_keep, self.T)))
+        self.reset()
+        return dt
+
+
+def interleaved(runs: list[PathRun], phase: str, key: str, args, results, budget, log) -> None:
+    """Time ``phase`` of every path round-robin (so load changes hit all paths alike); medians."""
+    active = list(runs)
+    times: dict[str, list[float]] = {r.name: [] for r in runs}
+    for i in range(args.warmup + args.reps):
+        if budget.left() <= 0:
+            break
+        for run in list(active):
+            try:
+                dt = getattr(run, phase)()
+            except Exception as exc:  # one failing path must not stop the others
+                results[f"{key}/{run.name}"] = {
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(),
+                }
+                log(f"  {key}/{run.name}: ERROR {type(exc).__name__}: {str(exc)[:2000]}")
+                active.remove(run)
+                run.reset()
+                continue
+            if i >= args.warmup:
+                times[run.name].append(dt)
+    for run in active:
+        t = sorted(times[run.name])
+        if not t:
+            results[f"{key}/{run.name}"] = {"skipped": "time budget spent"}
+            continue
+        results[f"{key}/{run.name}"] = {
+            "median_ms": statistics.median(t),
+            "p10_ms": t[len(t) // 10],
+            "p90_ms": t[min(len(t) - 1, (len(t) * 9) // 10)],
+            "reps": len(t),
+        }
+        log(f"  {key}/{run.name}: {statistics.median(t):.3f} ms (p10 {t[len(t) // 10]:.3f})")
 
 
 def bench_paths(target, drafter, args, dtype, results, budget, log, quick: bool = False) -> None:
@@ -556,7 +592,7 @@ def bench_paths(target, drafter, args, dtype, results, budget, log, quick: bool 
     tok1 = mx.random.randint(0, vocab, (1, 1))
     tok16 = mx.random.randint(0, vocab, (1, T))
     backend = select.backend()
-
+    runs: list[PathRun] = []
     for name, make in paths_for(backend).items():
         if args.paths and name not in args.paths:
             continue
@@ -573,7 +609,12 @@ def bench_paths(target, drafter, args, dtype, results, budget, log, quick: bool 
             continue
         # Every path starts from the same (seeded) context in a cache of its own kind.
         cache = fill_target_cache(target, ctx, dtype, cache=path.make_cache())
-        _bench_path(name, path, cache, (tok1, tok16), capture, args, results, budget, log)
+        runs.append(PathRun(name, path, cache, (tok1, tok16), capture, T, args.keep))
+    interleaved(runs, "decode", "decode1", args, results, budget, log)
+    interleaved(runs, "verify", f"verify{T}", args, results, budget, log)
+    with_rollback = [r for r in runs if r.name != "stock"]
+    interleaved(with_rollback, "rollback", "rollback", args, results, budget, log)
+    runs.clear()
 
     # draft-16: drafter forward over [last, MASK x 15] with 8 new context rows, and argmax.
     def draft_bench():
