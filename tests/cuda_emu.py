@@ -179,7 +179,7 @@ class EmulatedKernel:
             cmd = [
                 compiler() or "g++",
                 "-std=c++20",
-                "-O1",
+                "-O0",
                 "-shared",
                 "-fPIC",
                 "-pthread",
@@ -232,3 +232,33 @@ class EmulatedKernel:
             arr = mx.array(o)
             outs.append(arr.view(d) if d in _MX_VIEW else arr)
         return outs
+
+
+def mlx_cuda_source(
+    name: str,
+    input_names: list[str],
+    input_dtypes: list[Any],
+    output_names: list[str],
+    output_dtypes: list[Any],
+    source: str,
+    header: str,
+    template: list[tuple[str, Any]],
+) -> str:
+    """The translation unit MLX's CUDA backend builds from a ``cuda_kernel`` (for compile checks).
+
+    MLX includes its own ``mlx/backend/cuda/device/utils.cuh`` first; the hf2q kernels need only
+    the CUDA headers it pulls in (bf16/fp16 types, cooperative groups), which stand in for it here.
+    """
+    src = "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cooperative_groups.h>\n"
+    src += header + "\nnamespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
+    params = [f"    const {_CTYPES[d]}* {n}" for n, d in zip(input_names, input_dtypes)]
+    params += [f"    {_CTYPES[d]}* {n}" for n, d in zip(output_names, output_dtypes)]
+    src += f"__global__ void {name}(\n" + ",\n".join(params) + ") {\n"
+    for tname, arg in template:
+        if isinstance(arg, bool):
+            src += f"  constexpr bool {tname} = {'true' if arg else 'false'};\n"
+        elif isinstance(arg, int):
+            src += f"  constexpr int {tname} = {arg};\n"
+        else:
+            src += f"  using {tname} = {_CTYPES[arg]};\n"
+    return src + "\n" + source + "\n}\n\n} // namespace mlx::core::cu\n"
