@@ -74,6 +74,9 @@ inline __nv_bfloat16 __float2bfloat16(float f) {
   return __nv_bfloat16{uint16_t(u >> 16)};
 }
 struct __half { _Float16 v; };
+// MLX passes an input's shape/strides/ndim when the kernel source names them.
+struct Shape { int32_t v[10]; int32_t operator[](int i) const { return v[i]; } };
+struct Strides { int64_t v[10]; int64_t operator[](int i) const { return v[i]; } };
 inline float __half2float(__half h) { return (float)h.v; }
 inline __half __float2half(float f) { return __half{(_Float16)f}; }
 """
@@ -98,11 +101,33 @@ def compiler() -> str | None:
     return shutil.which(os.environ.get("CXX", "g++"))
 
 
-def _wrap(name: str, in_names, in_dtypes, out_names, out_dtypes, source, header, template) -> str:
-    src = PRELUDE + header + "\n"
-    params = [f"    const {_CTYPES[d]}* {n}" for n, d in zip(in_names, in_dtypes)]
-    params += [f"    {_CTYPES[d]}* {n}" for n, d in zip(out_names, out_dtypes)]
-    src += f"static void {name}(\n" + ",\n".join(params) + ") {\n"
+def shape_infos(source: str, names: list[str]) -> list[tuple[bool, bool, bool]]:
+    """Which of ``<name>_shape``, ``_strides``, ``_ndim`` MLX passes for each input: those the
+    source names (MLX decides the same way, by searching the source)."""
+    return [
+        (f"{n}_shape" in source, f"{n}_strides" in source, f"{n}_ndim" in source) for n in names
+    ]
+
+
+def kernel_params(
+    in_names, in_dtypes, in_ndims, out_names, out_dtypes, source
+) -> list[tuple[str, str]]:
+    """(C++ type, name) of the kernel's parameters in MLX's order: each input and its shape
+    info, then the outputs."""
+    params = []
+    infos = shape_infos(source, list(in_names))
+    for n, d, nd, (sh, st, ndim) in zip(in_names, in_dtypes, in_ndims, infos):
+        params.append((f"const {_CTYPES[d]}*", n))
+        if nd > 0:
+            params += [("Shape", f"{n}_shape")] if sh else []
+            params += [("Strides", f"{n}_strides")] if st else []
+            params += [("int", f"{n}_ndim")] if ndim else []
+    params += [(f"{_CTYPES[d]}*", n) for n, d in zip(out_names, out_dtypes)]
+    return params
+
+
+def _template_lines(template) -> str:
+    src = ""
     for tname, arg in template:
         if isinstance(arg, bool):
             src += f"  constexpr bool {tname} = {'true' if arg else 'false'};\n"
@@ -110,10 +135,18 @@ def _wrap(name: str, in_names, in_dtypes, out_names, out_dtypes, source, header,
             src += f"  constexpr int {tname} = {arg};\n"
         else:
             src += f"  using {tname} = {_CTYPES[arg]};\n"
-    src += "\n" + source + "\n}\n\n"
-    n_in, n_out = len(in_names), len(out_names)
-    casts = [f"(const {_CTYPES[d]}*)p[{i}]" for i, d in enumerate(in_dtypes)]
-    casts += [f"({_CTYPES[d]}*)p[{n_in + i}]" for i, d in enumerate(out_dtypes)]
+    return src
+
+
+def _wrap(name: str, params: list[tuple[str, str]], source: str, header: str, template) -> str:
+    src = PRELUDE + header + "\n"
+    src += f"static void {name}(\n" + ",\n".join(f"    {t} {n}" for t, n in params) + ") {\n"
+    src += _template_lines(template) + "\n" + source + "\n}\n\n"
+    # Pointers are passed as they are; shape info by value from the buffer the pointer names.
+    casts = [
+        f"*({t}*)p[{i}]" if t in ("Shape", "Strides", "int") else f"({t})p[{i}]"
+        for i, (t, _) in enumerate(params)
+    ]
     src += f"""
 extern "C" void hf2q_launch(void** p, int bx, int by, int bz, int tx) {{
   std::barrier<> block_barrier(tx);
@@ -136,7 +169,6 @@ extern "C" void hf2q_launch(void** p, int bx, int by, int bz, int tx) {{
   for (auto* w : warps) delete w;
 }}
 """
-    assert n_out > 0
     return src
 
 
@@ -160,17 +192,8 @@ class EmulatedKernel:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hf2q_cuda_emu_"))
         self._libs: dict[str, ctypes.CDLL] = {}
 
-    def _lib(self, in_dtypes, out_dtypes, template) -> ctypes.CDLL:
-        code = _wrap(
-            self.name,
-            self.input_names,
-            in_dtypes,
-            self.output_names,
-            out_dtypes,
-            self.source,
-            self.header,
-            template,
-        )
+    def _lib(self, params, template) -> ctypes.CDLL:
+        code = _wrap(self.name, params, self.source, self.header, template)
         key = hashlib.sha1(code.encode()).hexdigest()[:16]
         if key not in self._libs:
             cpp = self.workdir / f"{self.name}_{key}.cpp"
@@ -219,10 +242,27 @@ class EmulatedKernel:
             np.full(s, poison[d] if init_value is None else init_value, dtype=_NP_VIEW[d])
             for s, d in zip(output_shapes, output_dtypes)
         ]
-        lib = self._lib([a.dtype for a in arrays], list(output_dtypes), template or [])
-        ptrs = (ctypes.c_void_p * (len(in_np) + len(out_np)))(
-            *[a.ctypes.data for a in in_np + out_np]
+        params = kernel_params(
+            self.input_names,
+            [a.dtype for a in arrays],
+            [a.ndim for a in arrays],
+            self.output_names,
+            list(output_dtypes),
+            self.source,
         )
+        lib = self._lib(params, template or [])
+        buffers: list[np.ndarray] = []
+        infos = shape_infos(self.source, self.input_names)
+        for a, a_np, (sh, st, ndim) in zip(arrays, in_np, infos):
+            buffers.append(a_np)
+            if a.ndim > 0:
+                pad = [0] * (10 - a.ndim)
+                buffers += [np.array(list(a.shape) + pad, dtype=np.int32)] if sh else []
+                strides = [s // a_np.itemsize for s in a_np.strides]
+                buffers += [np.array(strides + pad, dtype=np.int64)] if st else []
+                buffers += [np.array([a.ndim], dtype=np.int32)] if ndim else []
+        buffers += out_np
+        ptrs = (ctypes.c_void_p * len(buffers))(*[b.ctypes.data for b in buffers])
         tx, ty, tz = threadgroup
         assert ty == 1 and tz == 1, "the emulator launches 1-D thread blocks"
         blocks = [(g + t - 1) // t for g, t in zip(grid, threadgroup)]
@@ -238,6 +278,7 @@ def mlx_cuda_source(
     name: str,
     input_names: list[str],
     input_dtypes: list[Any],
+    input_ndims: list[int],
     output_names: list[str],
     output_dtypes: list[Any],
     source: str,
@@ -247,18 +288,22 @@ def mlx_cuda_source(
     """The translation unit MLX's CUDA backend builds from a ``cuda_kernel`` (for compile checks).
 
     MLX includes its own ``mlx/backend/cuda/device/utils.cuh`` first; the hf2q kernels need only
-    the CUDA headers it pulls in (bf16/fp16 types, cooperative groups), which stand in for it here.
+    the CUDA headers it pulls in (bf16/fp16 types, cooperative groups) and its ``Shape`` /
+    ``Strides`` types, which stand in for it here.
     """
     src = "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cooperative_groups.h>\n"
+    src += "#include <cuda/std/array>\n"
+    src += "namespace mlx::core::cu {\nusing Shape = cuda::std::array<int32_t, 10>;\n"
+    src += "using Strides = cuda::std::array<int64_t, 10>;\n}\n"
     src += header + "\nnamespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
-    params = [f"    const {_CTYPES[d]}* {n}" for n, d in zip(input_names, input_dtypes)]
-    params += [f"    {_CTYPES[d]}* {n}" for n, d in zip(output_names, output_dtypes)]
-    src += f"__global__ void {name}(\n" + ",\n".join(params) + ") {\n"
-    for tname, arg in template:
-        if isinstance(arg, bool):
-            src += f"  constexpr bool {tname} = {'true' if arg else 'false'};\n"
-        elif isinstance(arg, int):
-            src += f"  constexpr int {tname} = {arg};\n"
-        else:
-            src += f"  using {tname} = {_CTYPES[arg]};\n"
+    params = kernel_params(
+        input_names, input_dtypes, input_ndims, output_names, output_dtypes, source
+    )
+    grid_const = {"Shape", "Strides", "int"}
+    src += f"__global__ void {name}(\n"
+    src += ",\n".join(
+        f"    const __grid_constant__ {t} {n}" if t in grid_const else f"    {t} {n}"
+        for t, n in params
+    )
+    src += ") {\n" + _template_lines(template)
     return src + "\n" + source + "\n}\n\n} // namespace mlx::core::cu\n"

@@ -44,14 +44,17 @@ def test_every_variant_compiles_for_sm90_without_spills(tmp_path: Path, fused, d
     for v in VARIANTS:
         spec = cg.kernel_spec(fused=fused, **v)
         in_dtypes = _dtypes(fused, dtype) + ([mx.int32] if v["replay"] else [])
+        in_ndims = [4, 4, 4, 3, 3, 4] if not fused else [3, 3, 2, 3, 3, 1, 1, 4]
+        in_ndims += [1] if v["replay"] else []
         out_dtypes = ([dtype] if v["write_y"] else []) + [mx.float32]
         template = [("InT", dtype)] + ([("GT", dtype)] if fused else [])
-        template += [("Dk", 128), ("Dv", 128), ("Hk", 16), ("Hv", 32), ("T", 16)]
+        template += [("Dk", 128), ("Dv", 128), ("Hk", 16), ("Hv", 32)]
         template += ([("KC", 4)] if fused else []) + [("WARPS", 4), ("TC", 16)]
         src = cuda_emu.mlx_cuda_source(
             spec["name"],
             spec["input_names"],
             in_dtypes,
+            in_ndims,
             spec["output_names"],
             out_dtypes,
             spec["source"],

@@ -104,3 +104,13 @@ def test_runners_are_built_once_per_layer_and_dropped_with_it():
     del layer, first, target
     gc.collect()
     assert key not in layers._RUNNERS
+
+
+def test_long_prompts_on_ops_run_the_layers_own_call():
+    # 70 tokens > MAX_OPS_STEPS: the Gated-DeltaNet layers fall back to mlx-lm's call (same result).
+    target = qwen35(seed=5)
+    prompt = mx.array([[i % 60 + 1 for i in range(layers.MAX_OPS_STEPS + 6)]])
+    ref_cache, cache = make_prompt_cache(target.model), make_prompt_cache(target.model)
+    ref, _ = target.forward(prompt, ref_cache)
+    out, _ = target.forward(prompt, cache, layer_fn=layers.fast_layer_fn())
+    assert mx.allclose(out, ref, rtol=1e-5, atol=1e-5)

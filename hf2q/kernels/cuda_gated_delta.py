@@ -24,7 +24,8 @@ masks or vector gates (callers fall back to ops), or run anywhere but an NVIDIA 
 Layout of the work: thread block = (Dv tile of ``8 * WARPS`` rows, one value head, one batch
 row); four lanes share one value row and each holds ``Dk / 4`` state elements, interleaved by
 float4 so that state stores are full 64-byte runs. q/k/v/gates of up to ``TC`` steps are staged
-in shared memory as float32 per chunk.
+in shared memory as float32 per chunk. The block length T is read from the input's shape, so one
+compiled kernel per dtype and head geometry serves decode (T=1), verify (T=16) and long prompts.
 """
 
 from __future__ import annotations
@@ -68,8 +69,10 @@ template <typename T> __device__ __forceinline__ float hf2q_softplus(float x) {
 """
 
 # Shared prologue: indices, shared staging buffers, state load. Needs constexprs InT, Dk, Dv, Hk,
-# Hv, T, WARPS, TC (template arguments) and the input ``state_in``.
+# Hv, WARPS, TC (template arguments), the block length T (read from an input's shape, so one
+# compiled kernel serves every T) and the input ``state_in``.
 _PROLOGUE = r"""
+  const int T = __T_FROM_SHAPE__;
   constexpr int NJ = Dk / 16;          // float4 groups per lane
   constexpr int ROWS = 8 * WARPS;      // value rows per block
   constexpr int NT = 32 * WARPS;       // threads per block
@@ -267,7 +270,7 @@ def _source(*, fused: bool, record: str, write_y: bool, replay: bool) -> str:
     n_steps = "min(T, (int)steps[0])" if replay else "T"
     steps = _STEPS.replace("__WRITE_Y__", _WRITE_Y if write_y else "")
     steps = steps.replace("__WRITE_STEP_STATE__", _WRITE_STEP_STATE if record == "states" else "")
-    body = _PROLOGUE
+    body = _PROLOGUE.replace("__T_FROM_SHAPE__", "qkv_shape[1]" if fused else "q_shape[1]")
     if fused:
         body += _FUSED_SETUP
     body += f"""
@@ -412,9 +415,8 @@ def gated_delta_steps_cuda(
         ("Dv", Dv),
         ("Hk", Hk),
         ("Hv", Hv),
-        ("T", T),
         ("WARPS", warps),
-        ("TC", min(T, MAX_CHUNK)),
+        ("TC", MAX_CHUNK),
     ]
     rows = 8 * warps
     grid = (32 * warps * (Dv // rows), Hv, B)
@@ -497,10 +499,9 @@ def gdn_fused_cuda(
         ("Dv", Dv),
         ("Hk", Hk),
         ("Hv", Hv),
-        ("T", T),
         ("KC", K),
         ("WARPS", warps),
-        ("TC", min(T, MAX_CHUNK)),
+        ("TC", MAX_CHUNK),
     ]
     rows = 8 * warps
     grid = (32 * warps * (Dv // rows), Hv, B)

@@ -28,6 +28,8 @@ from hf2q.kernels.attention import compile_attention_layer
 from hf2q.kernels.gdn import LayerRunner, compile_gdn_decoder_layer, empty_states, fuse_projections
 
 _RUNNERS: dict[tuple, tuple[weakref.ref, Callable]] = {}
+#: Longest block the ops recurrence is compiled for (longer ones run the layer's own call).
+MAX_OPS_STEPS = 64
 
 
 def _cached(layer: nn.Module, key: tuple, build: Callable[[], Callable]) -> Callable:
@@ -86,7 +88,9 @@ def fast_layer_fn(
             ):
                 return layer(h, mask=mask, cache=cache)
             impl = select.gdn_impl(attn)
-            if impl == "mlx":  # Apple GPUs: mlx-lm's own Metal path is already fused
+            if impl == "mlx" or (impl == "ops" and h.shape[1] > MAX_OPS_STEPS):
+                # Apple GPUs: mlx-lm's Metal kernel already runs the recurrence in one launch.
+                # Long prompts on ops: tracing thousands of steps costs more than it saves.
                 return layer(h, mask=mask, cache=cache)
             conv, state = cache[0], cache[1]
             if conv is None or state is None:
