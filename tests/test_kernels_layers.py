@@ -99,7 +99,7 @@ def test_runners_are_built_once_per_layer_and_dropped_with_it():
     first = layers.gdn_layer_runner(layer, impl="ops", record="final")
     assert layers.gdn_layer_runner(layer, impl="ops", record="final") is first
     assert layers.gdn_layer_runner(layer, impl="ops", record="states") is not first
-    key = (id(layer), "gdn", "ops", "final", False)
+    key = (id(layer), "gdn", "ops", "final", False, True)
     assert key in layers._RUNNERS
     del layer, first, target
     gc.collect()
@@ -114,3 +114,13 @@ def test_long_prompts_on_ops_run_the_layers_own_call():
     ref, _ = target.forward(prompt, ref_cache)
     out, _ = target.forward(prompt, cache, layer_fn=layers.fast_layer_fn())
     assert mx.allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_compile_can_be_turned_off_with_the_same_results(monkeypatch):
+    monkeypatch.setenv("HF2Q_COMPILE", "0")
+    run_both(qwen35(seed=6), fuse_proj=False)
+    monkeypatch.setenv("HF2Q_COMPILE", "maybe")
+    from hf2q.errors import UsageError
+
+    with pytest.raises(UsageError, match="HF2Q_COMPILE"):
+        layers.select.compile_enabled()

@@ -25,7 +25,13 @@ from mlx_lm.models.qwen3_next import Qwen3NextAttention
 
 from hf2q.kernels import select
 from hf2q.kernels.attention import compile_attention_layer
-from hf2q.kernels.gdn import LayerRunner, compile_gdn_decoder_layer, empty_states, fuse_projections
+from hf2q.kernels.gdn import (
+    LayerRunner,
+    compile_gdn_decoder_layer,
+    empty_states,
+    fuse_projections,
+    gdn_decoder_layer,
+)
 
 _RUNNERS: dict[tuple, tuple[weakref.ref, Callable]] = {}
 #: Longest block the ops recurrence is compiled for (longer ones run the layer's own call).
@@ -52,18 +58,26 @@ def gdn_layer_runner(
 ) -> LayerRunner:
     """The compiled runner ``(x, conv_state, state) -> (out, GdnRecord)`` of a linear-attention layer."""
     fuse = fuse_proj and _has_plain_mlp(layer)
-    return _cached(
-        layer,
-        ("gdn", impl, record, fuse),
-        lambda: compile_gdn_decoder_layer(
-            layer, impl=impl, record=record, fused=fuse_projections(layer) if fuse else None
-        ),
-    )
+    compiled = select.compile_enabled()
+
+    def build() -> LayerRunner:
+        fused = fuse_projections(layer) if fuse else None
+        if compiled:
+            return compile_gdn_decoder_layer(layer, impl=impl, record=record, fused=fused)
+        ref = weakref.ref(layer)
+        return lambda x, conv, state: gdn_decoder_layer(
+            ref(), x, conv, state, impl=impl, record=record, fused=fused
+        )
+
+    return _cached(layer, ("gdn", impl, record, fuse, compiled), build)
 
 
 def attention_runner(layer: nn.Module, *, fuse_proj: bool = False) -> Callable:
     """The compiled runner ``(x, mask, cache) -> out`` of a full-attention layer."""
     fuse = fuse_proj and _has_plain_mlp(layer)
+    if not select.compile_enabled():
+        ref = weakref.ref(layer)
+        return _cached(layer, ("attn-plain",), lambda: lambda x, mask, cache: ref()(x, mask, cache))
     return _cached(layer, ("attn", fuse), lambda: compile_attention_layer(layer, fuse_proj=fuse))
 
 

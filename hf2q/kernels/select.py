@@ -10,7 +10,8 @@ layer, and pick
 * the rollback record: per-step states (``"states"``) or replay (``"final"``).
 
 ``HF2Q_KERNELS=ops`` forces the portable ops everywhere (to compare or to rule the kernels out);
-``HF2Q_KERNELS=cuda`` insists on the CUDA kernels and fails loudly where they cannot run.
+``HF2Q_KERNELS=cuda`` insists on the CUDA kernels and fails loudly where they cannot run;
+``HF2Q_COMPILE=0`` turns ``mx.compile`` of the layer runners off.
 :func:`describe` returns what is active, for ``--stats``.
 
 What it does not do: run anything itself beyond a dispatch in :func:`gated_delta_steps`.
@@ -28,6 +29,16 @@ ENV = "HF2Q_KERNELS"
 MODES = ("auto", "ops", "cuda")
 #: HF2Q_GDN_RECORD overrides the rollback record ("states" or "final").
 RECORD_ENV = "HF2Q_GDN_RECORD"
+#: HF2Q_COMPILE=0 runs the layer runners without mx.compile (same math, more launches).
+COMPILE_ENV = "HF2Q_COMPILE"
+
+
+def compile_enabled() -> bool:
+    """Whether the layer runners use ``mx.compile`` (``HF2Q_COMPILE``, default on)."""
+    value = os.environ.get(COMPILE_ENV, "1").strip().lower()
+    if value not in ("0", "1", "false", "true", "off", "on", ""):
+        raise UsageError(f"{COMPILE_ENV}={value!r} must be 0 or 1: unset it or fix it")
+    return value not in ("0", "false", "off")
 
 
 def kernel_mode() -> str:
@@ -156,4 +167,5 @@ def describe(attn: object | None = None) -> dict[str, str]:
     info["recurrence"] = (
         "CUDA kernel" if info["backend"] == "cuda" and info["mode"] != "ops" else "ops"
     )
+    info["compile"] = "on" if compile_enabled() else "off"
     return info
