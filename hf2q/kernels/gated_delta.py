@@ -43,6 +43,14 @@ def gated_delta_steps(
     Returns:
         ``(y, states)`` as :func:`gated_delta_steps_reference`.
     """
+    if mask is None:
+        from hf2q.kernels.select import recurrence_impl
+
+        if recurrence_impl(q, v, state) == "cuda":
+            from hf2q.kernels.cuda_gated_delta import gated_delta_steps_cuda
+
+            y, buf = gated_delta_steps_cuda(q, k, v, g, beta, state, record="states")
+            return y, [buf[:, t] for t in range(q.shape[1])]  # views of one buffer
     out = (
         _compiled(q, k, v, g, beta, state)
         if mask is None

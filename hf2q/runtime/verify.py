@@ -26,6 +26,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.gated_delta import compute_g, normalize_qk
 
+from hf2q.kernels import select
+from hf2q.kernels.cuda_gated_delta import gdn_fused_cuda
 from hf2q.kernels.gated_delta import gated_delta_steps
 from hf2q.runtime.cache import GDNRollbackCache, TargetCache
 from hf2q.runtime.target import TargetModel
@@ -48,6 +50,26 @@ def _gdn_math(
     z = attn.in_proj_z(x).reshape(B, S, attn.num_v_heads, attn.head_v_dim)
     b = attn.in_proj_b(x)  # (B, S, Hv)
     a = attn.in_proj_a(x)  # (B, S, Hv)
+    if mask is None and select.gdn_impl(attn) == "cuda":
+        # One CUDA kernel for conv + SiLU + q/k norm + gates + recurrence (hf2q.kernels), writing
+        # the state after every position into one buffer; the list holds views of it.
+        y, buf = gdn_fused_cuda(
+            conv_state,
+            qkv,
+            attn.conv1d.weight,
+            a,
+            b,
+            attn.A_log,
+            attn.dt_bias,
+            state,
+            num_k_heads=attn.num_k_heads,
+            key_dim=attn.head_k_dim,
+            num_v_heads=attn.num_v_heads,
+            value_dim=attn.head_v_dim,
+            record="states",
+        )
+        out = attn.out_proj(attn.norm(y, z).reshape(B, S, -1))
+        return out, mx.concatenate([conv_state, qkv], axis=1), [buf[:, t] for t in range(S)]
     if mask is not None:
         qkv = mx.where(mask[..., None], qkv, 0)
     conv_input = mx.concatenate([conv_state, qkv], axis=1)  # (B, K-1+S, C)
@@ -113,7 +135,7 @@ def gdn_verify(
     state = cache[1]
     if state is None:
         state = mx.zeros((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim), dtype=mx.float32)
-    if compiled and mask is None:
+    if compiled and mask is None and select.compile_enabled():
         res = _compiled_gdn(attn)(x, conv_state, state)
         out, conv_input, states = res[0], res[1], list(res[2:])
     else:
