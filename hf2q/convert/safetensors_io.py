@@ -120,41 +120,46 @@ def read_header(file: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     return tensors, {str(k): str(v) for k, v in metadata.items()}
 
 
+def pread_into(fd: int, view: memoryview, offset: int, info: TensorInfo) -> None:
+    """Fill ``view`` from ``fd`` at ``offset`` (loops over short reads; releases the GIL)."""
+    done, count = 0, view.nbytes
+    while done < count:
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:
+            raise ModelError(f"{info.file} ended early while reading {info.name}: re-download it")
+        done += got
+
+
+def as_array(raw: Any, info: TensorInfo, rows: int) -> Any:
+    """View the raw bytes (an MLX uint8 array) of ``rows`` rows of ``info`` as its dtype and shape."""
+    import mlx.core as mx
+
+    _, mlx_dtype, _ = _DTYPES[info.dtype]
+    shape = (rows, info.shape[-1]) if len(info.shape) > 1 else info.shape
+    return raw.view(getattr(mx, mlx_dtype)).reshape(shape)
+
+
 def read_rows(info: TensorInfo, start: int, stop: int, fd: int | None = None) -> Any:
     """Rows ``[start, stop)`` of a stored tensor (2-D view) as an MLX array of its dtype.
 
-    The result has shape ``(stop - start, *shape[-1:])`` (1-D tensors: the whole vector).
+    The result has shape ``(stop - start, shape[-1])`` (1-D tensors: the whole vector). The bytes
+    are read straight into MLX's buffer (no intermediate copy).
     """
     import mlx.core as mx
-    import numpy as np
 
-    np_dtype, mlx_dtype, _ = _DTYPES[info.dtype]
-    row_bytes = info.row_bytes
-    count = (stop - start) * row_bytes
-    buf = np.empty(count, dtype=np.uint8)
+    count = (stop - start) * info.row_bytes
+    raw = mx.zeros((count,), dtype=mx.uint8)
+    mx.eval(raw)
     own = fd is None
     if own:
         fd = os.open(info.file, os.O_RDONLY)
     try:
-        view = memoryview(buf)
-        done = 0
-        offset = info.start + start * row_bytes
-        while done < count:
-            got = os.preadv(fd, [view[done:]], offset + done)
-            if got <= 0:
-                raise ModelError(
-                    f"{info.file} ended early while reading {info.name}: re-download it"
-                )
-            done += got
+        if count:
+            pread_into(fd, memoryview(raw), info.start + start * info.row_bytes, info)
     finally:
         if own:
             os.close(fd)
-    arr = buf.view(np.dtype(np_dtype))
-    shape = (stop - start, info.shape[-1]) if len(info.shape) > 1 else info.shape
-    out = mx.array(arr.reshape(shape))
-    if mlx_dtype == "bfloat16":
-        out = out.view(mx.bfloat16)
-    return out
+    return as_array(raw, info, stop - start)
 
 
 def read_tensor(info: TensorInfo) -> Any:
@@ -221,19 +226,16 @@ class ShardWriter:
                 f"cannot write {path} ({exc.strerror or exc}): check free space and permissions"
             ) from exc
 
-    def write(self, name: str, row: int, array: Any) -> None:
-        """Write ``array`` (an evaluated MLX array) as rows starting at ``row`` of tensor ``name``."""
-        import mlx.core as mx
+    def write(self, name: str, row: int, data: memoryview) -> None:
+        """Write ``data`` (bytes of whole rows) at row ``row`` of tensor ``name``.
 
+        Pure file I/O (no MLX calls), so it may run on a writer thread.
+        """
         slot = self._slots[name]
-        if array.dtype == mx.bfloat16:
-            array = array.view(mx.uint16)
-        data = memoryview(array if _row_contiguous(array) else mx.contiguous(array))
         nbytes = data.nbytes
         offset = self._base + slot.start + row * slot.row_bytes
         if offset + nbytes > self._base + slot.start + slot.nbytes:
             raise ValueError(f"write past the end of {name} in {self.path}")
-        data = data.cast("B")
         done = 0
         try:
             while done < nbytes:
@@ -257,8 +259,13 @@ class ShardWriter:
             raise RuntimeError(f"{self.path}: tensors not completely written: {short[:3]}")
 
 
-def _row_contiguous(array: Any) -> bool:
-    try:
-        return memoryview(array).c_contiguous
-    except (BufferError, ValueError, TypeError):
-        return False
+def as_bytes(array: Any) -> memoryview:
+    """The bytes of an MLX array in row-major order, as a flat memoryview (evaluates it)."""
+    import mlx.core as mx
+
+    if array.dtype == mx.bfloat16:  # Python's buffer protocol has no bfloat16: carry it as uint16
+        array = array.view(mx.uint16)
+    view = memoryview(array)
+    if not view.c_contiguous:
+        view = memoryview(mx.contiguous(array))
+    return view.cast("B")
