@@ -419,3 +419,38 @@ def build_drafter(
     )
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     return folder
+
+
+def add_to_hf_cache(
+    cache: str | Path, repo_id: str, folder: str | Path, *, revision: str = "main"
+) -> str:
+    """Place ``folder``'s files in a Hugging Face Hub cache as if ``repo_id`` had been downloaded.
+
+    Lays out huggingface_hub's documented cache structure, ``models--owner--name/`` with
+    content-addressed ``blobs/``, ``snapshots/<commit>/`` of relative symlinks to the blobs, and
+    ``refs/<revision>`` holding the commit, so that ``snapshot_download(repo_id)`` with
+    ``HF_HUB_OFFLINE=1`` and ``HF_HUB_CACHE=cache`` resolves it. Returns the (made-up) commit hash.
+    """
+    import hashlib
+    import os
+
+    folder = Path(folder)
+    repo = Path(cache) / ("models--" + repo_id.replace("/", "--"))
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    digest = hashlib.sha1()
+    for p in files:
+        digest.update(p.name.encode() + hashlib.sha256(p.read_bytes()).digest())
+    commit = digest.hexdigest()
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for p in files:
+        blob = repo / "blobs" / hashlib.sha256(p.read_bytes()).hexdigest()
+        if not blob.exists():
+            blob.write_bytes(p.read_bytes())
+        link = snapshot / p.name
+        if not link.exists():
+            os.symlink(os.path.relpath(blob, snapshot), link)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / revision).write_text(commit)
+    return commit

@@ -73,7 +73,7 @@ def _is_click(exc: BaseException, name: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the process exit code (also used by ``python -m hf2q``)."""
     try:
-        app(args=argv, prog_name="hf2q", standalone_mode=False)
+        code = app(args=argv, prog_name="hf2q", standalone_mode=False)
     except Hf2qError as exc:
         if _debug():
             raise
@@ -101,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
             "(set HF2Q_DEBUG=1 for the traceback and report it)",
             1,
         )
-    return 0
+    # Typer turns Ctrl-C inside a command into Exit(130) and, outside standalone mode, returns it.
+    if code == 130:
+        return _fail("interrupted", 130)
+    return code if isinstance(code, int) and not isinstance(code, bool) else 0
 
 
 if __name__ == "__main__":

@@ -114,8 +114,8 @@ def resolve_quantization(options: ConvertOptions) -> tuple[QuantSpec | None, Any
         if options.group_size is not None
         else (base.get("group_size") if same_mode else None)
     )
-    flags = "--q-bits/--q-group-size/--q-mode"
-    return make_spec(bits, group, mode, where=flags), recipe
+    where = f"recipe {recipe.name} with the --q-* flags" if recipe is not None else ""
+    return make_spec(bits, group, mode, where=where), recipe
 
 
 def convert(

@@ -19,6 +19,7 @@ import fnmatch
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -77,10 +78,16 @@ def check_output(out: Path, source: Path, *, force: bool) -> None:
                 f"{out} already exists: pass --force to replace it, or choose another -o"
             )
     parent = _existing_ancestor(dst.parent)
-    if not os.access(parent, os.W_OK | os.X_OK):
+    if not parent.is_dir():
+        raise OutputError(f"cannot write under {parent}: it is not a folder, choose another -o")
+    # Probe by creating a folder: permission bits alone say nothing for root or read-only mounts.
+    try:
+        probe = Path(tempfile.mkdtemp(prefix=".hf2q-probe-", dir=parent))
+    except OSError as exc:
         raise OutputError(
-            f"cannot write to {parent} (permission denied): choose a writable -o folder"
-        )
+            f"cannot write to {parent} ({exc.strerror or exc}): choose a writable -o folder"
+        ) from exc
+    probe.rmdir()
 
 
 def check_space(out: Path, need_bytes: int) -> None:
