@@ -218,18 +218,29 @@ def test_output_is_byte_identical_to_mlx_lm_convert_on_the_released_layout(train
     }
 
 
-def test_chunked_streaming_writes_the_same_bytes_as_whole_tensors(trained, tmp_path):
+def test_chunks_and_worker_processes_write_the_same_bytes_as_whole_tensors(trained, tmp_path):
     from hf2q.convert import ConvertOptions, convert
 
-    src = trained["moe"]
-    whole = convert(src, tmp_path / "whole", ConvertOptions(evaluate=False, chunk_bytes=1 << 30))
-    tiny = convert(src, tmp_path / "tiny", ConvertOptions(evaluate=False, chunk_bytes=1024))
-    assert whole.files == tiny.files
-    for name in whole.files:
+    src = trained["moe"]  # pass-through tensors (streamed) and transformed ones (fused experts)
+    runs = {
+        "whole": ConvertOptions(chunk_bytes=1 << 30, workers=0),
+        "chunks": ConvertOptions(chunk_bytes=1024, workers=0),
+        "workers": ConvertOptions(chunk_bytes=1024, workers=2),
+    }
+    results = {name: convert(src, tmp_path / name, opts) for name, opts in runs.items()}
+    assert results["workers"].workers == 2 and results["whole"].workers == 0
+    files = results["whole"].files
+    assert all(r.files == files for r in results.values())
+    for name in files:
         if name.endswith(".safetensors"):
-            assert (tmp_path / "whole" / name).read_bytes() == (
-                tmp_path / "tiny" / name
-            ).read_bytes()
+            whole = (tmp_path / "whole" / name).read_bytes()
+            assert (tmp_path / "chunks" / name).read_bytes() == whole, name
+            assert (tmp_path / "workers" / name).read_bytes() == whole, name
+    # The quality check measures the same model whichever way it was written (the weight error
+    # is summed chunk by chunk, so only its last digits may differ).
+    a, b = results["workers"].eval, results["whole"].eval
+    assert a.keys() == b.keys()
+    assert all(a[k] == pytest.approx(b[k], rel=1e-6) for k in a)
 
 
 def test_sharded_output_has_an_index_that_names_every_tensor(trained, tmp_path):

@@ -89,7 +89,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupt_mid_convert_removes_everything(medium, tmp_path, sig):
     out = tmp_path / "out"
-    proc = _start(str(medium), "-o", str(out))
+    proc = _start(str(medium), "-o", str(out), "--workers", "2")
     _wait_for_partial(proc, out)
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=120)
@@ -99,15 +99,42 @@ def test_interrupt_mid_convert_removes_everything(medium, tmp_path, sig):
     assert _partials(out) == []
 
 
-def test_sigkill_mid_convert_leaves_no_out_and_the_next_run_cleans_up(medium, tmp_path):
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_sigkill_mid_convert_leaves_no_out_no_workers_and_the_next_run_cleans_up(medium, tmp_path):
     out = tmp_path / "out"
-    proc = _start(str(medium), "-o", str(out))
+    proc = _start(str(medium), "-o", str(out), "--workers", "2")
     partial = _wait_for_partial(proc, out)
+    workers = _children(proc.pid)
+    assert len(workers) >= 2  # the quantization processes
     proc.kill()
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     assert not out.exists()
     assert partial.name == f".out.hf2q-partial-{proc.pid}"
+    deadline = time.monotonic() + 30
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(w) for w in workers), "worker processes outlived a killed conversion"
     again = _start(str(medium), "-o", str(out), "--no-eval")
     _, stderr = again.communicate(timeout=300)
     assert again.returncode == 0, stderr

@@ -92,6 +92,13 @@ def convert(
     shard_size: Annotated[
         float, typer.Option("--shard-size", help="Maximum size of one weight file, in GB.")
     ] = 5.0,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            help="Quantization processes (default: one per core on MLX's CPU backend, 0 on a GPU).",
+        ),
+    ] = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON object on the last line.")
     ] = False,
@@ -125,6 +132,7 @@ def convert(
         token=token,
         force=force,
         shard_bytes=int(shard_size * (1 << 30)),
+        workers=workers,
     )
 
     def on_stage(name: str) -> None:
@@ -182,7 +190,8 @@ def _summary(r: dict[str, Any]) -> dict[str, str]:
         )
     if r.get("eval_skipped"):
         rows["quality check"] = f"skipped: {r['eval_skipped']}"
-    rows["peak memory"] = f"{r['peak_rss_mb']:.0f} MB RSS"
+    workers = f" (with {r['workers']} quantization workers)" if r["workers"] else ""
+    rows["peak memory"] = f"{r['peak_rss_mb']:.0f} MB RSS{workers}"
     return rows
 
 

@@ -18,10 +18,11 @@ Drafters keep z-lab's layout and tensor names.
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,9 @@ class ConvertOptions:
     token: str | None = None
     force: bool = False
     shard_bytes: int = 5 << 30
-    chunk_bytes: int = 64 << 20
+    chunk_bytes: int = 32 << 20
     eval_tokens: int = 64
+    workers: int | None = None  # quantization processes; None: one per core on CPU, 0 on GPU
 
 
 @dataclass
@@ -77,7 +79,8 @@ class ConvertResult:
     time_s: float
     write_s: float
     eval_s: float
-    peak_rss_mb: float
+    peak_rss_mb: float  # this process plus its quantization workers (each at its own peak)
+    workers: int
     eval: dict[str, Any] | None = None
     eval_skipped: str | None = None
     warnings: list[str] = field(default_factory=list)
@@ -139,18 +142,6 @@ def convert(
     Raises:
         Hf2qError: any problem the user can fix, with a one-line message naming the fix.
     """
-    from hf2q.convert.plan import build_plan
-    from hf2q.convert.quantize import write_weights
-    from hf2q.convert.write import (
-        check_output,
-        check_space,
-        copy_side_files,
-        staging,
-        write_index,
-        write_json,
-    )
-    from hf2q.hub import resolve_source
-
     options = options or ConvertOptions()
     stage = on_stage or (lambda _name: None)
     started = time.perf_counter()
@@ -162,6 +153,48 @@ def convert(
             f"--revision applies to Hub repo ids, but {text} is a local folder: drop --revision"
         )
 
+    if options.workers is not None and options.workers < 0:
+        raise UsageError(f"--workers must be 0 or more, not {options.workers}")
+
+    return _convert(text, out, options, default, recipe, started, stage, on_progress, tqdm_class)
+
+
+#: Below this many bytes of weights, starting worker processes costs more than it saves.
+PARALLEL_MIN_BYTES = 256 << 20
+
+
+@contextlib.contextmanager
+def _worker_pool(n: int) -> Iterator[Any]:
+    """``n`` quantization processes for the block (None when n is 0); stopped on any exit."""
+    from hf2q.convert.workers import WorkerPool
+
+    pool = WorkerPool(n) if n > 0 else None
+    try:
+        yield pool
+    except BaseException:
+        if pool is not None:
+            pool.close(force=True)
+            pool = None
+        raise
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _convert(
+    text: str,
+    out: Path,
+    options: ConvertOptions,
+    default: QuantSpec | None,
+    recipe: Any,
+    started: float,
+    stage: StageFn,
+    on_progress: Callable[[int, int], None] | None,
+    tqdm_class: Any,
+) -> ConvertResult:
+    from hf2q.convert.write import check_output
+    from hf2q.hub import resolve_source
+
     stage("fetch")
     folder = resolve_source(
         text,
@@ -171,6 +204,35 @@ def convert(
         progress=tqdm_class is not None,
     )
     check_output(out, folder, force=options.force)
+
+    from hf2q.convert.workers import default_workers
+
+    n_workers = options.workers
+    if n_workers is None:
+        size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+        n_workers = default_workers() if size >= PARALLEL_MIN_BYTES else 0
+    # Started before planning, so their start-up overlaps importing mlx-lm and reading headers.
+    with _worker_pool(n_workers) as pool:
+        return _convert_with(
+            text, folder, out, options, default, recipe, started, stage, on_progress, pool
+        )
+
+
+def _convert_with(
+    text: str,
+    folder: Path,
+    out: Path,
+    options: ConvertOptions,
+    default: QuantSpec | None,
+    recipe: Any,
+    started: float,
+    stage: StageFn,
+    on_progress: Callable[[int, int], None] | None,
+    pool: Any,
+) -> ConvertResult:
+    from hf2q.convert.plan import build_plan
+    from hf2q.convert.quantize import write_weights
+    from hf2q.convert.write import check_space, copy_side_files, staging, write_index, write_json
 
     stage("plan")
     plan = build_plan(
@@ -195,6 +257,7 @@ def convert(
             chunk_bytes=options.chunk_bytes,
             measure_error=options.evaluate and plan.quantization is not None,
             progress=on_progress,
+            workers=pool if pool is not None else 0,
         )
         write_json(temp / "config.json", plan.config)
         write_index(
@@ -274,12 +337,13 @@ def convert(
             write_s=round(write_s, 3),
             eval_s=round(eval_s, 3),
             peak_rss_mb=0.0,
+            workers=len(pool) if pool is not None else 0,
             eval=eval_result,
             eval_skipped=eval_skipped,
             warnings=warnings,
         )
         result.time_s = round(time.perf_counter() - started, 3)
-        result.peak_rss_mb = round(_peak_rss_mb(), 1)
+        result.peak_rss_mb = round(_peak_rss_mb() + stats.worker_peak_rss_mb, 1)
         provenance = result.as_dict() | {"hf2q_version": _version(), "options": _options(options)}
         write_json(temp / "hf2q.json", provenance)
     return result

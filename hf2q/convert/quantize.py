@@ -1,16 +1,19 @@
 """Execute a conversion plan: stream every tensor through cast and ``mx.quantize`` into the shards.
 
-What it does: cut every planned job into row chunks (about ``chunk_bytes`` of input each) and run
-them through a three-stage pipeline: a reader thread ``pread``s the next chunks of tensors that
-``sanitize`` left unchanged straight into a small pool of reusable MLX buffers; the main thread
-casts and quantizes (affine / mxfp4 / nvfp4 / mxfp8 groups lie along the last axis, so quantizing
-row chunks gives exactly the bytes of quantizing the whole tensor); a writer thread ``pwrite``s
-the results into pre-laid-out shard files. Reading and writing overlap the quantization, and
-memory stays near a few chunks (or one transformed tensor, for the few that ``sanitize`` rewrites),
-never the whole model. Optionally measures each quantized weight's reconstruction error.
+What it does: cut every planned job into row chunks (about ``chunk_bytes`` of input each). Affine,
+mxfp4, nvfp4 and mxfp8 groups lie along the last axis, so quantizing row chunks gives exactly the
+bytes of quantizing the whole tensor. The output shards are created up front with their final
+headers, so any chunk can be written wherever it belongs as soon as it is ready. Two ways to run:
 
-Only the main thread calls MLX; the helper threads move bytes between files and buffers whose
-arrays the main thread keeps alive until the bytes are done with.
+* worker processes (the default on MLX's CPU backend, where one process quantizes on one core):
+  chunks of tensors that ``sanitize`` left unchanged go to ``hf2q.convert.workers``, which read
+  them straight from the source file and write the pieces into the shards; the main process
+  handles the few transformed tensors meanwhile;
+* in process (Metal / CUDA, or one core): a reader thread ``pread``s the next chunks into a small
+  pool of reusable MLX buffers, the main thread casts and quantizes, a writer thread ``pwrite``s.
+
+Either way memory stays near a few chunks (or one transformed tensor), never the whole model.
+Optionally measures each quantized weight's reconstruction error.
 
 What it does not do: decide precisions (``hf2q.convert.plan``) or manage the output folder
 (``hf2q.convert.write``).
@@ -21,7 +24,9 @@ from __future__ import annotations
 import math
 import os
 import queue
+import sys
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,11 +34,15 @@ from typing import Any
 
 from hf2q.convert.plan import Job, Plan
 from hf2q.convert.safetensors_io import ShardWriter, as_array, as_bytes, pread_into
+from hf2q.convert.workers import WorkerPool, convert_array
+from hf2q.errors import ModelError, OutputError
 
 #: Bytes of input processed at a time for streamable tensors.
 DEFAULT_CHUNK_BYTES = 32 << 20
-#: Read buffers in flight (the reader runs at most this many chunks ahead).
+#: Read buffers in flight in the in-process pipeline.
 _POOL = 3
+#: Tasks queued per worker (one running, one waiting).
+_PER_WORKER = 2
 
 #: ``progress(done_bytes, total_bytes)``.
 ProgressFn = Callable[[int, int], None]
@@ -45,6 +54,7 @@ class WriteStats:
 
     files: dict[str, list[str]] = field(default_factory=dict)  # file name -> tensor names
     weight_errors: dict[str, float] = field(default_factory=dict)  # relative RMS error per weight
+    worker_peak_rss_mb: float = 0.0  # sum over worker processes of each one's peak RSS
 
 
 def shard_names(plan: Plan) -> list[str]:
@@ -55,45 +65,43 @@ def shard_names(plan: Plan) -> list[str]:
 
 
 class _Outputs:
-    """Shard writers opened on first write and closed once all their tensors are complete."""
+    """All output files, created with their final headers; closed once complete."""
 
     def __init__(self, plan: Plan, folder: Path) -> None:
-        self.folder = folder
         self.where: dict[str, str] = {}
-        self.layout: dict[str, list[tuple[str, tuple[int, ...], str]]] = {}
+        layout: dict[str, list[tuple[str, tuple[int, ...], str]]] = {}
         for fname, names in zip(shard_names(plan), plan.shards):
-            self.layout[fname] = [(n, plan.tensors[n].shape, plan.tensors[n].dtype) for n in names]
-            for n in names:
-                self.where[n] = fname
+            layout[fname] = [(n, plan.tensors[n].shape, plan.tensors[n].dtype) for n in names]
         if plan.mtp_tensors:
-            self.layout["mtp.safetensors"] = [
+            layout["mtp.safetensors"] = [
                 (t.name, t.shape, t.dtype) for t in plan.mtp_tensors.values()
             ]
-            for n in plan.mtp_tensors:
-                self.where[n] = "mtp.safetensors"
-        self.open: dict[str, ShardWriter] = {}
-        self.pending = {f: {n for n, _, _ in tensors} for f, tensors in self.layout.items()}
+        self.layout = layout
+        self.writers: dict[str, ShardWriter] = {}
+        try:
+            for fname, tensors in layout.items():
+                self.writers[fname] = ShardWriter(folder / fname, tensors)
+                for n, _, _ in tensors:
+                    self.where[n] = fname
+        except BaseException:
+            self.abort_all()
+            raise
+
+    def writer(self, name: str) -> ShardWriter:
+        return self.writers[self.where[name]]
 
     def write(self, name: str, row: int, data: memoryview) -> None:
-        fname = self.where[name]
-        writer = self.open.get(fname)
-        if writer is None:
-            writer = self.open[fname] = ShardWriter(self.folder / fname, self.layout[fname])
-        writer.write(name, row, data)
+        self.writer(name).write(name, row, data)
 
-    def finished(self, name: str) -> None:
-        fname = self.where[name]
-        pending = self.pending[fname]
-        pending.discard(name)
-        if not pending:
-            if fname not in self.open:  # a shard holding only empty tensors
-                self.open[fname] = ShardWriter(self.folder / fname, self.layout[fname])
-            self.open.pop(fname).close()
+    def close_all(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+        self.writers.clear()
 
     def abort_all(self) -> None:
-        for writer in self.open.values():
+        for writer in self.writers.values():
             writer.abort()
-        self.open.clear()
+        self.writers.clear()
 
 
 @dataclass
@@ -116,6 +124,206 @@ def _chunks(plan: Plan, chunk_bytes: int) -> list[_Chunk]:
     return out
 
 
+def _spec(job: Job) -> tuple[int, int, str] | None:
+    s = job.spec
+    return None if s is None else (s.bits, s.group_size, s.mode)
+
+
+class _Lazy:
+    """Inputs ``sanitize`` transformed: materialised once per group, then cut into chunks."""
+
+    def __init__(self, jobs: list[Job]) -> None:
+        self.groups: dict[str, list[Job]] = {}
+        for job in jobs:
+            if job.input.array is not None:
+                self.groups.setdefault(job.input.group, []).append(job)
+        self.flat: dict[int, Any] = {}
+
+    def rows(self, c: _Chunk) -> Any:
+        import mlx.core as mx
+
+        inp = c.job.input
+        flat = self.flat.get(id(c.job))
+        if flat is None:
+            # Inputs sharing a source (gate/up of one fused expert tensor) are computed together.
+            members = [
+                j.input.array for j in self.groups.pop(inp.group, []) if j.input.array is not None
+            ]
+            if members:
+                mx.eval(*members)
+            arr = inp.array
+            flat = arr.reshape(inp.rows, inp.shape[-1]) if len(inp.shape) > 1 else arr
+            self.flat[id(c.job)] = flat
+        x = flat[c.r0 : c.r1] if len(inp.shape) > 1 else flat
+        if c.last:
+            self.flat.pop(id(c.job), None)
+            inp.array = None  # free it once its last chunk is out
+        return x
+
+
+def _pieces(c: _Chunk, converted: list[Any]) -> list[tuple[str, int, memoryview]]:
+    x = converted
+    if len(c.job.input.shape) == 0:
+        x = [converted[0].reshape(())]
+    return [(name, c.r0, as_bytes(part)) for name, part in zip(c.job.outputs, x, strict=True)]
+
+
+def write_weights(
+    plan: Plan,
+    folder: Path,
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    measure_error: bool = False,
+    progress: ProgressFn | None = None,
+    workers: WorkerPool | int = 0,
+) -> WriteStats:
+    """Write all planned tensors into ``folder`` (shards named like mlx-lm's, plus mtp.safetensors).
+
+    Args:
+        workers: a running :class:`WorkerPool`, or how many worker processes to start for this
+            call (0: everything in this process).
+    """
+    import mlx.core as mx
+
+    outputs = _Outputs(plan, folder)
+    stats = WriteStats(files={f: [n for n, _, _ in t] for f, t in outputs.layout.items()})
+    chunks = _chunks(plan, chunk_bytes)
+    errors: dict[str, list[float]] = {}
+    total = sum(j.input.nbytes for j in plan.jobs) or 1
+    done = [0]
+
+    def account(c: _Chunk, err: tuple[float, float] | None) -> None:
+        if err is not None and c.job.spec is not None and measure_error:
+            acc = errors.setdefault(c.job.name, [0.0, 0.0])
+            acc[0] += err[0]
+            acc[1] += err[1]
+        inp = c.job.input
+        done[0] += (c.r1 - c.r0) * max(1, inp.nbytes // max(1, inp.rows))
+        if progress is not None:
+            progress(min(done[0], total), total)
+
+    own_pool = isinstance(workers, int) and workers > 0
+    pool = WorkerPool(workers) if own_pool else workers
+    old_limit = mx.set_cache_limit(4 * chunk_bytes)
+    try:
+        if isinstance(pool, WorkerPool) and len(pool):
+            stats.worker_peak_rss_mb = _run_with_workers(
+                pool, chunks, outputs, measure_error, account
+            )
+        else:
+            _run_in_process(chunks, outputs, plan, measure_error, account)
+        outputs.close_all()
+    except BaseException:
+        outputs.abort_all()
+        if own_pool:
+            pool.close(force=True)
+            own_pool = False
+        raise
+    finally:
+        if own_pool:
+            pool.close()
+        mx.set_cache_limit(old_limit)
+        mx.clear_cache()
+    for name, (e2, r2) in errors.items():
+        stats.weight_errors[name] = math.sqrt(e2 / r2) if r2 > 0 else 0.0
+    return stats
+
+
+def _run_with_workers(
+    pool: WorkerPool,
+    chunks: list[_Chunk],
+    outputs: _Outputs,
+    measure_error: bool,
+    account: Callable[[_Chunk, tuple[float, float] | None], None],
+) -> float:
+    """Streamable chunks go to the worker processes; transformed ones run here meanwhile.
+
+    Returns the sum of the workers' peak RSS in MB.
+    """
+    from multiprocessing.connection import wait
+
+    import mlx.core as mx
+
+    tasks: deque[tuple[int, Any]] = deque()
+    local: list[_Chunk] = []
+    for i, c in enumerate(chunks):
+        info = c.job.input.info
+        if info is None:
+            local.append(c)
+            continue
+        nbytes = (c.r1 - c.r0) * info.row_bytes
+        shape = (c.r1 - c.r0, info.shape[-1]) if len(info.shape) > 1 else info.shape
+        dests = []
+        for name in c.job.outputs:
+            writer = outputs.writer(name)
+            size = (c.r1 - c.r0) * writer.row_bytes(name)
+            dests.append((str(writer.path), writer.region(name, c.r0, size), size))
+        out_dtype = str(c.job.out_dtype).split(".")[-1] if c.job.out_dtype is not None else None
+        task = (
+            i,
+            str(info.file),
+            info.start + c.r0 * info.row_bytes,
+            nbytes,
+            info.dtype,
+            shape,
+            out_dtype,
+            _spec(c.job),
+            dests,
+            measure_error,
+        )
+        tasks.append((i, task))
+    inflight: dict[Any, int] = {conn: 0 for conn in pool.conns}
+    peaks: dict[Any, int] = {conn: 0 for conn in pool.conns}
+    sent: dict[int, tuple[_Chunk, list[tuple[str, int, int]]]] = {}
+
+    def pump() -> None:
+        for conn in pool.conns:
+            while tasks and inflight[conn] < _PER_WORKER:
+                i, task = tasks.popleft()
+                conn.send(task)
+                sent[i] = (chunks[i], task[8])
+                inflight[conn] += 1
+
+    def collect(timeout: float) -> None:
+        for conn in wait(pool.conns, timeout=timeout):
+            try:
+                idx, failure, err = conn.recv()
+            except (EOFError, OSError) as exc:
+                raise RuntimeError("a quantization worker died unexpectedly") from exc
+            inflight[conn] -= 1
+            c, dests = sent.pop(idx)
+            if failure is not None:
+                kind, message = failure
+                if kind == "output":
+                    raise OutputError(
+                        f"cannot write the output ({message}): check free space and permissions"
+                    )
+                if kind == "model":
+                    raise ModelError(message)
+                raise RuntimeError(f"quantization worker failed: {message}")
+            for name, (_, _, size) in zip(c.job.outputs, dests, strict=True):
+                outputs.writer(name).mark_written(name, size)
+            peaks[conn] = max(peaks[conn], err[2])
+            account(c, err[:2])
+
+    lazy = _Lazy([c.job for c in local])
+    pump()
+    for c in local:
+        x = lazy.rows(c)
+        out = convert_array(x, c.job.out_dtype, _spec(c.job), measure_error)
+        for name, row, data in _pieces(c, out.pieces):
+            outputs.write(name, row, data)
+        account(c, (out.err2, out.ref2))
+        collect(0)
+        pump()
+        del x, out
+        mx.clear_cache()
+    while tasks or any(inflight.values()):
+        collect(0.5)
+        pump()
+    return sum(peaks.values()) / (1 << 20 if sys.platform == "darwin" else 1 << 10)
+
+
 class _Stop(Exception):
     """Raised inside helper threads when the main thread gives up."""
 
@@ -129,25 +337,29 @@ def _get(q: queue.Queue[Any], stop: threading.Event) -> Any:
                 raise _Stop from None
 
 
-def write_weights(
+def _next(q: queue.Queue[Any], errors: list[BaseException]) -> Any:
+    """The next item for the main thread, or the writer's error as soon as there is one."""
+    while True:
+        if errors:
+            raise errors[0]
+        try:
+            return q.get(timeout=0.1)
+        except queue.Empty:
+            continue
+
+
+def _run_in_process(
+    chunks: list[_Chunk],
+    outputs: _Outputs,
     plan: Plan,
-    folder: Path,
-    *,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    measure_error: bool = False,
-    progress: ProgressFn | None = None,
-) -> WriteStats:
-    """Write all planned tensors into ``folder`` (shards named like mlx-lm's, plus mtp.safetensors)."""
+    measure_error: bool,
+    account: Callable[[_Chunk, tuple[float, float] | None], None],
+) -> None:
+    """Reader thread -> MLX on this thread -> writer thread (only this thread calls MLX)."""
     import mlx.core as mx
 
-    outputs = _Outputs(plan, folder)
-    stats = WriteStats(files={f: [n for n, _, _ in t] for f, t in outputs.layout.items()})
-    chunks = _chunks(plan, chunk_bytes)
-    total = sum(j.input.nbytes for j in plan.jobs) or 1
-
-    # Read buffers: MLX arrays the main thread owns; the reader fills them through memoryviews.
     biggest = max(
-        [(c.r1 - c.r0) * (c.job.input.info.row_bytes) for c in chunks if c.job.input.info] or [0]
+        [(c.r1 - c.r0) * c.job.input.info.row_bytes for c in chunks if c.job.input.info] or [0]
     )
     pool = [mx.zeros((max(1, biggest),), dtype=mx.uint8) for _ in range(_POOL)]
     mx.eval(pool)
@@ -174,7 +386,8 @@ def write_weights(
                 if fd is None:
                     fd = fds[info.file] = os.open(info.file, os.O_RDONLY)
                 nbytes = (c.r1 - c.r0) * info.row_bytes
-                pread_into(fd, views[slot][:nbytes], info.start + c.r0 * info.row_bytes, info)
+                offset = info.start + c.r0 * info.row_bytes
+                pread_into(fd, views[slot][:nbytes], offset, info.file, info.name)
                 ready.put((c, slot))
         except _Stop:
             pass
@@ -190,11 +403,9 @@ def write_weights(
                 item = _get(to_write, stop)
                 if item is None:
                     return
-                pieces, slot, finished = item
+                pieces, slot = item
                 for name, row, data in pieces:
                     outputs.write(name, row, data)
-                for name in finished:
-                    outputs.finished(name)
                 if slot is not None:
                     free.put(slot)
                 written.put(item)
@@ -210,130 +421,48 @@ def write_weights(
     ]
     for t in threads:
         t.start()
-    old_limit = mx.set_cache_limit(4 * chunk_bytes)
-    done = 0
-    lazy_flat: dict[int, Any] = {}
-    groups: dict[str, list[Job]] = {}
-    for job in plan.jobs:
-        if job.input.array is not None:
-            groups.setdefault(job.input.group, []).append(job)
-    err_acc: dict[str, list[float]] = {}
+    lazy = _Lazy(plan.jobs)
     try:
         for _ in range(len(chunks)):
             item = _next(ready, errors)
             if isinstance(item, BaseException):
                 raise item
             c, slot = item
-            job, inp = c.job, c.job.input
+            inp = c.job.input
             if slot is not None:
-                x = as_array(
-                    pool[slot][: (c.r1 - c.r0) * inp.info.row_bytes], inp.info, c.r1 - c.r0
-                )
+                raw = pool[slot][: (c.r1 - c.r0) * inp.info.row_bytes]
+                x = as_array(raw, inp.info, c.r1 - c.r0)
             else:
-                flat = lazy_flat.get(id(job))
-                if flat is None:
-                    # Materialise transformed inputs sharing a source once (e.g. a fused gate_up).
-                    members = [
-                        j.input.array
-                        for j in groups.pop(inp.group, [])
-                        if j.input.array is not None
-                    ]
-                    if members:
-                        mx.eval(*members)
-                    arr = inp.array
-                    flat = arr.reshape(inp.rows, inp.shape[-1]) if len(inp.shape) > 1 else arr
-                    lazy_flat[id(job)] = flat
-                x = flat[c.r0 : c.r1] if len(inp.shape) > 1 else flat
-            pieces = _convert_chunk(job, x, c.r0, measure_error, err_acc)
-            if c.last:
-                lazy_flat.pop(id(job), None)
-                inp.array = None
-            to_write_item = (pieces, slot, job.outputs if c.last else [])
+                x = lazy.rows(c)
+            out = convert_array(x, c.job.out_dtype, _spec(c.job), measure_error)
+            item = (_pieces(c, out.pieces), slot)
             while True:
                 try:
-                    to_write.put(to_write_item, timeout=0.1)
+                    to_write.put(item, timeout=0.1)
                     break
                 except queue.Full:
                     if errors:
                         raise errors[0] from None
             while not written.empty():
                 written.get_nowait()  # drop the arrays behind finished writes here, on this thread
-            done += (c.r1 - c.r0) * max(1, inp.nbytes // max(1, inp.rows))
-            if progress is not None:
-                progress(min(done, total), total)
-        _put_end(to_write, errors)
+            account(c, (out.err2, out.ref2))
+        while True:
+            try:
+                to_write.put(None, timeout=0.1)
+                break
+            except queue.Full:
+                if errors:
+                    raise errors[0] from None
         threads[1].join()
         if errors:
             raise errors[0]
     except BaseException:
         stop.set()
-        for t in threads:
-            t.join()
-        outputs.abort_all()
         raise
     finally:
-        threads[0].join()
+        for t in threads:
+            t.join()
         while not written.empty():
             written.get_nowait()
-        mx.set_cache_limit(old_limit)
         views.clear()
         pool.clear()
-        mx.clear_cache()
-    for name, (e2, r2) in err_acc.items():
-        stats.weight_errors[name] = math.sqrt(e2 / r2) if r2 > 0 else 0.0
-    return stats
-
-
-def _next(q: queue.Queue[Any], errors: list[BaseException]) -> Any:
-    """The next item for the main thread, or the writer's error as soon as there is one."""
-    while True:
-        if errors:
-            raise errors[0]
-        try:
-            return q.get(timeout=0.1)
-        except queue.Empty:
-            continue
-
-
-def _put_end(q: queue.Queue[Any], errors: list[BaseException]) -> None:
-    while True:
-        try:
-            q.put(None, timeout=0.1)
-            return
-        except queue.Full:
-            if errors:
-                return
-
-
-def _convert_chunk(
-    job: Job, x: Any, row: int, measure_error: bool, err_acc: dict[str, list[float]]
-) -> list[tuple[str, int, memoryview]]:
-    """Cast / quantize one chunk; return ``(tensor, first_row, bytes)`` pieces to write."""
-    import mlx.core as mx
-
-    if job.out_dtype is not None and x.dtype != job.out_dtype:
-        x = x.astype(job.out_dtype)
-    if len(job.input.shape) == 0:
-        x = x.reshape(())
-    spec = job.spec
-    if spec is None:
-        mx.eval(x)
-        return [(job.outputs[0], row, as_bytes(x))]
-    packed = mx.quantize(x, group_size=spec.group_size, bits=spec.bits, mode=spec.mode)
-    if measure_error:
-        back = mx.dequantize(
-            *packed[:2],
-            biases=packed[2] if len(packed) > 2 else None,
-            group_size=spec.group_size,
-            bits=spec.bits,
-            mode=spec.mode,
-        ).astype(mx.float32)
-        xf = x.astype(mx.float32)
-        e, r = mx.sum(mx.square(back - xf)), mx.sum(mx.square(xf))
-        mx.eval(packed, e, r)
-        acc = err_acc.setdefault(job.name, [0.0, 0.0])
-        acc[0] += e.item()
-        acc[1] += r.item()
-    else:
-        mx.eval(packed)
-    return [(name, row, as_bytes(part)) for name, part in zip(job.outputs, packed)]

@@ -120,23 +120,34 @@ def read_header(file: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     return tensors, {str(k): str(v) for k, v in metadata.items()}
 
 
-def pread_into(fd: int, view: memoryview, offset: int, info: TensorInfo) -> None:
+def pread_into(fd: int, view: memoryview, offset: int, file: Any, name: str) -> None:
     """Fill ``view`` from ``fd`` at ``offset`` (loops over short reads; releases the GIL)."""
     done, count = 0, view.nbytes
     while done < count:
         got = os.preadv(fd, [view[done:]], offset + done)
         if got <= 0:
-            raise ModelError(f"{info.file} ended early while reading {info.name}: re-download it")
+            raise ModelError(f"{file} ended early while reading {name}: re-download it")
         done += got
+
+
+def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (loops over short writes)."""
+    done, count = 0, data.nbytes
+    while done < count:
+        done += os.pwrite(fd, data[done:], offset + done)
+
+
+def view_as(raw: Any, tag: str, shape: tuple[int, ...]) -> Any:
+    """View raw bytes (an MLX uint8 array) as safetensors dtype ``tag`` with ``shape``."""
+    import mlx.core as mx
+
+    return raw.view(getattr(mx, _DTYPES[tag][1])).reshape(shape)
 
 
 def as_array(raw: Any, info: TensorInfo, rows: int) -> Any:
     """View the raw bytes (an MLX uint8 array) of ``rows`` rows of ``info`` as its dtype and shape."""
-    import mlx.core as mx
-
-    _, mlx_dtype, _ = _DTYPES[info.dtype]
     shape = (rows, info.shape[-1]) if len(info.shape) > 1 else info.shape
-    return raw.view(getattr(mx, mlx_dtype)).reshape(shape)
+    return view_as(raw, info.dtype, shape)
 
 
 def read_rows(info: TensorInfo, start: int, stop: int, fd: int | None = None) -> Any:
@@ -155,7 +166,9 @@ def read_rows(info: TensorInfo, start: int, stop: int, fd: int | None = None) ->
         fd = os.open(info.file, os.O_RDONLY)
     try:
         if count:
-            pread_into(fd, memoryview(raw), info.start + start * info.row_bytes, info)
+            pread_into(
+                fd, memoryview(raw), info.start + start * info.row_bytes, info.file, info.name
+            )
     finally:
         if own:
             os.close(fd)
@@ -226,25 +239,35 @@ class ShardWriter:
                 f"cannot write {path} ({exc.strerror or exc}): check free space and permissions"
             ) from exc
 
+    def row_bytes(self, name: str) -> int:
+        """Bytes of one row of tensor ``name`` (its whole size for a 1-D tensor)."""
+        return self._slots[name].row_bytes
+
+    def region(self, name: str, row: int, nbytes: int) -> int:
+        """File offset where ``nbytes`` bytes starting at row ``row`` of tensor ``name`` go."""
+        slot = self._slots[name]
+        offset = self._base + slot.start + row * slot.row_bytes
+        if offset + nbytes > self._base + slot.start + slot.nbytes:
+            raise ValueError(f"write past the end of {name} in {self.path}")
+        return offset
+
+    def mark_written(self, name: str, nbytes: int) -> None:
+        """Count bytes of ``name`` written by someone else (a worker process) at ``region``."""
+        self._slots[name].written += nbytes
+
     def write(self, name: str, row: int, data: memoryview) -> None:
         """Write ``data`` (bytes of whole rows) at row ``row`` of tensor ``name``.
 
         Pure file I/O (no MLX calls), so it may run on a writer thread.
         """
-        slot = self._slots[name]
-        nbytes = data.nbytes
-        offset = self._base + slot.start + row * slot.row_bytes
-        if offset + nbytes > self._base + slot.start + slot.nbytes:
-            raise ValueError(f"write past the end of {name} in {self.path}")
-        done = 0
+        offset = self.region(name, row, data.nbytes)
         try:
-            while done < nbytes:
-                done += os.pwrite(self._fd, data[done:], offset + done)
+            pwrite_all(self._fd, data, offset)
         except OSError as exc:
             raise OutputError(
                 f"cannot write {self.path} ({exc.strerror or exc}): check free space and permissions"
             ) from exc
-        slot.written += nbytes
+        self.mark_written(name, data.nbytes)
 
     def abort(self) -> None:
         """Close the file without checking it (the caller discards the whole output)."""
