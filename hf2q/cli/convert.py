@@ -81,6 +81,13 @@ def convert(
         bool,
         typer.Option("--eval/--no-eval", help="Measure KL and top-1 agreement after converting."),
     ] = True,
+    eval_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--eval-tokens",
+            help="Positions compared by the quality check (default 64; fewer for big models on CPU).",
+        ),
+    ] = None,
     revision: Annotated[
         str | None, typer.Option("--revision", help="Branch, tag or commit of a Hub repo.")
     ] = None,
@@ -133,6 +140,7 @@ def convert(
         force=force,
         shard_bytes=int(shard_size * (1 << 30)),
         workers=workers,
+        eval_tokens=eval_tokens,
     )
 
     def on_stage(name: str) -> None:

@@ -51,7 +51,8 @@ class ConvertOptions:
     force: bool = False
     shard_bytes: int = 5 << 30
     chunk_bytes: int = 32 << 20
-    eval_tokens: int = 64
+    eval_tokens: int | None = None  # positions of the quality check; None: up to 64, fewer
+    # for big models on MLX's CPU backend (see hf2q.convert.evaluate.eval_tokens)
     workers: int | None = None  # quantization processes; None: one per core on CPU, 0 on GPU
 
 
@@ -155,9 +156,14 @@ def convert(
 
     if options.workers is not None and options.workers < 0:
         raise UsageError(f"--workers must be 0 or more, not {options.workers}")
+    if options.eval_tokens is not None and options.eval_tokens < 2:
+        raise UsageError(f"--eval-tokens must be at least 2, not {options.eval_tokens}")
 
     return _convert(text, out, options, default, recipe, started, stage, on_progress, tqdm_class)
 
+
+#: FLOPs one forward pass of the quality check may take on MLX's CPU backend (a few seconds).
+CPU_EVAL_FLOPS = 2e10
 
 #: Below this many bytes of weights, starting worker processes costs more than it saves.
 PARALLEL_MIN_BYTES = 256 << 20
@@ -291,14 +297,18 @@ def _convert_with(
         else:
             stage("evaluate")
             t = time.perf_counter()
+            import mlx.core as mx
             from mlx_lm.utils import load_tokenizer
 
-            from hf2q.convert.evaluate import evaluate
+            from hf2q.convert.evaluate import eval_tokens, evaluate
 
+            if options.eval_tokens is not None:
+                tokens = options.eval_tokens
+            else:
+                on_cpu = mx.default_device() == mx.cpu
+                tokens = eval_tokens(plan.params, flop_budget=CPU_EVAL_FLOPS if on_cpu else None)
             tokenizer = load_tokenizer(folder)
-            eval_info.update(
-                evaluate(plan, temp, tokenizer, max_tokens=options.eval_tokens).as_dict()
-            )
+            eval_info.update(evaluate(plan, temp, tokenizer, max_tokens=tokens).as_dict())
             eval_s = time.perf_counter() - t
         if eval_info:
             eval_result = eval_info

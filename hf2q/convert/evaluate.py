@@ -30,8 +30,8 @@ EVAL_TEXT = (
     "Question: what is the capital of France? Answer: Paris is the capital of France."
 )
 
-#: Vocabulary rows of the head evaluated at a time.
-HEAD_CHUNK_ROWS = 16384
+#: Bytes of the output head read at a time.
+HEAD_CHUNK_BYTES = 16 << 20
 
 
 @dataclass
@@ -88,8 +88,24 @@ def _input_rows(inp: Input, start: int, stop: int, out_dtype: Any) -> Any:
     return x
 
 
+def eval_tokens(params: int, *, max_tokens: int = 64, flop_budget: float | None = None) -> int:
+    """Positions to compare: ``max_tokens``, fewer when a forward pass would exceed the budget.
+
+    A forward pass costs about ``2 * params`` FLOPs per token and the check runs two (float and
+    quantized). On MLX's CPU backend a billion-parameter model runs at a few GFLOP/s, so the
+    check is sized to stay in proportion with the conversion; never fewer than 8 positions.
+    """
+    if flop_budget is None:
+        return max_tokens
+    return max(8, min(max_tokens, int(flop_budget // max(1, 2 * params))))
+
+
 def evaluate(plan: Plan, output: Path, tokenizer: Any, *, max_tokens: int = 64) -> EvalResult:
     """Compare the converted target in ``output`` with its unquantized counterpart on EVAL_TEXT.
+
+    The converted model runs with its written weights dequantized (exactly the values
+    ``QuantizedLinear`` multiplies by) in the float model's dtype, through the same mlx-lm layer
+    instances as the float model, so the two differ only by quantization.
 
     Args:
         plan: the plan the output was written from (for the quantized modules' settings).
@@ -98,14 +114,24 @@ def evaluate(plan: Plan, output: Path, tokenizer: Any, *, max_tokens: int = 64) 
         max_tokens: positions compared (the text is cut to this many tokens).
     """
     import mlx.core as mx
-    import mlx.nn as nn
-    from mlx.utils import tree_map
-
-    from hf2q.runtime.target import TargetModel
 
     ids = list(tokenizer.encode(EVAL_TEXT))[:max_tokens]
     if len(ids) < 2:
         raise ValueError("the evaluation text tokenized to fewer than 2 tokens")
+    old_limit = mx.set_cache_limit(64 << 20)  # one layer at a time: keep freed buffers few
+    try:
+        return _evaluate(plan, output, ids)
+    finally:
+        mx.set_cache_limit(old_limit)
+        mx.clear_cache()
+
+
+def _evaluate(plan: Plan, output: Path, ids: list[int]) -> EvalResult:
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from hf2q.runtime.target import TargetModel
+
     # The reference: the same checkpoint planned without quantization, cast to the same dtype.
     ref = build_plan(plan.folder, policy_default=None, dtype=plan.out_dtype, keep_mtp=False)
     ref_inputs = {j.name: (j.input, j.out_dtype) for j in ref.jobs}
@@ -125,41 +151,57 @@ def evaluate(plan: Plan, output: Path, tokenizer: Any, *, max_tokens: int = 64) 
         inp, dt = ref_inputs[name]
         return _input_tensor(inp, dt)
 
+    def dtype_of(name: str) -> Any:
+        inp, dt = ref_inputs[name]
+        return dt if dt is not None else inp.dtype
+
+    def q_param(name: str) -> Any:
+        module, _, leaf = name.rpartition(".")
+        spec = specs.get(module)
+        if leaf == "weight" and spec is not None:
+            return _dequantize(written, module, spec, dtype_of(name))
+        return written.tensor(name)
+
     # Embedding rows of the text's tokens only.
     uniq = sorted(set(ids))
     pos = {t: i for i, t in enumerate(uniq)}
     gather = mx.array([pos[t] for t in ids])
     inp, dt = ref_inputs[f"{embed}.weight"]
+    edt = dtype_of(f"{embed}.weight")
     h_ref = mx.concatenate([_input_rows(inp, t, t + 1, dt) for t in uniq])[gather][None]
-    h_q = mx.concatenate([_q_rows(written, embed, specs.get(embed), t, t + 1) for t in uniq])[
-        gather
-    ][None]
+    h_q = mx.concatenate(
+        [_dequantize(written, embed, specs.get(embed), edt, t, t + 1) for t in uniq]
+    )[gather][None]
     mx.eval(h_ref, h_q)
 
     fa_mask, ssm_mask = target.masks(h_ref, None)
     for i, layer in enumerate(target.layers):
         p = f"{prefix}layers.{i}."
         names = [n for n in ref_inputs if n.startswith(p)]
-        weights = [(n[len(p) :], ref_param(n)) for n in names]
-        mx.eval([w for _, w in weights])
-        layer.load_weights(weights, strict=True)
         mask = ssm_mask if target.is_linear(i) else fa_mask
-        h_ref = layer(h_ref, mask=mask, cache=None)
-        mx.eval(h_ref)
-
-        def predicate(path: str, module: Any, _p: str = p) -> Any:
-            spec = specs.get(_p + path)
-            return spec.as_dict() if spec is not None else False
-
-        nn.quantize(layer, class_predicate=predicate)
-        q_names = sorted(set(n for n in written.infos if n.startswith(p)))
-        layer.load_weights([(n[len(p) :], written.tensor(n)) for n in q_names], strict=True)
-        h_q = layer(h_q, mask=mask, cache=None)
-        mx.eval(h_q)
-        # Done with this layer: drop its weights before the next one is read.
-        layer.update(tree_map(lambda _: mx.zeros((0,)), layer.parameters()))
+        # The module's own (lazy, never evaluated) initial parameters: putting them back frees
+        # the loaded weights and keeps the shapes that strict loading checks.
+        template = layer.parameters()
+        for source, stream in ((ref_param, "ref"), (q_param, "q")):
+            weights = []
+            for n in names:  # one tensor at a time: no pile-up of read / dequantize buffers
+                w = source(n)
+                mx.eval(w)
+                weights.append((n[len(p) :], w))
+            layer.load_weights(weights, strict=True)
+            del weights, w
+            if stream == "ref":
+                h_ref = layer(h_ref, mask=mask, cache=None)
+                mx.eval(h_ref)
+            else:
+                h_q = layer(h_q, mask=mask, cache=None)
+                mx.eval(h_q)
+            # Drop this stream's weights before the next ones are read.
+            layer.update(template)
+            mx.clear_cache()
         for n in names:
             ref_inputs[n][0].array = None
+        mx.clear_cache()
 
     norm = target.inner.norm
     norm.load_weights([("weight", ref_param(f"{prefix}norm.weight"))], strict=True)
@@ -171,11 +213,14 @@ def evaluate(plan: Plan, output: Path, tokenizer: Any, *, max_tokens: int = 64) 
     vocab = ref_inputs[f"{head}.weight"][0].shape[0]
     ref_logits, q_logits = [], []
     inp, dt = ref_inputs[f"{head}.weight"]
-    for r0 in range(0, vocab, HEAD_CHUNK_ROWS):
-        r1 = min(vocab, r0 + HEAD_CHUNK_ROWS)
+    hdt = dtype_of(f"{head}.weight")
+    step = max(1, HEAD_CHUNK_BYTES // max(1, inp.nbytes // vocab))
+    for r0 in range(0, vocab, step):
+        r1 = min(vocab, r0 + step)
         w = _input_rows(inp, r0, r1, dt)
+        wq = _dequantize(written, head, specs.get(head), hdt, r0, r1)
         ref_logits.append((h_ref @ w.T).astype(mx.float32))
-        q_logits.append(_q_matmul(written, head, specs.get(head), h_q, r0, r1).astype(mx.float32))
+        q_logits.append((h_q @ wq.T).astype(mx.float32))
         mx.eval(ref_logits[-1], q_logits[-1])
     lr = nn.log_softmax(mx.concatenate(ref_logits, axis=-1), axis=-1)  # (T, vocab)
     lq = nn.log_softmax(mx.concatenate(q_logits, axis=-1), axis=-1)
@@ -191,37 +236,31 @@ def evaluate(plan: Plan, output: Path, tokenizer: Any, *, max_tokens: int = 64) 
     )
 
 
-def _q_rows(written: _Written, module: str, spec: Any, start: int, stop: int) -> Any:
-    """Rows of a written (maybe quantized) embedding-like weight, dequantized."""
+def _dequantize(
+    written: _Written,
+    module: str,
+    spec: Any,
+    dtype: Any,
+    start: int | None = None,
+    stop: int | None = None,
+) -> Any:
+    """A written weight (all rows, or rows ``[start, stop)``), dequantized to ``dtype``."""
     import mlx.core as mx
 
-    w = written.rows(f"{module}.weight", start, stop)
+    def part(suffix: str) -> Any:
+        name = f"{module}.{suffix}"
+        return written.tensor(name) if start is None else written.rows(name, start, stop)
+
+    w = part("weight")
     if spec is None:
         return w
-    scales = written.rows(f"{module}.scales", start, stop)
-    biases = written.rows(f"{module}.biases", start, stop) if spec.mode == "affine" else None
-    # As mlx-lm's QuantizedEmbedding does it: dequantize the gathered rows.
+    biases = part("biases") if spec.mode == "affine" else None
     return mx.dequantize(
-        w, scales, biases, group_size=spec.group_size, bits=spec.bits, mode=spec.mode
-    )
-
-
-def _q_matmul(written: _Written, module: str, spec: Any, h: Any, start: int, stop: int) -> Any:
-    """``h @ W[start:stop].T`` with the written head weight, quantized as mlx-lm would run it."""
-    import mlx.core as mx
-
-    w = written.rows(f"{module}.weight", start, stop)
-    if spec is None:
-        return h @ w.T
-    scales = written.rows(f"{module}.scales", start, stop)
-    biases = written.rows(f"{module}.biases", start, stop) if spec.mode == "affine" else None
-    return mx.quantized_matmul(
-        h,
         w,
-        scales,
+        part("scales"),
         biases,
-        transpose=True,
         group_size=spec.group_size,
         bits=spec.bits,
         mode=spec.mode,
+        dtype=dtype,
     )

@@ -36,6 +36,10 @@ Task = tuple[
 ]
 
 
+#: Rows between two rows whose quantization error is measured.
+ERROR_STRIDE = 16
+
+
 @dataclass
 class Converted:
     """The pieces produced from one chunk and, when measured, its squared error and norm."""
@@ -61,15 +65,20 @@ def convert_array(
     if not measure:
         mx.eval(packed)
         return Converted(list(packed))
+    # The error is estimated on every ERROR_STRIDE-th row: the full measurement would cost
+    # several times the quantization itself on a CPU.
+    step = ERROR_STRIDE if x.ndim > 1 and x.shape[0] >= 4 * ERROR_STRIDE else 1
+    rows = (slice(None, None, step),) if x.ndim > 1 else (slice(None),)
     back = mx.dequantize(
-        packed[0],
-        packed[1],
-        packed[2] if len(packed) > 2 else None,
+        packed[0][rows],
+        packed[1][rows],
+        packed[2][rows] if len(packed) > 2 else None,
         group_size=group_size,
         bits=bits,
         mode=mode,
-    ).astype(mx.float32)
-    xf = x.astype(mx.float32)
+        dtype=mx.float32,
+    )
+    xf = x[rows].astype(mx.float32)
     e, r = mx.sum(mx.square(back - xf)), mx.sum(mx.square(xf))
     mx.eval(packed, e, r)
     return Converted(list(packed), e.item(), r.item())
@@ -139,29 +148,57 @@ def worker_main(conn: Any, cache_bytes: int) -> None:
 
 
 class WorkerPool:
-    """``n`` spawned worker processes, each with a pipe; stopped by :meth:`close`."""
+    """``n`` worker processes, each connected by a socket pair; stopped by :meth:`close`.
+
+    Workers are started as ``python -m hf2q.convert.workers FD CACHE`` rather than through
+    multiprocessing's spawn, which re-imports the caller's ``__main__`` (breaking scripts read
+    from stdin and re-running unguarded ones).
+    """
 
     def __init__(self, n: int, *, cache_bytes: int = 128 << 20) -> None:
-        import multiprocessing as mp
+        import socket
+        import subprocess
+        import sys
+        from multiprocessing.connection import Connection
+        from pathlib import Path
 
-        ctx = mp.get_context("spawn")  # never fork a process that has MLX or threads running
+        import hf2q
+
+        env = dict(os.environ)
+        # The child must import this same hf2q, wherever the parent found it.
+        root = str(Path(hf2q.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self.procs: list[Any] = []
         self.conns: list[Any] = []
-        for _ in range(n):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(
-                target=worker_main, args=(child, cache_bytes), daemon=True, name="hf2q-quantize"
-            )
-            proc.start()
-            child.close()  # only the worker holds its end: our death is its EOF
-            self.procs.append(proc)
-            self.conns.append(parent)
+        try:
+            for _ in range(n):
+                ours, theirs = socket.socketpair()
+                proc = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "hf2q.convert.workers",
+                        str(theirs.fileno()),
+                        str(cache_bytes),
+                    ],
+                    pass_fds=[theirs.fileno()],
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                )
+                theirs.close()  # only the worker holds its end: our death is its EOF
+                self.procs.append(proc)
+                self.conns.append(Connection(ours.detach()))
+        except BaseException:
+            self.close(force=True)
+            raise
 
     def __len__(self) -> int:
         return len(self.procs)
 
     def close(self, *, force: bool = False) -> None:
         """Stop the workers (politely, or at once with ``force``) and reap them."""
+        import subprocess
+
         for conn in self.conns:
             if not force:
                 with contextlib.suppress(OSError):
@@ -169,10 +206,11 @@ class WorkerPool:
         for proc in self.procs:
             if force:
                 proc.terminate()
-            proc.join(timeout=5)
-            if proc.is_alive():
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.join()
+                proc.wait()
         for conn in self.conns:
             conn.close()
         self.procs, self.conns = [], []
@@ -185,10 +223,18 @@ def default_workers() -> int:
     """
     import mlx.core as mx
 
-    if mx.default_device() != mx.cpu:
+    if os.name != "posix" or mx.default_device() != mx.cpu:
         return 0
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS
         cores = os.cpu_count() or 1
     return max(0, min(8, cores)) if cores > 1 else 0
+
+
+if __name__ == "__main__":
+    import sys
+    from multiprocessing.connection import Connection
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # before anything slow: Ctrl-C is the parent's
+    worker_main(Connection(int(sys.argv[1])), int(sys.argv[2]))
