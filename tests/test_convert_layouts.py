@@ -236,11 +236,13 @@ def test_chunks_and_worker_processes_write_the_same_bytes_as_whole_tensors(train
             whole = (tmp_path / "whole" / name).read_bytes()
             assert (tmp_path / "chunks" / name).read_bytes() == whole, name
             assert (tmp_path / "workers" / name).read_bytes() == whole, name
-    # The quality check measures the same model whichever way it was written (the weight error
-    # is summed chunk by chunk, so only its last digits may differ).
+    # The quality check measures the same model whichever way it was written; the weight error
+    # is an estimate on sampled rows, which depend on the chunking.
     a, b = results["workers"].eval, results["whole"].eval
     assert a.keys() == b.keys()
-    assert all(a[k] == pytest.approx(b[k], rel=1e-6) for k in a)
+    for key in ("kl_mean", "kl_max", "top1_agreement", "tokens"):
+        assert a[key] == pytest.approx(b[key], rel=1e-6)
+    assert a["weight_rel_error_mean"] == pytest.approx(b["weight_rel_error_mean"], rel=0.1)
 
 
 def test_sharded_output_has_an_index_that_names_every_tensor(trained, tmp_path):
