@@ -170,12 +170,11 @@ def convert(
 
 def _summary(r: dict[str, Any]) -> dict[str, str]:
     """The human summary: sizes, bits per weight, precisions, time, quality."""
-    gb = 2**30
     rows = {
         "source": f"{r['source']} ({r['architecture']}, {r['model_type']})",
         "output": r["output"],
         "quantization": _quant_label(r),
-        "size": f"{r['source_bytes'] / gb:.3f} GB -> {r['output_bytes'] / gb:.3f} GB "
+        "size": f"{_size(r['source_bytes'])} -> {_size(r['output_bytes'])} "
         f"({r['output_bytes'] / max(1, r['source_bytes']):.2f}x)",
         "bits per weight": f"{r['bits_per_weight']:.3f} ({r['parameters']:,} weights)",
         "tensors": ", ".join(f"{k}: {v}" for k, v in r["precisions"].items()),
@@ -201,6 +200,13 @@ def _summary(r: dict[str, Any]) -> dict[str, str]:
     workers = f" (with {r['workers']} quantization workers)" if r["workers"] else ""
     rows["peak memory"] = f"{r['peak_rss_mb']:.0f} MB RSS{workers}"
     return rows
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 2**30), ("MB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n / 1024:.0f} KB"
 
 
 def _quant_label(r: dict[str, Any]) -> str:
