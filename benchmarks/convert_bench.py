@@ -137,7 +137,7 @@ def measure(cmd: list[str]) -> dict[str, float]:
 
 
 def same_tensors(a: Path, b: Path) -> tuple[bool, int]:
-    """Whether two converted folders hold identical tensors (compared one at a time)."""
+    """Whether two converted folders hold identical tensors, and how many (one at a time)."""
     import mlx.core as mx
 
     def tensors(folder: Path) -> dict[str, Any]:
@@ -246,9 +246,13 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the checkpoint and outputs")
     parser.add_argument("--write-docs", action="store_true", help="update docs/BENCHMARKS.md")
     parser.add_argument("--build", type=Path, help=argparse.SUPPRESS)  # internal: build only
+    parser.add_argument("--compare", type=Path, nargs=2, help=argparse.SUPPRESS)  # internal
     args = parser.parse_args()
     if args.build is not None:
         build_checkpoint(args.build)
+        return
+    if args.compare is not None:
+        print(json.dumps(same_tensors(*args.compare)))
         return
 
     work = Path(tempfile.mkdtemp(prefix="hf2q-convert-bench-", dir=args.workdir))
@@ -309,7 +313,22 @@ def main() -> None:
                 results[label].append(r)
                 print(f"run {run + 1} {label}: {r}", flush=True)
             if run == 0:
-                identical, n_tensors = same_tensors(work / "out-0-hf2q", work / "out-0-mlx_lm")
+                # In a child process: this one must stay small, because a forked child starts
+                # with its parent's RSS and Linux keeps that peak in the child's ru_maxrss.
+                check = subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--compare",
+                        str(work / "out-0-hf2q"),
+                        str(work / "out-0-mlx_lm"),
+                    ],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    cwd=ROOT,
+                )
+                identical, n_tensors = json.loads(check.stdout.strip().splitlines()[-1])
             for out in work.glob(f"out-{run}-*"):
                 shutil.rmtree(out)
         eval_name = "hf2q convert --q-bits 4 (with the quality check)"
@@ -333,14 +352,10 @@ def main() -> None:
             print(f"eval run {run + 1}: {r}", flush=True)
             shutil.rmtree(out)
 
-        import mlx.core as mx
-        import mlx_lm
-        import transformers
-
-        sys.path.insert(0, str(ROOT))
-        from hf2q.platform import describe
-
-        info = describe()
+        versions = subprocess.run(
+            [sys.executable, "-c", _VERSIONS], check=True, capture_output=True, text=True, cwd=ROOT
+        )
+        info = json.loads(versions.stdout.strip().splitlines()[-1])
         facts = {
             "date": dt.date.today().isoformat(),
             "machine": f"{os.cpu_count()} CPU cores shared, Linux {os.uname().release}, MLX backend "
@@ -348,9 +363,9 @@ def main() -> None:
             "params": sum(_numel(v) for v in _shapes(src)),
             "source_gb": source_bytes / 2**30,
             "shards": len(list(src.glob("*.safetensors"))),
-            "transformers": transformers.__version__,
+            "transformers": info["transformers"],
             "build_s": build_s,
-            "versions": f"mlx {mx.__version__}, mlx-lm {mlx_lm.__version__}, Python {sys.version.split()[0]}",
+            "versions": f"mlx {info['mlx']}, mlx-lm {info['mlx_lm']}, Python {info['python']}",
             "command": f"nice python benchmarks/convert_bench.py --runs {args.runs} --write-docs",
             "runs": args.runs,
             "like_for_like": like_for_like,
@@ -368,6 +383,13 @@ def main() -> None:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+_VERSIONS = """
+import json, transformers
+from hf2q.platform import describe
+print(json.dumps(describe() | {"transformers": transformers.__version__}))
+"""
 
 
 def _shapes(folder: Path) -> list[list[int]]:

@@ -361,7 +361,8 @@ def _run_in_process(
     biggest = max(
         [(c.r1 - c.r0) * c.job.input.info.row_bytes for c in chunks if c.job.input.info] or [0]
     )
-    pool = [mx.zeros((max(1, biggest),), dtype=mx.uint8) for _ in range(_POOL)]
+    # Host buffers (CPU stream): the reader thread writes into their memory directly.
+    pool = [mx.zeros((max(1, biggest),), dtype=mx.uint8, stream=mx.cpu) for _ in range(_POOL)]
     mx.eval(pool)
     views = [memoryview(b) for b in pool]
     free: queue.Queue[int] = queue.Queue()

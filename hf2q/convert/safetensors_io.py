@@ -159,7 +159,7 @@ def read_rows(info: TensorInfo, start: int, stop: int, fd: int | None = None) ->
     import mlx.core as mx
 
     count = (stop - start) * info.row_bytes
-    raw = mx.zeros((count,), dtype=mx.uint8)
+    raw = mx.zeros((count,), dtype=mx.uint8, stream=mx.cpu)  # host memory, filled by pread
     mx.eval(raw)
     own = fd is None
     if own:

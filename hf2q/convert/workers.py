@@ -109,7 +109,7 @@ def worker_main(conn: Any, cache_bytes: int) -> None:
                 if buffer is None or buffer.size < nbytes:
                     # One read buffer, reused: the previous task is fully written before the
                     # next read, and fresh pages cost more than the copy itself.
-                    buffer = mx.zeros((nbytes,), dtype=mx.uint8)
+                    buffer = mx.zeros((nbytes,), dtype=mx.uint8, stream=mx.cpu)
                     mx.eval(buffer)
                     view = memoryview(buffer)
                 raw = buffer[:nbytes] if buffer.size > nbytes else buffer
