@@ -143,23 +143,125 @@ def convert(
     Raises:
         Hf2qError: any problem the user can fix, with a one-line message naming the fix.
     """
+    from hf2q.convert.plan import build_plan
+    from hf2q.convert.quantize import write_weights
+    from hf2q.convert.workers import default_workers
+    from hf2q.convert.write import (
+        check_output,
+        check_space,
+        copy_side_files,
+        staging,
+        write_index,
+        write_json,
+    )
+    from hf2q.hub import resolve_source
+
     options = options or ConvertOptions()
     stage = on_stage or (lambda _name: None)
     started = time.perf_counter()
     default, recipe = resolve_quantization(options)
     out = Path(output).expanduser()
     text = str(source)
-    if options.revision is not None and Path(text).expanduser().exists():
-        raise UsageError(
-            f"--revision applies to Hub repo ids, but {text} is a local folder: drop --revision"
-        )
+    _check_options(options, text)
 
+    stage("fetch")
+    folder = resolve_source(
+        text,
+        revision=options.revision,
+        token=options.token,
+        tqdm_class=tqdm_class,
+        progress=tqdm_class is not None,
+    )
+    check_output(out, folder, force=options.force)
+    n_workers = options.workers
+    if n_workers is None:
+        size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+        n_workers = default_workers() if size >= PARALLEL_MIN_BYTES else 0
+
+    # Workers start before planning, so their start-up overlaps importing mlx-lm.
+    with _worker_pool(n_workers) as pool:
+        stage("plan")
+        plan = build_plan(
+            folder,
+            policy_default=default,
+            recipe=recipe,
+            dtype=options.dtype,
+            keep_mtp=options.keep_mtp,
+            shard_bytes=options.shard_bytes,
+        )
+        check_space(out, plan.output_bytes)
+        with staging(out, force=options.force) as temp:
+            stage("write")
+            t = time.perf_counter()
+            stats = write_weights(
+                plan,
+                temp,
+                chunk_bytes=options.chunk_bytes,
+                measure_error=options.evaluate and plan.quantization is not None,
+                progress=on_progress,
+                workers=pool if pool is not None else 0,
+            )
+            write_json(temp / "config.json", plan.config)
+            write_index(temp, stats.files, total_size=plan.weight_bytes, params=plan.params)
+            copied = copy_side_files(folder, temp)
+            write_s = time.perf_counter() - t
+
+            warnings = []
+            has_tokenizer = any(n.startswith("tokenizer") or n == "vocab.json" for n in copied)
+            if plan.kind == "target" and not has_tokenizer:
+                warnings.append(
+                    f"{folder} has no tokenizer files, so mlx_lm.load cannot open the output "
+                    "until tokenizer.json / tokenizer_config.json are copied next to its config.json"
+                )
+            t = time.perf_counter()
+            quality, skipped = _quality(plan, folder, temp, options, stats, has_tokenizer, stage)
+            eval_s = time.perf_counter() - t if quality and "kl_mean" in quality else 0.0
+
+            stage("finish")
+            result = ConvertResult(
+                source=text,
+                source_path=str(folder),
+                output=str(out),
+                kind=plan.kind,
+                model_type=plan.model_type,
+                architecture=plan.architecture,
+                quantization=plan.quantization,
+                recipe=recipe.name if recipe is not None else None,
+                dtype=plan.out_dtype,
+                source_bytes=plan.source_bytes,
+                output_bytes=sum(p.stat().st_size for p in temp.iterdir() if p.is_file()),
+                parameters=plan.params,
+                bits_per_weight=round(plan.bits_per_weight, 4),
+                precisions=dict(sorted(plan.precision_counts.items())),
+                files=sorted([p.name for p in temp.iterdir()] + ["hf2q.json"]),
+                mtp=_mtp_note(plan),
+                vision_tensors_dropped=plan.vision_dropped,
+                time_s=round(time.perf_counter() - started, 3),
+                write_s=round(write_s, 3),
+                eval_s=round(eval_s, 3),
+                peak_rss_mb=round(_peak_rss_mb() + stats.worker_peak_rss_mb, 1),
+                workers=len(pool) if pool is not None else 0,
+                eval=quality,
+                eval_skipped=skipped,
+                warnings=warnings,
+            )
+            provenance = result.as_dict() | {
+                "hf2q_version": _version(),
+                "options": _options(options),
+            }
+            write_json(temp / "hf2q.json", provenance)
+    return result
+
+
+def _check_options(options: ConvertOptions, source: str) -> None:
+    if options.revision is not None and Path(source).expanduser().exists():
+        raise UsageError(
+            f"--revision applies to Hub repo ids, but {source} is a local folder: drop --revision"
+        )
     if options.workers is not None and options.workers < 0:
         raise UsageError(f"--workers must be 0 or more, not {options.workers}")
     if options.eval_tokens is not None and options.eval_tokens < 2:
         raise UsageError(f"--eval-tokens must be at least 2, not {options.eval_tokens}")
-
-    return _convert(text, out, options, default, recipe, started, stage, on_progress, tqdm_class)
 
 
 #: FLOPs one forward pass of the quality check may take on MLX's CPU backend (a few seconds).
@@ -187,176 +289,51 @@ def _worker_pool(n: int) -> Iterator[Any]:
             pool.close()
 
 
-def _convert(
-    text: str,
-    out: Path,
-    options: ConvertOptions,
-    default: QuantSpec | None,
-    recipe: Any,
-    started: float,
-    stage: StageFn,
-    on_progress: Callable[[int, int], None] | None,
-    tqdm_class: Any,
-) -> ConvertResult:
-    from hf2q.convert.write import check_output
-    from hf2q.hub import resolve_source
-
-    stage("fetch")
-    folder = resolve_source(
-        text,
-        revision=options.revision,
-        token=options.token,
-        tqdm_class=tqdm_class,
-        progress=tqdm_class is not None,
-    )
-    check_output(out, folder, force=options.force)
-
-    from hf2q.convert.workers import default_workers
-
-    n_workers = options.workers
-    if n_workers is None:
-        size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
-        n_workers = default_workers() if size >= PARALLEL_MIN_BYTES else 0
-    # Started before planning, so their start-up overlaps importing mlx-lm and reading headers.
-    with _worker_pool(n_workers) as pool:
-        return _convert_with(
-            text, folder, out, options, default, recipe, started, stage, on_progress, pool
-        )
-
-
-def _convert_with(
-    text: str,
+def _quality(
+    plan: Any,
     folder: Path,
-    out: Path,
+    written: Path,
     options: ConvertOptions,
-    default: QuantSpec | None,
-    recipe: Any,
-    started: float,
+    stats: Any,
+    has_tokenizer: bool,
     stage: StageFn,
-    on_progress: Callable[[int, int], None] | None,
-    pool: Any,
-) -> ConvertResult:
-    from hf2q.convert.plan import build_plan
-    from hf2q.convert.quantize import write_weights
-    from hf2q.convert.write import check_space, copy_side_files, staging, write_index, write_json
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The quality figures (weight error, KL, top-1) and why the KL check was skipped, if it was."""
+    info: dict[str, Any] = {}
+    if stats.weight_errors:
+        errs = list(stats.weight_errors.values())
+        info["weight_rel_error_mean"] = sum(errs) / len(errs)
+        info["weight_rel_error_max"] = max(errs)
+    skipped = None
+    if not options.evaluate:
+        skipped = "--no-eval"
+    elif plan.quantization is None:
+        skipped = "nothing was quantized"
+    elif plan.kind == "drafter":
+        skipped = "a drafter has no next-token distribution of its own (weight error only)"
+    elif not has_tokenizer:
+        skipped = "no tokenizer in the source"
+    else:
+        stage("evaluate")
+        import mlx.core as mx
+        from mlx_lm.utils import load_tokenizer
 
-    stage("plan")
-    plan = build_plan(
-        folder,
-        policy_default=default,
-        recipe=recipe,
-        dtype=options.dtype,
-        keep_mtp=options.keep_mtp,
-        shard_bytes=options.shard_bytes,
-    )
-    check_space(out, plan.output_bytes)
-    warnings: list[str] = []
-    eval_result = None
-    eval_skipped = None
-    write_s = eval_s = 0.0
-    with staging(out, force=options.force) as temp:
-        stage("write")
-        t = time.perf_counter()
-        stats = write_weights(
-            plan,
-            temp,
-            chunk_bytes=options.chunk_bytes,
-            measure_error=options.evaluate and plan.quantization is not None,
-            progress=on_progress,
-            workers=pool if pool is not None else 0,
-        )
-        write_json(temp / "config.json", plan.config)
-        write_index(
-            temp,
-            stats.files,
-            total_size=plan.weight_bytes,
-            params=plan.params,
-        )
-        copied = copy_side_files(folder, temp)
-        write_s = time.perf_counter() - t
-        has_tokenizer = any(n.startswith("tokenizer") or n in ("vocab.json",) for n in copied)
-        if plan.kind == "target" and not has_tokenizer:
-            warnings.append(
-                f"{folder} has no tokenizer files, so mlx_lm.load cannot open the output until "
-                "tokenizer.json / tokenizer_config.json are copied next to its config.json"
-            )
+        from hf2q.convert.evaluate import eval_tokens, evaluate
 
-        eval_info: dict[str, Any] = {}
-        if stats.weight_errors:
-            errs = list(stats.weight_errors.values())
-            eval_info["weight_rel_error_mean"] = sum(errs) / len(errs)
-            eval_info["weight_rel_error_max"] = max(errs)
-        if not options.evaluate:
-            eval_skipped = "--no-eval"
-        elif plan.quantization is None:
-            eval_skipped = "nothing was quantized"
-        elif plan.kind == "drafter":
-            eval_skipped = "a drafter has no next-token distribution of its own (weight error only)"
-        elif not has_tokenizer:
-            eval_skipped = "no tokenizer in the source"
-        else:
-            stage("evaluate")
-            t = time.perf_counter()
-            import mlx.core as mx
-            from mlx_lm.utils import load_tokenizer
+        tokens = options.eval_tokens
+        if tokens is None:
+            on_cpu = mx.default_device() == mx.cpu
+            tokens = eval_tokens(plan.params, flop_budget=CPU_EVAL_FLOPS if on_cpu else None)
+        info.update(evaluate(plan, written, load_tokenizer(folder), max_tokens=tokens).as_dict())
+    return (info or None), skipped
 
-            from hf2q.convert.evaluate import eval_tokens, evaluate
 
-            if options.eval_tokens is not None:
-                tokens = options.eval_tokens
-            else:
-                on_cpu = mx.default_device() == mx.cpu
-                tokens = eval_tokens(plan.params, flop_budget=CPU_EVAL_FLOPS if on_cpu else None)
-            tokenizer = load_tokenizer(folder)
-            eval_info.update(evaluate(plan, temp, tokenizer, max_tokens=tokens).as_dict())
-            eval_s = time.perf_counter() - t
-        if eval_info:
-            eval_result = eval_info
-
-        stage("finish")
-        mtp = (
-            "none in the source"
-            if plan.mtp_count == 0
-            else (
-                f"kept aside: {plan.mtp_count} tensors in mtp.safetensors (mlx-lm does not read it)"
-                if plan.keep_mtp
-                else f"dropped: {plan.mtp_count} tensors (--drop-mtp)"
-            )
-        )
-        files = sorted(p.name for p in temp.iterdir()) + ["hf2q.json"]
-        output_bytes = sum(p.stat().st_size for p in temp.iterdir() if p.is_file())
-        result = ConvertResult(
-            source=text,
-            source_path=str(folder),
-            output=str(out),
-            kind=plan.kind,
-            model_type=plan.model_type,
-            architecture=plan.architecture,
-            quantization=plan.quantization,
-            recipe=recipe.name if recipe is not None else None,
-            dtype=plan.out_dtype,
-            source_bytes=plan.source_bytes,
-            output_bytes=output_bytes,
-            parameters=plan.params,
-            bits_per_weight=round(plan.bits_per_weight, 4),
-            precisions=dict(sorted(plan.precision_counts.items())),
-            files=sorted(files),
-            mtp=mtp,
-            vision_tensors_dropped=plan.vision_dropped,
-            time_s=0.0,
-            write_s=round(write_s, 3),
-            eval_s=round(eval_s, 3),
-            peak_rss_mb=0.0,
-            workers=len(pool) if pool is not None else 0,
-            eval=eval_result,
-            eval_skipped=eval_skipped,
-            warnings=warnings,
-        )
-        result.time_s = round(time.perf_counter() - started, 3)
-        result.peak_rss_mb = round(_peak_rss_mb() + stats.worker_peak_rss_mb, 1)
-        provenance = result.as_dict() | {"hf2q_version": _version(), "options": _options(options)}
-        write_json(temp / "hf2q.json", provenance)
-    return result
+def _mtp_note(plan: Any) -> str:
+    if plan.mtp_count == 0:
+        return "none in the source"
+    if plan.keep_mtp:
+        return f"kept aside: {plan.mtp_count} tensors in mtp.safetensors (mlx-lm does not read it)"
+    return f"dropped: {plan.mtp_count} tensors (--drop-mtp)"
 
 
 def _peak_rss_mb() -> float:
