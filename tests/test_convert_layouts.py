@@ -314,13 +314,14 @@ def test_hf2q_loader_and_target_adapter_open_the_output(trained, tmp_path):
     np.testing.assert_allclose(np.array(logits[0]), _mlx_logits(out, ids), atol=1e-5)
 
 
-def test_quality_check_equals_kl_between_stock_mlx_lm_models(trained, tmp_path):
+@pytest.mark.parametrize("layout", ["conditional", "moe"])
+def test_quality_check_equals_kl_between_stock_mlx_lm_models(layout, trained, tmp_path):
     import mlx.nn as nn
     from mlx_lm import load
 
     from hf2q.convert.evaluate import EVAL_TEXT
 
-    src = trained["conditional"]
+    src = trained[layout]
     summary = _convert(src, tmp_path / "q", "--q-bits", "3")
     _convert(src, tmp_path / "float", "--no-quantize")
     qmodel, tokenizer = load(str(tmp_path / "q"))
