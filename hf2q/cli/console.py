@@ -82,10 +82,10 @@ def progress_bar(description: str) -> Iterator[Callable[[int, int], None] | None
         console=err,
         transient=True,
     )
-    task = bar.add_task(description, total=None)
+    task = bar.add_task(description, total=None, visible=False)  # shown once there is a total
 
     def update(done: int, total: int) -> None:
-        bar.update(task, completed=done, total=total)
+        bar.update(task, completed=done, total=total, visible=True)
 
     with bar:
         yield update
