@@ -41,8 +41,8 @@ from hf2q.errors import ModelError, OutputError
 DEFAULT_CHUNK_BYTES = 32 << 20
 #: Read buffers in flight in the in-process pipeline.
 _POOL = 3
-#: Tasks queued per worker (one running, one waiting).
-_PER_WORKER = 2
+#: Tasks queued per worker (one running, the rest waiting: slack for a busy main process).
+_PER_WORKER = 4
 
 #: ``progress(done_bytes, total_bytes)``.
 ProgressFn = Callable[[int, int], None]
