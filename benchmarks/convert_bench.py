@@ -222,7 +222,11 @@ def report(results: dict[str, list[dict[str, float]]], facts: dict[str, Any]) ->
         "everything in one process). `mlx_lm.convert` evaluates each output shard (here one "
         "0.63 GB shard) as one graph, which at its peak holds about as much as the bf16 "
         "checkpoint. Both pay the same start-up (importing mlx-lm imports transformers and "
-        "torch, about 2 s of CPU here).",
+        "torch, about 2 s of CPU here). While other jobs keep the cores busy, Linux shares CPU "
+        "time between sessions (autogroup), so hf2q's workers together get no more than one "
+        "process would: the gain is then only the smaller CPU work; on idle cores they add "
+        "parallelism. The quality check (on by default) runs the float and the quantized model "
+        "on a few tokens with MLX's CPU matmuls, here on the reference BLAS.",
         f"Machine load (1-minute average) before / after: {facts['load_before']} / "
         f"{facts['load_after']}: the CPU is shared with other jobs, so wall times carry noise; "
         "the order alternates so both tools see the same conditions.",
