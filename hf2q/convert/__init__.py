@@ -19,7 +19,6 @@ Drafters keep z-lab's layout and tensor names.
 from __future__ import annotations
 
 import contextlib
-import resource
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -337,6 +336,10 @@ def _mtp_note(plan: Any) -> str:
 
 
 def _peak_rss_mb() -> float:
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0.0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import signal
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +86,8 @@ def convert_array(
 def worker_main(conn: Any, cache_bytes: int) -> None:
     """Serve tasks from ``conn`` until it sends None or the parent disappears."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    import resource  # POSIX only, like the workers themselves
+
     import mlx.core as mx
 
     from hf2q.convert.safetensors_io import as_bytes, pread_into, pwrite_all, view_as
