@@ -2,15 +2,17 @@
 
 What it does: tokenize a short built-in text, then run the unquantized model (the same conversion
 with quantization off) and the converted model side by side, one decoder layer at a time: each
-layer's float weights are read from the source, run, then the same mlx-lm layer instance is
-quantized in place, loaded with the written weights and run on its own input stream. Embedding
+layer's float weights are read from the source and run, then the same mlx-lm layer instance is
+loaded with the written weights, dequantized (exactly the values a quantized layer multiplies by,
+in the float model's dtype: plain matmuls, which MLX's CPU backend runs far faster than its
+quantized ones), and run on its own input stream. Embedding
 rows are gathered for the text's tokens only and the output head is applied in vocabulary chunks,
 so memory stays near one layer plus a chunk of the head, whatever the model size. Reports the
 mean and max KL divergence KL(float || quantized) over the text's positions and the share of
 positions whose top-1 token agrees.
 
 What it does not do: generate text, or evaluate drafters (a drafter needs its target; its weights'
-reconstruction error is measured while writing instead, see ``hf2q.convert.quantize``).
+reconstruction error is measured while writing instead, see ``hf2q.convert.workers``).
 """
 
 from __future__ import annotations
