@@ -472,7 +472,10 @@ def load_drafter(path: str | Path, *, dtype: mx.Dtype | None = None) -> DFlashDr
             group_size=quant.get("group_size", 64),
             bits=quant.get("bits", 4),
             mode=quant.get("mode", "affine"),
-            class_predicate=lambda p, m: f"{p}.scales" in weights,
+            # Per-module settings (mixed-precision recipes) as mlx-lm records them.
+            class_predicate=lambda p, m: (
+                quant[p] if isinstance(quant.get(p), dict) else f"{p}.scales" in weights
+            ),
         )
     try:
         model.load_weights(list(weights.items()), strict=True)
