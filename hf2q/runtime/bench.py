@@ -37,14 +37,14 @@ SCHEMA = 1
 #: The built-in prompt set (``--workload prompts``): slot i gets prompt i modulo this list, so
 #: slots hold prompts of different lengths and stop at different times.
 BUILTIN_PROMPTS = (
-    "Write a Python function that returns the n-th Fibonacci number, with a short docstring.",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    'import os\nimport sys\n\n\ndef main(argv):\n    """Print every file below the given folder."""\n',
+    'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n',
     "Explain in three sentences why the sky is blue.",
-    "List five prime numbers greater than 100 and say how you checked them.",
-    "def merge_sorted(a, b):\n    # merge two sorted lists into one sorted list",
-    "Summarise the plot of a story about a lighthouse keeper who finds a message in a bottle.",
+    'def merge_sorted(a, b):\n    """Merge two sorted lists into one sorted list."""\n',
     "What is 17 * 23? Show the steps.",
-    "Translate to French: The library opens at nine and closes at six on weekdays.",
-    "Write a haiku about debugging late at night.",
+    "def parse_args(args=None):\n    parser = argparse.ArgumentParser(description=",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 )
 
 

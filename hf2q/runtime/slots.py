@@ -20,10 +20,11 @@ Isolation: at T = 0 every request's tokens equal its single-sequence DFlash run 
 greedy decoding (tests). At T > 0 each request samples with its own key stream (``Request.seed``)
 through the same rejection sampling as the single-sequence path.
 
-Round block size: the verify is rectangular, so a round uses ``B_r = min(B, max_i(remaining_i) + 1)``
-positions for every row; row i only drafts/accepts its first ``min(B, remaining_i + 1) - 1`` drafts,
-as a single run would. (The non-causal drafter sees the longer block, so near the end of a request
-its drafts, and so its acceptance statistics, may differ from a single run; its tokens do not.)
+Round shape: every round drafts and verifies B positions per row, so the shapes stay fixed (no
+re-tracing of compiled functions or new GPU kernels as requests near their end); row i accepts at
+most its first ``min(B, remaining_i + 1) - 1`` drafts, as a single run would. (A single run shrinks
+its last blocks instead; the non-causal drafter then sees a shorter block, so in a request's last
+rounds its drafts and acceptance statistics may differ from a single run. Its tokens do not.)
 
 What it does not do: tokenize, load models, print, or batch prefills (each request is prefilled
 alone). Conventions (EOS included and counted, ``max_tokens``, prefill excluded from tok/s) are
@@ -91,7 +92,7 @@ class SlotRound:
 
     index: int  # 1-based
     slots: tuple[int, ...]  # slots that decoded a request this round
-    block_size: int  # verify positions per row (1 for plain decoding)
+    block_size: int  # verify positions per row: B (1 for plain decoding)
     accepted: tuple[int, ...]  # drafts accepted per slot (0 for plain decoding)
     committed: tuple[tuple[int, ...], ...]  # tokens committed per slot (cut at EOS / max_tokens)
     rows: int  # batch rows computed (busy slots + idle rows kept with idle="keep")
@@ -450,8 +451,8 @@ def _dflash_slots(
 
         # -- one round over all rows -----------------------------------------------------------
         R = len(rows)
+        bs = B
         bs_row = [min(B, x.remaining + 1) if x is not None else 2 for x in rows]
-        bs = max(bs_row)
         last = [x.tokens[-1] if x is not None else mask_id for x in rows]
         t0 = time.perf_counter()
         for c in dcache:
