@@ -96,11 +96,17 @@ REEXEC_GUARD = "HF2Q_BLAS_REEXEC"
 #: ``HF2Q_BLAS=bundled`` keeps the wheel's BLAS; ``HF2Q_BLAS=/path/lib.so`` preloads that library.
 BLAS_ENV = "HF2Q_BLAS"
 
-BLAS_HINT = (
-    "MLX is using its bundled reference BLAS, about 38x slower on CPU matmuls: "
-    "'apt-get install libopenblas0-pthread' and hf2q will use OpenBLAS automatically "
-    f"({BLAS_ENV}=bundled silences this)"
-)
+
+def blas_hint(plan: BlasPlan) -> str:
+    """The one-line hint for a ``"hint"`` plan: how to get the fast BLAS."""
+    if plan.library:
+        how = f"run with LD_PRELOAD={plan.library} to use it"
+    else:
+        how = "'apt-get install libopenblas0-pthread' and hf2q will use OpenBLAS automatically"
+    return (
+        "MLX is using its bundled reference BLAS, about 38x slower on CPU matmuls: "
+        f"{how} ({BLAS_ENV}=bundled silences this)"
+    )
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,7 @@ def generate(
     if prompt is not None and prompt_file is not None:
         raise UsageError("pass the prompt as an argument or with --prompt-file, not both")
 
-    from hf2q.platform import BLAS_HINT, blas_summary, ensure_fast_blas
+    from hf2q.platform import blas_hint, blas_summary, ensure_fast_blas
     from hf2q.runtime.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, seed=seed).validate()
@@ -126,8 +126,6 @@ def generate(
     from hf2q.runtime.pair import encode_prompt, load_pair
 
     pair = load_pair(model, draft, dflash=dflash, revision=revision)
-    if plan.action == "hint" and not json_out:
-        warn(BLAS_HINT)
     if text is None:
         if pair.default_prompt is None:
             raise UsageError(
@@ -142,6 +140,8 @@ def generate(
     use_chat = pair.chat_default if chat is None else chat
     ids = encode_prompt(pair.tokenizer, text, chat=use_chat, thinking=thinking)
     eos = pair.eos_token_ids
+    if plan.action == "hint" and not json_out:
+        warn(blas_hint(plan))
     if dflash:
         events = dflash_generate(
             pair.target,

@@ -25,11 +25,15 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 
-def configs_dir() -> Path | None:
-    """``configs/`` shipped in the package (wheel), else the repository's top-level one."""
+def _package_dir() -> Path:
     import hf2q
 
-    pkg = Path(hf2q.__file__).resolve().parent
+    return Path(hf2q.__file__).resolve().parent
+
+
+def configs_dir() -> Path | None:
+    """``configs/`` shipped in the package (wheel), else the repository's top-level one."""
+    pkg = _package_dir()
     for cand in (pkg / "configs", pkg.parent / "configs"):
         if (cand / "registry.toml").is_file():
             return cand
@@ -59,10 +63,8 @@ def demo_pair() -> tuple[Path, Path, dict[str, Any]]:
     Raises:
         ModelError: this installation has no demo pair.
     """
-    import hf2q
-
     entry = read_registry().get("demo") or {}
-    pkg = Path(hf2q.__file__).resolve().parent
+    pkg = _package_dir()
     target = pkg / entry.get("target", "demo/target")
     draft = pkg / entry.get("draft", "demo/draft")
     if not (target / "config.json").is_file() or not (draft / "config.json").is_file():
