@@ -100,9 +100,7 @@ def bench(
 ) -> None:
     """Measure batched DFlash: N slots decoded together, against plain batched decoding.
 
-    Per slot count: plain decoding (batched, same N), single-slot DFlash run N times in a row,
-    and batched DFlash; generation tok/s (prefill excluded), tau, round time split and
-    E = t(plain step) / t(DFlash round). Greedy (T = 0); DFlash tokens are checked against plain.
+    Per slot count: plain decoding (batched, same N), single-slot DFlash run N times in a row, and batched DFlash; generation tok/s (prefill excluded), tau, round time split and E = t(plain step) / t(DFlash round). Greedy (T = 0); DFlash tokens are checked against plain.
 
     Examples:
       [bold]hf2q bench[/bold]   (the embedded demo pair, slots 1,2,4,8)
