@@ -49,12 +49,23 @@ def test_bench_runs_end_to_end_and_reports_documented_json(fitted_pairs, tmp_pat
     target, draft = fitted_pairs["qwen35"]
     out_file = tmp_path / "bench.json"
     argv = ["bench", "-m", str(target), "-d", str(draft), "--slots", "2,1", "--gen-tokens", "12"]
-    argv += ["--trials", "2", "--warmup", "0", "--block-size", "8", "--no-chat"]
+    argv += [
+        "--trials",
+        "2",
+        "--warmup",
+        "0",
+        "--block-size",
+        "8",
+        "--no-chat",
+        "--dtype",
+        "float32",
+    ]
     code = main([*argv, "--json", "--out", str(out_file)])
     assert code == 0
     report = _json_line(capsys)
     assert json.loads(out_file.read_text()) == report
     assert report["config"]["slots"] == [1, 2] and report["config"]["block_size"] == 8
+    assert report["dtype"] == "float32" and report["model"] == str(target)
     assert report["platform"]["backend"] == "cpu"
     rows = report["results"]
     assert [(r["slots"], r["mode"]) for r in rows] == [
@@ -124,6 +135,7 @@ def test_bench_random_workload_generates_every_token_and_renders_a_table(fitted_
         (["--prompt-tokens", "9"], "--prompt-tokens applies to --workload random"),
         (["--workload", "chat"], "--workload must be one of prompts, random"),
         (["--idle", "sleep"], "--idle must be one of compact, keep"),
+        (["--dtype", "int4"], "--dtype must be one of float32, bfloat16, float16"),
         (["--out", "/nonexistent-dir/x.json"], "folder /nonexistent-dir does not exist"),
     ],
 )

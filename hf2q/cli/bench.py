@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from hf2q.errors import OutputError
+from hf2q.errors import OutputError, UsageError
 
 
 def bench(
@@ -81,6 +81,14 @@ def bench(
             help="Slots left without work: 'compact' (drop their rows) or 'keep' (compute masked rows).",
         ),
     ] = "compact",
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--dtype",
+            help="Cast target and drafter weights before measuring: float32, bfloat16 or float16 "
+            "(default: as loaded). CPUs run float32 fastest; exact-token checks want float32.",
+        ),
+    ] = None,
     chat: Annotated[
         bool | None,
         typer.Option(
@@ -108,7 +116,7 @@ def bench(
       [bold]hf2q bench --slots 8 --trials 5 --json --out bench.json[/bold]
     """
     from hf2q.cli import app as app_module
-    from hf2q.runtime.bench import BenchConfig, parse_slots
+    from hf2q.runtime.bench import DTYPES, BenchConfig, parse_slots
 
     # Cheap checks first: nothing is loaded for a bad option.
     config = BenchConfig(
@@ -123,11 +131,13 @@ def bench(
         seed=seed,
         idle=idle,
     ).validate()
+    if dtype is not None and dtype not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if out_file is not None:
         _check_out(out_file)
 
     from hf2q.cli.console import emit_json, err, is_terminal, warn
-    from hf2q.platform import BLAS_HINT, describe, ensure_fast_blas
+    from hf2q.platform import blas_hint, describe, ensure_fast_blas
 
     # May re-execute this process with OpenBLAS preloaded.
     plan = ensure_fast_blas(allow_reexec=app_module.STANDALONE)
@@ -137,8 +147,12 @@ def bench(
 
     pair = load_pair(model, draft, dflash=True, revision=revision)
     if plan.action == "hint" and not json_out:
-        warn(BLAS_HINT)
+        warn(blas_hint(plan))
     use_chat = pair.chat_default if chat is None else chat
+    if dtype is not None:
+        from hf2q.runtime.bench import cast_models
+
+        cast_models(pair.target, pair.drafter, dtype)
     status = err.status("benchmarking") if is_terminal() and not json_out else None
 
     def progress(text: str) -> None:

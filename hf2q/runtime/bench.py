@@ -110,6 +110,31 @@ def parse_slots(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(counts)))
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def cast_models(target: Any, drafter: Any, dtype: str) -> None:
+    """Cast the floating-point weights of ``target`` and ``drafter`` to ``dtype`` in place.
+
+    Gated-DeltaNet ``A_log`` stays float32 (as mlx-lm loads it); quantized weights keep their
+    packing (only their scales and biases follow ``dtype``).
+    """
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    dt = getattr(mx, dtype)
+    for model in (target.model, drafter):
+        params = [
+            (k, v.astype(dt))
+            for k, v in tree_flatten(model.parameters())
+            if mx.issubdtype(v.dtype, mx.floating) and not k.endswith("A_log") and v.dtype != dt
+        ]
+        if params:
+            model.update(tree_unflatten(params))
+    mx.eval(target.model.parameters(), drafter.parameters())
+
+
 # ---- workload -----------------------------------------------------------------------------------
 def make_prompts(
     config: BenchConfig,
@@ -304,7 +329,7 @@ def run_bench(
         progress: called with a short description before each run (for a status line).
 
     Returns:
-        ``{"schema", "config", "results": [row, ...]}``; one row per (slots, mode) with
+        ``{"schema", "config", "dtype", "results": [row, ...]}``; one row per (slots, mode) with
         ``slots``, ``mode``, ``tokens_per_s`` (median; ``_min`` / ``_max``), ``per_slot_tokens_per_s``,
         ``prefill_tokens_per_s``, ``tau``, ``tau_per_slot``, ``accepted_histogram_per_slot``,
         ``round_ms`` (median; ``_min`` / ``_max``), ``draft_ms``, ``verify_ms``, ``rollback_ms``,
@@ -351,9 +376,13 @@ def run_bench(
                     runs[mode].append(res)
         rows.extend(_rows_for(N, runs, B))
     _relate(rows)
+    emb = target.inner.embed_tokens
+    weights = getattr(emb, "scales", None)
+    dtype = (weights if weights is not None else emb.weight).dtype
     return {
         "schema": SCHEMA,
         "config": {**asdict(config), "slots": list(config.slots), "block_size": B},
+        "dtype": str(dtype).removeprefix("mlx.core."),
         "results": rows,
     }
 
