@@ -56,6 +56,22 @@ class Run:
     tokens: list[int]
     generation_tps: float
     tau: float | None = None
+    cpu_tps: float = 0.0  # tokens after the first per CPU-second of this process (load-robust)
+
+
+class Stamps:
+    """Wall and process-CPU time at the first and the latest token."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def mark(self) -> None:
+        self.wall.append(time.perf_counter())
+        self.cpu.append(time.process_time())
+
+    def rates(self, n_tokens: int) -> tuple[float, float]:
+        return _rate(n_tokens, self.wall), _rate(n_tokens, self.cpu)
 
 
 @dataclass
@@ -63,6 +79,7 @@ class Row:
     impl: str
     prompt: int
     tps: list[float] = field(default_factory=list)
+    cpu_tps: list[float] = field(default_factory=list)
     tau: float | None = None
     tokens: list[int] = field(default_factory=list)
 
@@ -107,31 +124,76 @@ def fixture_pair(work: Path) -> tuple[Path, Path, list[list[int]]]:
     return tdir, ddir, prompts
 
 
+#: Shapes of the synthetic pairs: "4b" is Qwen3.5-4B's text model and z-lab's drafter for it;
+#: "tiny" is the same code path small enough to check on a CPU.
+SYNTHETIC = {
+    "4b": dict(
+        hidden=2560,
+        inter=9216,
+        layers=32,
+        heads=16,
+        kv=4,
+        head_dim=256,
+        lv=32,
+        lk=16,
+        lkd=128,
+        lvd=128,
+        vocab=248320,
+        d_layers=5,
+        d_heads=32,
+        d_kv=8,
+        d_head_dim=128,
+        d_inter=9728,
+        ids=[1, 8, 15, 22, 29],
+        mask=248070,
+    ),
+    "tiny": dict(
+        hidden=128,
+        inter=256,
+        layers=8,
+        heads=4,
+        kv=2,
+        head_dim=32,
+        lv=4,
+        lk=2,
+        lkd=32,
+        lvd=32,
+        vocab=2048,
+        d_layers=2,
+        d_heads=4,
+        d_kv=2,
+        d_head_dim=32,
+        d_inter=256,
+        ids=[1, 4, 6],
+        mask=2040,
+    ),
+}
+
+
 def synthetic_pair(work: Path, size: str) -> tuple[Path, Path]:
-    """Random-weight Qwen3.5-4B-shaped target (bf16, mlx-lm layout) and a 5-layer drafter."""
+    """Random-weight Qwen3.5-shaped target (bf16, mlx-lm layout) and a z-lab-shaped drafter."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.models import qwen3_5
 
     from hf2q.runtime.drafter import DFlashConfig, DFlashDraftModel, save_drafter
 
-    if size != "4b":
-        raise SystemExit("--synthetic supports 4b")
-    tdir, ddir = work / "synthetic4b_target", work / "synthetic4b_draft"
-    vocab = 248320
+    sh = SYNTHETIC[size]
+    tdir, ddir = work / f"synthetic{size}_target", work / f"synthetic{size}_draft"
+    vocab = sh["vocab"]
     if not (tdir / "config.json").is_file():
         text = dict(
             model_type="qwen3_5_text",
-            hidden_size=2560,
-            intermediate_size=9216,
-            num_hidden_layers=32,
-            num_attention_heads=16,
-            num_key_value_heads=4,
-            head_dim=256,
-            linear_num_value_heads=32,
-            linear_num_key_heads=16,
-            linear_key_head_dim=128,
-            linear_value_head_dim=128,
+            hidden_size=sh["hidden"],
+            intermediate_size=sh["inter"],
+            num_hidden_layers=sh["layers"],
+            num_attention_heads=sh["heads"],
+            num_key_value_heads=sh["kv"],
+            head_dim=sh["head_dim"],
+            linear_num_value_heads=sh["lv"],
+            linear_num_key_heads=sh["lk"],
+            linear_key_head_dim=sh["lkd"],
+            linear_value_head_dim=sh["lvd"],
             linear_conv_kernel_dim=4,
             rms_norm_eps=1e-6,
             vocab_size=vocab,
@@ -162,16 +224,16 @@ def synthetic_pair(work: Path, size: str) -> tuple[Path, Path]:
         del model, weights
     if not (ddir / "config.json").is_file():
         dcfg = DFlashConfig(
-            hidden_size=2560,
-            num_hidden_layers=5,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
-            intermediate_size=9728,
+            hidden_size=sh["hidden"],
+            num_hidden_layers=sh["d_layers"],
+            num_attention_heads=sh["d_heads"],
+            num_key_value_heads=sh["d_kv"],
+            head_dim=sh["d_head_dim"],
+            intermediate_size=sh["d_inter"],
             vocab_size=vocab,
-            num_target_layers=32,
-            target_layer_ids=[1, 8, 15, 22, 29],
-            mask_token_id=248070,
+            num_target_layers=sh["layers"],
+            target_layer_ids=sh["ids"],
+            mask_token_id=sh["mask"],
             block_size=16,
             rope_theta=10000000.0,
         )
@@ -199,33 +261,37 @@ def _write_wordlevel_tokenizer(folder: Path, vocab: int) -> None:
 
 # ---- implementations ---------------------------------------------------------------------------
 def run_hf2q(pair, prompt: list[int], args, dflash: bool) -> Run:
-    from hf2q.runtime.dflash import dflash_generate, plain_generate, run
+    from hf2q.runtime.dflash import PrefillDone, Summary, dflash_generate, plain_generate
 
     if dflash:
-        s = run(
-            dflash_generate(
-                pair.target,
-                pair.drafter,
-                prompt,
-                max_tokens=args.max_tokens,
-                block_size=args.block_size,
-                eos_token_ids=pair.eos_token_ids,
-            )
+        events = dflash_generate(
+            pair.target,
+            pair.drafter,
+            prompt,
+            max_tokens=args.max_tokens,
+            block_size=args.block_size,
+            eos_token_ids=pair.eos_token_ids,
         )
-        return Run(s.tokens, s.generation_tps, s.tau)
-    s = run(
-        plain_generate(
+    else:
+        events = plain_generate(
             pair.target, prompt, max_tokens=args.max_tokens, eos_token_ids=pair.eos_token_ids
         )
-    )
-    return Run(s.tokens, s.generation_tps)
+    st = Stamps()
+    for ev in events:
+        if isinstance(ev, PrefillDone):
+            st.mark()
+        elif isinstance(ev, Summary):
+            st.mark()
+            wall, cpu = st.rates(len(ev.tokens))
+            return Run(ev.tokens, wall, ev.tau, cpu)
+    raise RuntimeError("the generation ended without a summary")
 
 
 def run_mlx_lm(pair, prompt: list[int], args) -> Run:
     import mlx.core as mx
     from mlx_lm.generate import stream_generate
 
-    tokens, stamps = [], []
+    tokens, st = [], Stamps()
     for r in stream_generate(
         pair.target.model,
         pair.tokenizer,
@@ -234,87 +300,106 @@ def run_mlx_lm(pair, prompt: list[int], args) -> Run:
         sampler=lambda x: mx.argmax(x, axis=-1),
     ):
         tokens.append(r.token)
-        stamps.append(time.perf_counter())
-    return Run(tokens, _tps(len(tokens), stamps))
+        st.mark()
+    wall, cpu = st.rates(len(tokens))
+    return Run(tokens, wall, None, cpu)
 
 
-def _tps(n_tokens: int, stamps: list[float]) -> float:
+def _rate(n_tokens: int, stamps: list[float]) -> float:
     """Tokens after the first over the time after the first (prefill excluded)."""
     dt = stamps[-1] - stamps[0]
     return (n_tokens - 1) / dt if dt > 0 and n_tokens > 1 else 0.0
 
 
 def zlab_worker(args) -> None:
-    """Run z-lab's reference in this (separate) process; print one JSON object."""
+    """Serve z-lab's reference in this (separate) process: one JSON request per stdin line
+    (``{"prompt": [...]}``), one JSON result per stdout line, so trials interleave with the
+    in-process implementations under the same background load."""
     if args.zlab_path:
         sys.path.insert(0, args.zlab_path)
     import dflash.model_mlx as z
-    import mlx.core as mx
 
     from hf2q.loading import load_model
 
     z.snapshot_download = lambda repo_id, **kw: repo_id  # local folders, no Hub
     lm = load_model(args.model)
     draft = z.load_draft(str(args.draft))
-    prompts = json.loads(Path(args.prompts_json).read_text())
-    out = []
-    for prompt in prompts:
-        runs = []
-        for trial in range(args.trials + 1):  # the first is a warm-up
-            tokens, stamps, acc = [], [], []
-            for r in z.stream_generate(
-                lm.model,
-                draft,
-                lm.tokenizer,
-                prompt,
-                block_size=args.block_size,
-                max_tokens=args.max_tokens,
-            ):
-                if r.tokens:
-                    tokens.extend(r.tokens)
-                    stamps.append(time.perf_counter())
-                if r.accepted is not None:
-                    acc.append(r.accepted)  # z-lab counts a + 1 here
-            if trial:
-                runs.append(
-                    {
-                        "tokens": tokens,
-                        "tps": _tps(len(tokens), stamps),
-                        "tau": statistics.mean(acc) if acc else None,
-                    }
-                )
-        out.append(runs)
-    mx.synchronize()
-    print(json.dumps(out))
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        prompt = json.loads(line)["prompt"]
+        tokens, st, acc = [], Stamps(), []
+        for r in z.stream_generate(
+            lm.model,
+            draft,
+            lm.tokenizer,
+            prompt,
+            block_size=args.block_size,
+            max_tokens=args.max_tokens,
+        ):
+            if r.tokens:
+                tokens.extend(r.tokens)
+                st.mark()
+            if r.accepted is not None:
+                acc.append(r.accepted)  # z-lab counts a + 1 here
+        wall, cpu = st.rates(len(tokens))
+        tau = statistics.mean(acc) if acc else None
+        print(json.dumps({"tokens": tokens, "tps": wall, "cpu_tps": cpu, "tau": tau}), flush=True)
 
 
-def run_zlab(model: Path, draft: Path, prompts: list[list[int]], args) -> list[list[dict]] | str:
-    pj = Path(args.work) / "prompts.json"
-    pj.write_text(json.dumps(prompts))
-    cmd = [
-        sys.executable,
-        __file__,
-        "--zlab-worker",
-        "--model",
-        str(model),
-        "--draft",
-        str(draft),
-        "--prompts-json",
-        str(pj),
-        "--max-tokens",
-        str(args.max_tokens),
-        "--trials",
-        str(args.trials),
-    ]
-    if args.block_size:
-        cmd += ["--block-size", str(args.block_size)]
-    if args.zlab_path:
-        cmd += ["--zlab-path", args.zlab_path]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        return f"z-lab reference unavailable: {last}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+class ZLab:
+    """Client of :func:`zlab_worker` running in a subprocess."""
+
+    def __init__(self, model: Path, draft: Path, args) -> None:
+        cmd = [
+            sys.executable,
+            __file__,
+            "--zlab-worker",
+            "--model",
+            str(model),
+            "--draft",
+            str(draft),
+            "--max-tokens",
+            str(args.max_tokens),
+            "--block-size",
+            str(args.block_size),
+        ]
+        if args.zlab_path:
+            cmd += ["--zlab-path", args.zlab_path]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ),
+        )
+        self.error = None
+        if self._read() is None:
+            self.error = "z-lab reference unavailable: " + self._stderr_tail()
+
+    def _read(self) -> dict | None:
+        line = self.proc.stdout.readline()
+        return json.loads(line) if line.strip() else None
+
+    def _stderr_tail(self) -> str:
+        self.proc.wait()
+        return (self.proc.stderr.read().strip().splitlines() or ["?"])[-1]
+
+    def run(self, prompt: list[int]) -> Run | None:
+        if self.error:
+            return None
+        self.proc.stdin.write(json.dumps({"prompt": prompt}) + "\n")
+        self.proc.stdin.flush()
+        rec = self._read()
+        if rec is None:
+            self.error = "z-lab reference failed: " + self._stderr_tail()
+            return None
+        return Run(rec["tokens"], rec["tps"], rec["tau"], rec["cpu_tps"])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait()
 
 
 # ---- main --------------------------------------------------------------------------------------
@@ -325,7 +410,7 @@ def main() -> None:
     ap.add_argument("--model")
     ap.add_argument("--draft")
     ap.add_argument("--fixture", action="store_true")
-    ap.add_argument("--synthetic", choices=["4b"])
+    ap.add_argument("--synthetic", choices=sorted(SYNTHETIC))
     ap.add_argument("--work", default=str(ROOT / "runs" / "bench"))
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=None)
@@ -335,7 +420,6 @@ def main() -> None:
     ap.add_argument("--zlab-path", default=None)
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--zlab-worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--prompts-json", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.zlab_worker:
         zlab_worker(args)
@@ -367,34 +451,56 @@ def main() -> None:
     if prompts is None:
         if args.synthetic:
             mx.random.seed(2)
-            prompts = [mx.random.randint(0, 240000, (64,)).tolist() for _ in range(args.prompts)]
+            top = SYNTHETIC[args.synthetic]["vocab"] - 300  # clear of EOS and MASK rows
+            prompts = [mx.random.randint(0, top, (64,)).tolist() for _ in range(args.prompts)]
         else:
             prompts = [
                 encode_prompt(pair.tokenizer, t, chat=pair.chat_default) for t in DEFAULT_PROMPTS
             ]
+    if args.fixture:
+        # Keep prompts whose greedy continuation does not stop at an EOS early: a run of a few
+        # tokens says nothing about decoding speed.
+        from hf2q.runtime.dflash import plain_generate, run
+
+        prompts = [
+            p
+            for p in prompts
+            if len(
+                run(
+                    plain_generate(
+                        pair.target, p, max_tokens=args.max_tokens, eos_token_ids=pair.eos_token_ids
+                    )
+                ).tokens
+            )
+            == args.max_tokens
+        ]
     prompts = prompts[: args.prompts]
 
     rows: dict[tuple[str, int], Row] = {}
-    impls = ("hf2q dflash", "hf2q plain", "mlx-lm plain")
+    impls = ["hf2q dflash", "hf2q plain", "mlx-lm plain"]
+    zlab = None if args.no_zlab else ZLab(Path(model), Path(draft), args)
+    if zlab is not None and zlab.error is None:
+        impls.append("z-lab dflash")
     for i, prompt in enumerate(prompts):
         for trial in range(args.trials + 1):  # trial 0 warms up (compiles, allocates)
-            for impl in impls:
+            for impl in impls:  # interleaved: background load hits every implementation alike
                 if impl == "hf2q dflash":
                     r = run_hf2q(pair, prompt, args, dflash=True)
                 elif impl == "hf2q plain":
                     r = run_hf2q(pair, prompt, args, dflash=False)
-                else:
+                elif impl == "mlx-lm plain":
                     r = run_mlx_lm(pair, prompt, args)
+                else:
+                    r = zlab.run(prompt)
+                    if r is None:
+                        raise SystemExit(zlab.error)
                 row = rows.setdefault((impl, i), Row(impl, i))
                 row.tokens, row.tau = r.tokens, r.tau
                 if trial:
                     row.tps.append(r.generation_tps)
-    zlab = None if args.no_zlab else run_zlab(Path(model), Path(draft), prompts, args)
-    if isinstance(zlab, list):
-        for i, runs in enumerate(zlab):
-            rows[("z-lab dflash", i)] = Row(
-                "z-lab dflash", i, [x["tps"] for x in runs], runs[-1]["tau"], runs[-1]["tokens"]
-            )
+                    row.cpu_tps.append(r.cpu_tps)
+    if zlab is not None:
+        zlab.close()
 
     facts = describe()
     print(
@@ -404,22 +510,24 @@ def main() -> None:
         f"# pair: {model} + {draft}, block {args.block_size}, max_tokens {args.max_tokens}, "
         f"{len(prompts)} prompts, {args.trials} trials (medians)"
     )
-    if isinstance(zlab, str):
-        print(f"# {zlab}")
+    if zlab is not None and zlab.error:
+        print(f"# {zlab.error}")
     names = [
         n for n in ("hf2q dflash", "hf2q plain", "mlx-lm plain", "z-lab dflash") if (n, 0) in rows
     ]
     print(
         "| prompt | "
         + " | ".join(f"{n} tok/s" for n in names)
-        + " | tau hf2q | tau z-lab | tokens equal (all) |"
+        + " | tau hf2q | tau z-lab | tokens | tokens equal (all) |"
     )
-    print("|" + "---|" * (len(names) + 4))
+    print("|" + "---|" * (len(names) + 5))
     summary: dict[str, list[float]] = {n: [] for n in names}
     result = {"facts": facts, "args": vars(args), "rows": []}
     for i in range(len(prompts)):
         ref = rows[("mlx-lm plain", i)].tokens
         equal = all(rows[(n, i)].tokens == ref for n in names)
+        # Where each implementation first departs from mlx-lm's tokens ("=" when identical).
+        diverge = {n: _first_diff(rows[(n, i)].tokens, ref) for n in names if n != "mlx-lm plain"}
         meds = {n: statistics.median(rows[(n, i)].tps) for n in names}
         for n in names:
             summary[n].append(meds[n])
@@ -427,26 +535,48 @@ def main() -> None:
         print(
             f"| {i} | "
             + " | ".join(f"{meds[n]:.1f}" for n in names)
-            + f" | {_fmt(rows[('hf2q dflash', i)].tau)} | {_fmt(tz.tau if tz else None)} | {equal} |"
+            + f" | {_fmt(rows[('hf2q dflash', i)].tau)} | {_fmt(tz.tau if tz else None)}"
+            + f" | {len(ref)} | {equal}"
+            + ("" if equal else " (" + ", ".join(f"{n}: {d}" for n, d in diverge.items()) + ")")
+            + " |"
         )
         result["rows"].append(
             {
                 "prompt": i,
                 "median_tps": meds,
+                "median_cpu_tps": {n: statistics.median(rows[(n, i)].cpu_tps) for n in names},
                 "equal": equal,
+                "diverge": diverge,
                 "tau": {n: rows[(n, i)].tau for n in names},
                 **{f"tokens_{n}": rows[(n, i)].tokens for n in names},
             }
         )
     mean = {n: statistics.mean(v) for n, v in summary.items()}
-    print("| mean | " + " | ".join(f"{mean[n]:.1f}" for n in names) + " | | | |")
+    print("| mean | " + " | ".join(f"{mean[n]:.1f}" for n in names) + " | | | | |")
+    cpu = {
+        n: statistics.mean(statistics.median(rows[(n, i)].cpu_tps) for i in range(len(prompts)))
+        for n in names
+    }
+    print(
+        "# tokens per CPU-second (load-robust), mean of medians: "
+        + ", ".join(f"{n} {cpu[n]:.1f}" for n in names)
+    )
+    result["cpu_tps_mean"] = cpu
     if "z-lab dflash" in mean and mean["z-lab dflash"] > 0:
         print(
-            f"# hf2q dflash / z-lab dflash: {mean['hf2q dflash'] / mean['z-lab dflash']:.2f}x; "
+            f"# hf2q dflash / z-lab dflash: {mean['hf2q dflash'] / mean['z-lab dflash']:.2f}x "
+            f"(per CPU-second {cpu['hf2q dflash'] / cpu['z-lab dflash']:.2f}x); "
             f"hf2q dflash / mlx-lm plain: {mean['hf2q dflash'] / mean['mlx-lm plain']:.2f}x"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+
+
+def _first_diff(a: list[int], b: list[int]) -> str:
+    if a == b:
+        return "="
+    n = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"differs at {n}"
 
 
 def _fmt(x: float | None) -> str:

@@ -76,6 +76,7 @@ def _fit_pair(
     n_target: int,
     steps: int,
     seed: int,
+    lr: float = 3e-3,
     **cfg: object,
 ) -> Path:
     """Fit a DFlash drafter to ``target_dir``'s greedy continuations of FIT_TEXTS; save it."""
@@ -100,7 +101,7 @@ def _fit_pair(
     drafter = load_drafter(raw).bind(target.embed, target.head)
     prompts = [lm.tokenizer.encode(t)[:4] for t in FIT_TEXTS]
     seqs = drafter_fit.greedy_sequences(target, prompts, FIT_NEW_TOKENS)
-    drafter_fit.fit_drafter(target, drafter, seqs, steps=steps, seed=seed)
+    drafter_fit.fit_drafter(target, drafter, seqs, steps=steps, lr=lr, seed=seed)
     save_drafter(drafter, out)
     return out
 
@@ -117,7 +118,14 @@ def fitted_pairs(
         "qwen35": (
             qwen35_dir,
             _fit_pair(
-                qwen35_dir, root / "qwen35", layers=1, ids=[1, 2], n_target=4, steps=200, seed=10
+                qwen35_dir,
+                root / "qwen35",
+                layers=1,
+                ids=[1, 2],
+                n_target=4,
+                steps=120,
+                lr=5e-3,
+                seed=10,
             ),
         ),
         "qwen35_causal": (
@@ -128,7 +136,8 @@ def fitted_pairs(
                 layers=3,
                 ids=[1, 3, 5],
                 n_target=8,
-                steps=200,
+                steps=120,
+                lr=5e-3,
                 seed=11,
                 layer_types=["sliding_attention", "sliding_attention", "full_attention"],
                 sliding_window=8,

@@ -153,3 +153,66 @@ def test_summary_metrics_follow_dflash_definitions(fitted_pairs):
     assert summary.accepted_histogram == [a.count(k) for k in range(8)]
     assert all(r.rolled_back == r.drafted - r.accepted for r in rs)
     assert summary.generation_tps > 0 and summary.prompt_tps > 0
+
+
+def test_measure_acceptance_pools_rounds_over_prompts(fitted_pairs):
+    from hf2q.runtime.dflash import measure_acceptance
+
+    target_dir, draft_dir = fitted_pairs["qwen35"]
+    lm, target, drafter = _load(target_dir, draft_dir)
+    prompts = [lm.tokenizer.encode(t)[:4] for t in FIT_TEXTS[:2]]
+    stats = measure_acceptance(target, drafter, prompts, max_tokens=30, block_size=8)
+    per = [_dflash(target, drafter, p, max_tokens=30, block_size=8)[1] for p in prompts]
+    a = [r.accepted for rs in per for r in rs]
+    assert stats.rounds == len(a) and sum(stats.accepted_histogram) == len(a)
+    assert stats.tau == pytest.approx(sum(x + 1 for x in a) / len(a))
+    assert stats.acceptance_rate == pytest.approx(sum(a) / sum(r.drafted for rs in per for r in rs))
+    assert stats.tokens == 60
+
+
+def test_chunked_prefill_gives_the_same_tokens(fitted_pairs):
+    target_dir, draft_dir = fitted_pairs["qwen35"]
+    lm, target, drafter = _load(target_dir, draft_dir)
+    prompt = lm.tokenizer.encode("def add(a, b):\n    return a + b\nclass Counter:")
+    want = mlx_lm_greedy(lm, prompt, 20)
+    for step in (3, 7):  # several chunks, each one's features appended to the drafter cache
+        summary, _ = _dflash(
+            target,
+            drafter,
+            prompt,
+            max_tokens=20,
+            prefill_step_size=step,
+            eos_token_ids=lm.tokenizer.eos_token_ids,
+        )
+        assert summary.tokens == want
+        plain = run(
+            plain_generate(
+                target,
+                prompt,
+                max_tokens=20,
+                prefill_step_size=step,
+                eos_token_ids=lm.tokenizer.eos_token_ids,
+            )
+        )
+        assert plain.tokens == want
+
+
+def test_quantized_target_is_lossless_too(qwen35_dir, drafter_dir):
+    import mlx.nn as nn
+
+    lm = load_model(qwen35_dir)
+    nn.quantize(lm.model, group_size=32, bits=8)
+    target = TargetModel(lm.model, lm.tokenizer)
+    drafter = load_drafter(drafter_dir).bind(target.embed, target.head)
+    prompt = lm.tokenizer.encode(FIT_TEXTS[0])
+    want = mlx_lm_greedy(lm, prompt, 16)
+    for B in (4, 16):
+        summary, _ = _dflash(
+            target,
+            drafter,
+            prompt,
+            max_tokens=16,
+            block_size=B,
+            eos_token_ids=lm.tokenizer.eos_token_ids,
+        )
+        assert summary.tokens == want

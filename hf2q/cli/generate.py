@@ -87,10 +87,11 @@ def generate(
 ) -> None:
     """Generate text with lossless DFlash speculative decoding (or plain decoding).
 
-    Examples:
-      [bold]hf2q generate[/bold]   (the embedded demo pair)
-      [bold]hf2q generate "Write a haiku" -m Qwen/Qwen3.5-4B[/bold]   (drafter from the registry)
-      [bold]hf2q generate -m ./qwen -d ./qwen-dflash --temp 0.7 --seed 1 --json < prompt.txt[/bold]
+    [bold]hf2q generate[/bold]  runs the embedded demo pair.
+
+    [bold]hf2q generate "Write a haiku" -m Qwen/Qwen3.5-4B[/bold]  takes the drafter from the registry.
+
+    [bold]hf2q generate -m ./qwen -d ./qwen-dflash --temp 0.7 --seed 1 --json < prompt.txt[/bold]
     """
     from hf2q.cli import app as app_module
     from hf2q.cli.console import emit_json, is_terminal, warn

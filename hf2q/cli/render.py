@@ -11,6 +11,7 @@ What it does not do: run models or decide anything about decoding.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any
 
@@ -48,8 +49,10 @@ class GenerateView:
         self.tps = 0.0
         self.live: Live | None = None
         if live:
-            self.live = Live(self._renderable(), console=out, auto_refresh=False, transient=False)
+            # Transient: the live region (text tail + rounds) is replaced by the full text at close.
+            self.live = Live(self._renderable(), console=out, auto_refresh=False, transient=True)
             self.live.start()
+        self._last_refresh = 0.0
 
     # -- events ----------------------------------------------------------------------------------
     def tokens(self, ids: tuple[int, ...] | list[int]) -> None:
@@ -110,7 +113,10 @@ class GenerateView:
             out.file.flush()
 
     def _renderable(self) -> Any:
-        body = Text(self.text)
+        # Only the tail of the text fits above the table; the whole text is printed at close.
+        room = max(3, out.size.height - (LIVE_ROWS + 8 if self.stats else 2))
+        lines = self.text.splitlines()[-room:] if self.text else []
+        body = Text("\n".join(lines))
         if not self.stats:
             return body
         if not self.dflash:
@@ -129,14 +135,18 @@ class GenerateView:
         return Group(body, Text(""), table)
 
     def _refresh(self) -> None:
-        if self.live is not None:
+        # At most ~20 redraws a second: rendering every round would slow fast generation down.
+        now = time.perf_counter()
+        if self.live is not None and now - self._last_refresh > 0.05:
+            self._last_refresh = now
             self.live.update(self._renderable(), refresh=True)
 
     def close(self) -> None:
         if self.live is not None:
-            self.live.update(self._renderable(), refresh=True)
             self.live.stop()
             self.live = None
+            if self.echo:
+                out.print(Text(self.text))
 
     def __enter__(self) -> GenerateView:
         return self

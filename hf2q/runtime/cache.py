@@ -33,15 +33,16 @@ class GDNRecord:
     Attributes:
         conv_input: (B, K-1+T, C) the conv state before the verify followed by the T new conv
             inputs; the conv state after n positions is ``conv_input[:, n : n + K - 1]``.
-        states: (B, T, Hv, Dv, Dk) float32 recurrent state after each verified position.
+        states: T float32 arrays (B, Hv, Dv, Dk), the recurrent state after each verified
+            position (``states[n - 1]`` after n positions).
     """
 
     conv_input: mx.array
-    states: mx.array
+    states: list[mx.array]
 
     @property
     def length(self) -> int:
-        return int(self.states.shape[1])
+        return len(self.states)
 
 
 class GDNRollbackCache(ArraysCache):
@@ -56,7 +57,7 @@ class GDNRollbackCache(ArraysCache):
         super().__init__(size, left_padding)
         self.record: GDNRecord | None = None
 
-    def set_record(self, conv_input: mx.array, states: mx.array) -> None:
+    def set_record(self, conv_input: mx.array, states: list[mx.array]) -> None:
         """Keep the record of a verify forward (called by the verify layer function)."""
         self.record = GDNRecord(conv_input, states)
 
@@ -77,14 +78,18 @@ class GDNRollbackCache(ArraysCache):
                 raise ValueError(f"n_keep must be in 1..{T}, got {n_keep}")
             if n_keep < T:
                 self[0] = mx.contiguous(rec.conv_input[:, n_keep : n_keep + K1])
-                self[1] = rec.states[:, n_keep - 1]
+                self[1] = rec.states[n_keep - 1]
             back = T - n_keep
         else:
-            keep = mx.array(n_keep, dtype=mx.int32).reshape(-1)  # (B,)
+            keep_list = [
+                int(x) for x in (n_keep.tolist() if isinstance(n_keep, mx.array) else n_keep)
+            ]
+            if not all(1 <= x <= T for x in keep_list):
+                raise ValueError(f"n_keep values must be in 1..{T}, got {keep_list}")
+            keep = mx.array(keep_list, dtype=mx.int32)  # (B,)
             pos = (keep[:, None] + mx.arange(K1))[..., None]  # (B, K-1, 1)
             self[0] = mx.take_along_axis(rec.conv_input, pos, axis=1)
-            idx = (keep - 1)[:, None, None, None, None]
-            self[1] = mx.take_along_axis(rec.states, idx, axis=1)[:, 0]
+            self[1] = mx.stack([rec.states[x - 1][b] for b, x in enumerate(keep_list)])
             back = T - keep
         # Undo the part of ``advance(T)`` that covered the dropped positions (batched padding).
         if self.lengths is not None:

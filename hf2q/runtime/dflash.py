@@ -73,7 +73,7 @@ class RoundDone:
     bonus: int  # the target's token after the accepted drafts
     rolled_back: int  # B - 1 - a
     committed: tuple[int, ...]  # d_1..d_a, bonus; truncated at EOS / max_tokens
-    t_draft: float  # seconds
+    t_draft: float  # seconds the loop waited for the draft (it runs while the event is consumed)
     t_verify: float  # seconds, includes acceptance
     t_rollback: float  # seconds
     generated: int  # tokens generated so far, the first one included
@@ -114,6 +114,8 @@ class Summary:
     acceptance_rate: float | None = None  # sum(a) / sum(B - 1)
     draft_share: float | None = None  # sum(a) / sum(a + 1)
     accepted_histogram: list[int] | None = None  # [rounds with a == 0, a == 1, ..., a == B-1]
+    drafted: int | None = None  # sum over rounds of B - 1
+    accepted: int | None = None  # sum over rounds of a
     t_draft: float | None = None  # totals over rounds, seconds
     t_verify: float | None = None
     t_rollback: float | None = None
@@ -213,7 +215,7 @@ def dflash_generate(
         raise UsageError(
             f"--block-size must be between 2 and the drafter's block size {drafter.block_size}, got {B}"
         )
-    if drafter._embed is None:
+    if not drafter.is_bound:
         drafter.bind(target.embed, target.head)
     return _dflash(
         target,
@@ -257,27 +259,30 @@ def _dflash(
     finish = _finish(token, 1, max_tokens, eos)
     yield PrefillDone(len(prompt), prefill_time, len(prompt) / prefill_time, token, finish)
 
-    hist = [0] * B
-    n_rounds = sum_a = sum_drafted = 0
-    t_draft_sum = t_verify_sum = t_roll_sum = 0.0
-    while finish is None:
-        remaining = max_tokens - len(tokens)
-        bs = min(B, remaining + 1)  # never draft more than can be committed
-        last = tokens[-1]
-
-        t0 = time.perf_counter()
+    def submit_draft(last: int, ctx: mx.array) -> tuple[mx.array, mx.array | None, int]:
+        """Queue the drafter forward for block [last, MASK x (bs-1)]; return (draft, q, bs)."""
+        bs = min(B, max_tokens - len(tokens) + 1)  # never draft more than can be committed
         block = mx.array([[last] + [mask_id] * (bs - 1)], dtype=mx.int32)
         dlogits = drafter(block, ctx, dcache)[0]  # (bs-1, V)
         if sampling.greedy:
-            draft = mx.argmax(dlogits, axis=-1).astype(mx.int32)
-            q = None
+            draft, q = mx.argmax(dlogits, axis=-1).astype(mx.int32), None
         else:
             q = probs(dlogits, sampling)
             draft = mx.random.categorical(mx.log(q), axis=-1, key=keys.next()).astype(mx.int32)
-        # The draft runs on the device while the host builds the verify graph (it cannot start
-        # before the drafts exist anyway); waiting for the draft only afterwards keeps the
-        # overlap and still splits the time exactly.
         mx.async_eval(draft)
+        return draft, q, bs
+
+    hist = [0] * B
+    n_rounds = sum_a = sum_drafted = 0
+    t_draft_sum = t_verify_sum = t_roll_sum = 0.0
+    pending = submit_draft(tokens[-1], ctx) if finish is None else None
+    while finish is None:
+        # The round's draft was queued before the previous event was handed out, so it ran on
+        # the device meanwhile; t_draft is the part of it the loop still had to wait for. The
+        # verify graph is built while the draft may still be running (it cannot start earlier).
+        t0 = time.perf_counter()
+        draft, q, bs = pending
+        last = tokens[-1]
         vin = mx.concatenate([mx.array([last], dtype=mx.int32), draft])[None]  # (1, bs)
         vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
         if sampling.greedy:
@@ -291,9 +296,7 @@ def _dflash(
         t2 = time.perf_counter()
 
         tcache.rollback(a + 1)
-        ctx = feats[:, : a + 1]
-        # Materialise the restored states while the host yields and builds the next draft.
-        mx.async_eval(ctx, tcache.state)
+        ctx = feats[:, : a + 1]  # the verified positions become drafter context
         t3 = time.perf_counter()
 
         committed = draft[:a].tolist() + [bonus]
@@ -304,6 +307,10 @@ def _dflash(
             if finish is not None:
                 break
         tokens.extend(kept)
+        if finish is None:
+            # Queue the next draft (and the restored states) before handing the event out.
+            pending = submit_draft(bonus, ctx)
+            mx.async_eval(tcache.state)
 
         n_rounds += 1
         sum_a += a
@@ -347,6 +354,8 @@ def _dflash(
         acceptance_rate=sum_a / sum_drafted if sum_drafted else None,
         draft_share=sum_a / (sum_a + n_rounds) if n_rounds else None,
         accepted_histogram=hist,
+        drafted=sum_drafted,
+        accepted=sum_a,
         t_draft=t_draft_sum,
         t_verify=t_verify_sum,
         t_rollback=t_roll_sum,
@@ -439,6 +448,61 @@ def _plain(
     )
 
 
+@dataclass(frozen=True)
+class AcceptanceStats:
+    """DFlash acceptance pooled over the rounds of several generations (dflash.md metrics)."""
+
+    rounds: int
+    tokens: int
+    tau: float  # mean over all rounds of (a + 1)
+    acceptance_rate: float  # sum(a) / sum(B - 1)
+    accepted_histogram: list[int]  # rounds with a == 0, 1, ..., B-1
+
+
+def measure_acceptance(
+    target: TargetModel,
+    drafter: DFlashDraftModel,
+    prompts: Iterable[Sequence[int]],
+    *,
+    max_tokens: int = 256,
+    block_size: int | None = None,
+    sampling: SamplingParams | None = None,
+    eos_token_ids: Iterable[int] = (),
+) -> AcceptanceStats:
+    """Run the real decoding loop on each prompt and pool tau / acceptance over all rounds.
+
+    This is how a drafter should be judged (training accuracy is not a gate, see dflash.md).
+    """
+    eos = list(eos_token_ids)
+    sum_a = sum_drafted = rounds = tokens = 0
+    hist: list[int] = []
+    for prompt in prompts:
+        s = run(
+            dflash_generate(
+                target,
+                drafter,
+                prompt,
+                max_tokens=max_tokens,
+                block_size=block_size,
+                sampling=sampling,
+                eos_token_ids=eos,
+            )
+        )
+        h = s.accepted_histogram or []
+        hist = [x + y for x, y in zip(hist or [0] * len(h), h)]
+        rounds += s.rounds or 0
+        tokens += s.generation_tokens
+        sum_a += s.accepted or 0
+        sum_drafted += s.drafted or 0
+    return AcceptanceStats(
+        rounds=rounds,
+        tokens=tokens,
+        tau=(sum_a + rounds) / rounds if rounds else 0.0,
+        acceptance_rate=sum_a / sum_drafted if sum_drafted else 0.0,
+        accepted_histogram=hist,
+    )
+
+
 def run(events: Iterable[Event]) -> Summary:
     """Consume a generator of events and return its :class:`Summary`."""
     summary = None
@@ -461,4 +525,6 @@ __all__ = [
     "plain_generate",
     "prefill",
     "run",
+    "AcceptanceStats",
+    "measure_acceptance",
 ]

@@ -422,6 +422,11 @@ class DFlashDraftModel(nn.Module):
         return self
 
     @property
+    def is_bound(self) -> bool:
+        """True once :meth:`bind` gave it the target's embedding and head."""
+        return self._embed is not None and self._head is not None
+
+    @property
     def block_size(self) -> int:
         return self.config.block_size
 

@@ -368,7 +368,7 @@ def slots_dflash_generate(
         raise UsageError(
             f"--block-size must be between 2 and the drafter's block size {drafter.block_size}, got {B}"
         )
-    if drafter._embed is None:
+    if not drafter.is_bound:
         drafter.bind(target.embed, target.head)
     return _dflash_slots(
         target, drafter, reqs, slots, sampling, B, frozenset(eos_token_ids), idle, prefill_step_size

@@ -18,7 +18,8 @@ plain forward over the same tokens.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -30,31 +31,23 @@ from hf2q.runtime.cache import GDNRollbackCache, TargetCache
 from hf2q.runtime.target import TargetModel
 
 
-def gdn_verify(attn: nn.Module, x: mx.array, mask: Any, cache: GDNRollbackCache) -> mx.array:
-    """A Gated-DeltaNet (``linear_attn``) forward over ``x`` (B, T, H) that records rollback data.
+def _gdn_math(
+    attn: nn.Module, x: mx.array, conv_state: mx.array, state: mx.array, mask: Any
+) -> tuple[mx.array, mx.array, list[mx.array]]:
+    """mlx-lm's ``GatedDeltaNet.__call__`` math for an unsharded layer, without cache writes.
 
-    Same computation as mlx-lm's ``GatedDeltaNet.__call__`` for an unsharded layer, with the
-    recurrence from :func:`gated_delta_steps`. Updates ``cache`` to the state after all T
-    positions and stores a :class:`~hf2q.runtime.cache.GDNRecord` in it.
+    Args:
+        x: (B, S, H) normed layer input; conv_state (B, K-1, C); state (B, Hv, Dv, Dk) float32.
 
     Returns:
-        (B, T, H) the layer's output (before the residual add).
+        ``(out, conv_input, states)``: out (B, S, H) before the residual add; conv_input
+        (B, K-1+S, C); the S per-step recurrent states.
     """
-    if getattr(attn, "sharding_group", None) is not None:
-        raise NotImplementedError(
-            "verify of tensor-parallel Gated-DeltaNet layers is not supported"
-        )
-    if cache.lengths is not None:
-        raise NotImplementedError("verify does not support right-padded (lengths) caches")
     B, S, _ = x.shape
     qkv = attn.in_proj_qkv(x)  # (B, S, 2*key_dim + value_dim)
     z = attn.in_proj_z(x).reshape(B, S, attn.num_v_heads, attn.head_v_dim)
     b = attn.in_proj_b(x)  # (B, S, Hv)
     a = attn.in_proj_a(x)  # (B, S, Hv)
-    K1 = attn.conv_kernel_size - 1
-    conv_state = cache[0]
-    if conv_state is None:
-        conv_state = mx.zeros((B, K1, attn.conv_dim), dtype=x.dtype)
     if mask is not None:
         qkv = mx.where(mask[..., None], qkv, 0)
     conv_input = mx.concatenate([conv_state, qkv], axis=1)  # (B, K-1+S, C)
@@ -70,16 +63,66 @@ def gdn_verify(attn: nn.Module, x: mx.array, mask: Any, cache: GDNRollbackCache)
     q, k = normalize_qk(q, k, inv_scale=attn.head_k_dim**-0.5, eps=1e-6)
     beta = mx.sigmoid(b)
     g = compute_g(attn.A_log, a, attn.dt_bias)  # (B, S, Hv) float32
+    y, states = gated_delta_steps(q, k, v, g, beta, state, mask)
+    out = attn.out_proj(attn.norm(y, z).reshape(B, S, -1))
+    return out, conv_input, states
+
+
+# One compiled ``_gdn_math`` per layer instance (its weights are constants of the traced graph):
+# replaying it costs the host far less than rebuilding ~30 ops plus T recurrence steps per call.
+_compiled_layers: dict[int, tuple[weakref.ref, Callable[..., Any]]] = {}
+
+
+def _compiled_gdn(attn: nn.Module) -> Callable[..., Any]:
+    entry = _compiled_layers.get(id(attn))
+    if entry is None or entry[0]() is not attn:
+
+        def flat(x: mx.array, conv_state: mx.array, state: mx.array) -> tuple[mx.array, ...]:
+            out, conv_input, states = _gdn_math(attn, x, conv_state, state, None)
+            return (out, conv_input, *states)
+
+        entry = (weakref.ref(attn), mx.compile(flat))
+        _compiled_layers[id(attn)] = entry
+    return entry[1]
+
+
+def gdn_verify(
+    attn: nn.Module, x: mx.array, mask: Any, cache: GDNRollbackCache, *, compiled: bool = True
+) -> mx.array:
+    """A Gated-DeltaNet (``linear_attn``) forward over ``x`` (B, T, H) that records rollback data.
+
+    Same computation as mlx-lm's ``GatedDeltaNet.__call__`` for an unsharded layer, with the
+    recurrence from :func:`gated_delta_steps`. Updates ``cache`` to the state after all T
+    positions and stores a :class:`~hf2q.runtime.cache.GDNRecord` in it. Without a mask the
+    layer runs as a compiled graph (same results on CPU, bit for bit; tested).
+
+    Returns:
+        (B, T, H) the layer's output (before the residual add).
+    """
+    if getattr(attn, "sharding_group", None) is not None:
+        raise NotImplementedError(
+            "verify of tensor-parallel Gated-DeltaNet layers is not supported"
+        )
+    if cache.lengths is not None:
+        raise NotImplementedError("verify does not support right-padded (lengths) caches")
+    B, S, _ = x.shape
+    K1 = attn.conv_kernel_size - 1
+    conv_state = cache[0]
+    if conv_state is None:
+        conv_state = mx.zeros((B, K1, attn.conv_dim), dtype=x.dtype)
     state = cache[1]
     if state is None:
         state = mx.zeros((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim), dtype=mx.float32)
-    y, states = gated_delta_steps(q, k, v, g, beta, state, mask)
+    if compiled and mask is None:
+        res = _compiled_gdn(attn)(x, conv_state, state)
+        out, conv_input, states = res[0], res[1], list(res[2:])
+    else:
+        out, conv_input, states = _gdn_math(attn, x, conv_state, state, mask)
     cache[0] = mx.contiguous(conv_input[:, -K1:])
-    cache[1] = states[:, -1]
+    cache[1] = states[-1]
     cache.advance(S)
     cache.set_record(conv_input, states)
-    out = attn.norm(y, z)
-    return attn.out_proj(out.reshape(B, S, -1))
+    return out
 
 
 def verify_layer(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any) -> mx.array:
