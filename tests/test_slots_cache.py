@@ -94,6 +94,10 @@ def test_slot_kv_rows_hold_what_separate_kv_caches_hold():
         )
     with pytest.raises(ValueError, match="cannot drop"):
         slot.rollback([0, 0, 99])
+    # Aligned rows are plain causal attention: mlx-lm's own mask values (fused attention path).
+    slot.rollback([m - 4 for m in slot.lengths])
+    assert slot.aligned and slot.make_mask(1) is None and slot.make_mask(3) == "causal"
+    assert slot.make_mask(3, return_array=True).shape == (3, 1, 3, 7)
 
 
 @pytest.mark.parametrize("name", ["qwen35_dir", "qwen35_moe_dir", "qwen3_dir"])

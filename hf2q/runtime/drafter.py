@@ -341,9 +341,10 @@ class DFlashAttention(nn.Module):
         return mx.concatenate([ctx_vis, blk_vis], axis=-1)[:, None]
 
     def _call_rows(self, x: mx.array, ctx: mx.array, cache: Any) -> mx.array:
-        # Per-row offsets (hf2q.runtime.slot_cache.SlotKVCache): row b's context keys sit at
-        # buffer positions [0, offset[b]); each row appends its own count of ``ctx`` rows
-        # (``cache.prepare(lengths=...)``) and its block starts right after its own context.
+        # Per-row offsets (hf2q.runtime.slot_cache.SlotKVCache, host copy in ``lengths``): row
+        # b's context keys sit at buffer positions [0, offset[b]); each row appends its own count
+        # of ``ctx`` rows (``cache.prepare(lengths=...)``) and its block starts right after its
+        # own context.
         L = x.shape[1]
         self.append_context(ctx, cache)
         keys, values = cache.keys_and_values()
@@ -354,7 +355,11 @@ class DFlashAttention(nn.Module):
         if n_keys:
             k_blk = mx.concatenate([keys, k_blk], axis=2)
             v_blk = mx.concatenate([values, v_blk], axis=2)
-        return self.attend(q, k_blk, v_blk, self.rows_mask(n_ctx, n_keys, L))
+        if len(set(cache.lengths)) == 1:  # aligned rows: the single-sequence mask (often none)
+            mask = self.block_mask(n_keys, L, 0)
+        else:
+            mask = self.rows_mask(n_ctx, n_keys, L)
+        return self.attend(q, k_blk, v_blk, mask)
 
     def __call__(self, x: mx.array, ctx: mx.array, cache: KVCache) -> mx.array:
         # x: (B, L, H) block rows; ctx: (B, S, H) new verified context rows (S may be 0).

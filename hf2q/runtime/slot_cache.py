@@ -122,11 +122,18 @@ class SlotKVCache(_BaseCache):
             raise ValueError(f"this cache has {self.rows} rows, got keys for {N}")
         used = max(self.lengths) + L
         self._reserve(used, keys, values)
-        pos = self.offset[:, None, None, None] + mx.arange(L, dtype=mx.int32)[None, None, :, None]
-        self.keys = mx.put_along_axis(self.keys, mx.broadcast_to(pos, keys.shape), keys, axis=2)
-        self.values = mx.put_along_axis(
-            self.values, mx.broadcast_to(pos, values.shape), values, axis=2
-        )
+        if self.aligned:  # every row at the same position: a plain slice write
+            n = self.lengths[0]
+            self.keys[..., n : n + L, :] = keys
+            self.values[..., n : n + L, :] = values
+        else:
+            pos = (
+                self.offset[:, None, None, None] + mx.arange(L, dtype=mx.int32)[None, None, :, None]
+            )
+            self.keys = mx.put_along_axis(self.keys, mx.broadcast_to(pos, keys.shape), keys, axis=2)
+            self.values = mx.put_along_axis(
+                self.values, mx.broadcast_to(pos, values.shape), values, axis=2
+            )
         adv = self._advance if self._advance is not None else [L] * N
         self._advance = None
         if any(not 0 <= a <= L for a in adv):
@@ -142,15 +149,24 @@ class SlotKVCache(_BaseCache):
         used = max(self.lengths)
         return self.keys[..., :used, :], self.values[..., :used, :]
 
+    @property
+    def aligned(self) -> bool:
+        """True when every row holds the same number of positions."""
+        return len(set(self.lengths)) == 1
+
     def make_mask(
         self, N: int, return_array: bool = False, window_size: int | None = None, **_: Any
-    ) -> mx.array:
+    ) -> mx.array | str | None:
         """Boolean mask (rows, 1, N, K) for N new positions per row, K = max(lengths) + N.
 
         New position j of row i sits at ``offset[i] + j`` and sees the row's keys at positions
         ``<= offset[i] + j`` (and within ``window_size`` when given); keys past the row's own
-        end (other rows' longer histories, stale tails) are never visible.
+        end (other rows' longer histories, stale tails) are never visible. When the rows are
+        aligned this is plain causal attention, returned as mlx-lm does for ``KVCache``
+        (None for one position, ``"causal"`` otherwise) so the fused attention path is used.
         """
+        if self.aligned and window_size is None and not return_array:
+            return None if N == 1 else "causal"
         K = max(self.lengths) + N
         q = self.offset[:, None] + mx.arange(N, dtype=mx.int32)[None]  # (rows, N)
         k = mx.arange(K, dtype=mx.int32)  # (K,)

@@ -20,11 +20,11 @@ Isolation: at T = 0 every request's tokens equal its single-sequence DFlash run 
 greedy decoding (tests). At T > 0 each request samples with its own key stream (``Request.seed``)
 through the same rejection sampling as the single-sequence path.
 
-Round shape: every round drafts and verifies B positions per row, so the shapes stay fixed (no
-re-tracing of compiled functions or new GPU kernels as requests near their end); row i accepts at
-most its first ``min(B, remaining_i + 1) - 1`` drafts, as a single run would. (A single run shrinks
-its last blocks instead; the non-causal drafter then sees a shorter block, so in a request's last
-rounds its drafts and acceptance statistics may differ from a single run. Its tokens do not.)
+Round block size: the verify is rectangular, so a round uses ``B_r = min(B, max_i(remaining_i) + 1)``
+positions for every row (the single-sequence rule applied to the row with most left, so one slot
+is exactly a single run); row i accepts at most its first ``min(B, remaining_i + 1) - 1`` drafts,
+as a single run would. (The non-causal drafter sees the longer block, so in a request's last rounds
+its drafts and acceptance statistics may differ from a single run of it; its tokens do not.)
 
 What it does not do: tokenize, load models, print, or batch prefills (each request is prefilled
 alone). Conventions (EOS included and counted, ``max_tokens``, prefill excluded from tok/s) are
@@ -92,7 +92,7 @@ class SlotRound:
 
     index: int  # 1-based
     slots: tuple[int, ...]  # slots that decoded a request this round
-    block_size: int  # verify positions per row: B (1 for plain decoding)
+    block_size: int  # verify positions per row (1 for plain decoding)
     accepted: tuple[int, ...]  # drafts accepted per slot (0 for plain decoding)
     committed: tuple[tuple[int, ...], ...]  # tokens committed per slot (cut at EOS / max_tokens)
     rows: int  # batch rows computed (busy slots + idle rows kept with idle="keep")
@@ -399,28 +399,29 @@ def _dflash_slots(
     st = _Stats(slots, B)
 
     def submit() -> tuple[mx.array, list[mx.array | None], list[int], list[int], float]:
-        """Queue the drafter forward for every row; return (draft (R, B-1), q per row (T > 0),
+        """Queue the drafter forward for every row; return (draft (R, B_r-1), q per row (T > 0),
         drafts each row may accept + 1, last tokens, host seconds spent)."""
         tic = time.perf_counter()
         bs_row = [min(B, x.remaining + 1) if x is not None else 2 for x in rows]
+        bs = max(bs_row)
         last = [x.tokens[-1] if x is not None else mask_id for x in rows]
         for c in dcache:
             c.prepare(lengths=ctx_len)
-        block = mx.array([[t] + [mask_id] * (B - 1) for t in last], dtype=mx.int32)  # (R, B)
-        dlogits = drafter(block, ctx, dcache)  # (R, B-1, V)
+        block = mx.array([[t] + [mask_id] * (bs - 1) for t in last], dtype=mx.int32)  # (R, bs)
+        dlogits = drafter(block, ctx, dcache)  # (R, bs-1, V)
         q_rows: list[mx.array | None] = [None] * len(rows)
         if sampling.greedy:
-            draft = mx.argmax(dlogits, axis=-1).astype(mx.int32)  # (R, B-1)
+            draft = mx.argmax(dlogits, axis=-1).astype(mx.int32)  # (R, bs-1)
         else:
             drafts = []
             for r, x in enumerate(rows):
                 n = bs_row[r] - 1
                 if x is None:
-                    drafts.append(mx.full((B - 1,), mask_id, dtype=mx.int32))
+                    drafts.append(mx.full((bs - 1,), mask_id, dtype=mx.int32))
                     continue
                 q_rows[r] = probs(dlogits[r, :n], sampling)
                 d = mx.random.categorical(mx.log(q_rows[r]), axis=-1, key=x.keys.next())
-                pad = mx.full((B - 1 - n,), mask_id, dtype=mx.int32)
+                pad = mx.full((bs - 1 - n,), mask_id, dtype=mx.int32)
                 drafts.append(mx.concatenate([d.astype(mx.int32), pad]))
             draft = mx.stack(drafts)
         mx.async_eval(draft)
@@ -491,7 +492,7 @@ def _dflash_slots(
         draft, q_rows, bs_row, last, t_submit = pending
         pending = None
         t_pre = t_submit if queued else 0.0  # queuing time spent before t0
-        R, bs = len(rows), B
+        R, bs = len(rows), draft.shape[1] + 1
 
         vin = mx.concatenate([mx.array(last, dtype=mx.int32)[:, None], draft], axis=1)  # (R, bs)
         vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
