@@ -44,9 +44,9 @@ def _root(
 
 def _register() -> None:
     # Each command module exposes ``register(app)``; importing them must stay cheap (no MLX).
-    from hf2q.cli import convert, generate, info
+    from hf2q.cli import bench, convert, generate, info
 
-    for module in (info, convert, generate):
+    for module in (info, convert, generate, bench):
         module.register(app)
 
 
