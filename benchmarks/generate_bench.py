@@ -37,6 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+# As the CLI does: float32 products stay float32 on CUDA (children inherit it, z-lab's too).
+os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
 FIXTURE_TEXTS = (
     "def add(a, b):",

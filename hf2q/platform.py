@@ -23,6 +23,19 @@ OPENBLAS_CANDIDATES = (
 )
 
 
+def keep_float32_exact(environ: dict[str, str] | None = None) -> None:
+    """Ask MLX for true float32 matrix products on CUDA unless the user chose otherwise.
+
+    MLX's CUDA backend runs float32 GEMMs as TF32 (10-bit mantissa) by default
+    (``MLX_ENABLE_TF32=1``) but matrix-vector products in full float32, so a verify block (a GEMM)
+    and a decode step (a GEMV) of the same float32 model round differently and greedy DFlash can
+    drift from plain greedy decoding. Setting ``MLX_ENABLE_TF32=0`` before the first product keeps
+    float32 exact; bfloat16 and quantized models are unaffected. Call before MLX computes anything.
+    """
+    env = os.environ if environ is None else environ
+    env.setdefault("MLX_ENABLE_TF32", "0")
+
+
 def loaded_blas() -> str | None:
     """Path of the BLAS library mapped into this process (Linux only; None elsewhere)."""
     maps = Path("/proc/self/maps")

@@ -71,3 +71,14 @@ def test_unknown_architecture_is_refused_with_supported_list(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ModelError, match=r"unsupported architecture llama \(supported: qwen3_5"):
         load_model(tmp_path)
+
+
+def test_float32_stays_exact_on_cuda_unless_the_user_opts_into_tf32():
+    from hf2q.platform import keep_float32_exact
+
+    env: dict[str, str] = {}
+    keep_float32_exact(env)
+    assert env == {"MLX_ENABLE_TF32": "0"}
+    env = {"MLX_ENABLE_TF32": "1"}
+    keep_float32_exact(env)
+    assert env == {"MLX_ENABLE_TF32": "1"}

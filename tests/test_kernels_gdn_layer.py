@@ -96,7 +96,11 @@ def test_rollback_equals_running_only_the_kept_tokens(impl, record):
         kept[0], kept[1] = start[0], start[1]
         layer(x[:, :n], None, kept)
         conv_n, state_n = rollback(layer.linear_attn, rec, n, impl=impl)
-        assert mx.array_equal(conv_n, kept[0])
+        # Bit-equal on the CPU; a GPU may pick a different GEMM for n rows than for T rows.
+        if mx.default_device() == mx.cpu:
+            assert mx.array_equal(conv_n, kept[0])
+        else:
+            assert mx.allclose(conv_n, kept[0], rtol=1e-6, atol=1e-7)
         assert mx.allclose(state_n, kept[1], rtol=1e-5, atol=1e-7)
 
 

@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the process exit code (also used by ``python -m hf2q``)."""
     global STANDALONE
     STANDALONE = argv is None
+    from hf2q.platform import keep_float32_exact
+
+    keep_float32_exact()
     try:
         code = app(args=argv, prog_name="hf2q", standalone_mode=False)
     except Hf2qError as exc:
