@@ -376,7 +376,7 @@ def plain_generate(
     eos_token_ids: Iterable[int] = (),
     prefill_step_size: int = PREFILL_STEP_SIZE,
 ) -> Iterator[Event]:
-    """Generate one token per target step with mlx-lm's own forward and caches.
+    """Generate one token per target step with mlx-lm's caches (and, on CUDA, hf2q's kernels).
 
     Same prefill, sampling and stop rules as :func:`dflash_generate`; the next step is queued
     with ``mx.async_eval`` before the current token is read, as mlx-lm's ``generate_step`` does.
@@ -386,6 +386,24 @@ def plain_generate(
     return _plain(
         target, list(prompt), max_tokens, sampling, frozenset(eos_token_ids), prefill_step_size
     )
+
+
+def _plain_layer_fn() -> Any:
+    """The decode step's layer function: hf2q's compiled layers with the CUDA kernels on CUDA.
+
+    On an NVIDIA GPU mlx-lm runs the Gated-DeltaNet recurrence as a loop of small ops (off Apple
+    GPUs); the compiled runners with the fused kernel decode the same model about 1.8x faster
+    (docs/BENCHMARKS.md, verify_cost on the H200), and verify uses the same kernel, so plain and
+    DFlash decoding compute alike. Elsewhere (``HF2Q_KERNELS=ops``, CPU, Apple GPUs) plain decoding
+    is mlx-lm's own model call, as before.
+    """
+    from hf2q.kernels import select
+
+    if select.backend() != "cuda" or select.kernel_mode() == "ops":
+        return None
+    from hf2q.kernels.layers import fast_layer_fn
+
+    return fast_layer_fn()
 
 
 def _plain(
@@ -405,8 +423,13 @@ def _plain(
     logits, _ = prefill(target, prompt, cache, step_size=step_size)
     y = choose(logits, sampling, keys)  # (1,)
 
+    layer_fn = _plain_layer_fn()
+
     def step(y: mx.array) -> mx.array:
-        return choose(model(y[None], cache=cache)[:, -1], sampling, keys)
+        if layer_fn is None:
+            return choose(model(y[None], cache=cache)[:, -1], sampling, keys)
+        logits, _ = target.forward(y[None], cache, layer_fn=layer_fn)
+        return choose(logits[:, -1], sampling, keys)
 
     mx.async_eval(y)
     token = int(y.item())
