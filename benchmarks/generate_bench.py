@@ -418,6 +418,12 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=3, help="number of prompts")
+    ap.add_argument(
+        "--prompt-text",
+        action="append",
+        default=None,
+        help="a prompt (repeatable; replaces the built-in ones, chat template as the pair's default)",
+    )
     ap.add_argument("--no-zlab", action="store_true")
     ap.add_argument("--zlab-path", default=None)
     ap.add_argument("--json", default=None, help="also write the results here")
@@ -456,9 +462,8 @@ def main() -> None:
             top = SYNTHETIC[args.synthetic]["vocab"] - 300  # clear of EOS and MASK rows
             prompts = [mx.random.randint(0, top, (64,)).tolist() for _ in range(args.prompts)]
         else:
-            prompts = [
-                encode_prompt(pair.tokenizer, t, chat=pair.chat_default) for t in DEFAULT_PROMPTS
-            ]
+            texts = args.prompt_text or DEFAULT_PROMPTS
+            prompts = [encode_prompt(pair.tokenizer, t, chat=pair.chat_default) for t in texts]
     if args.fixture:
         # Keep prompts whose greedy continuation does not stop at an EOS early: a run of a few
         # tokens says nothing about decoding speed.
