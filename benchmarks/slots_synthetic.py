@@ -29,44 +29,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from shapes import QWEN35_4B_DRAFTER, QWEN35_4B_TARGET  # noqa: E402
 
 SHAPES = {
     # Qwen3.5-4B (its config.json) and z-lab's Qwen3.5-4B-DFlash drafter.
-    "4b": dict(
-        target=dict(
-            hidden_size=2560,
-            num_hidden_layers=32,
-            full_attention_interval=4,
-            num_attention_heads=16,
-            num_key_value_heads=4,
-            head_dim=256,
-            intermediate_size=9216,
-            linear_num_key_heads=16,
-            linear_num_value_heads=32,
-            linear_key_head_dim=128,
-            linear_value_head_dim=128,
-            linear_conv_kernel_dim=4,
-            vocab_size=248320,
-            tie_word_embeddings=True,
-            rms_norm_eps=1e-6,
-            max_position_embeddings=262144,
-            rope_parameters={
-                "type": "default",
-                "rope_theta": 10000000,
-                "partial_rotary_factor": 0.25,
-                "mrope_section": [11, 11, 10],
-            },
-        ),
-        drafter=dict(
-            num_hidden_layers=5,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
-            intermediate_size=9728,
-            target_layer_ids=[1, 8, 15, 22, 29],
-            mask_token_id=248070,
-        ),
-    ),
+    "4b": dict(target=dict(QWEN35_4B_TARGET), drafter=dict(QWEN35_4B_DRAFTER)),
     # The same structure shrunk for a CPU check of this script.
     "small": dict(
         target=dict(

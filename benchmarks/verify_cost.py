@@ -48,6 +48,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from shapes import QWEN35_4B_DRAFTER, QWEN35_4B_TARGET  # noqa: E402
 
 from hf2q.kernels import select  # noqa: E402
 from hf2q.kernels.attention import compile_attention_layer  # noqa: E402
@@ -63,40 +66,8 @@ from hf2q.runtime.target import TargetModel  # noqa: E402
 
 SHAPES: dict[str, dict[str, Any]] = {
     "4b": {
-        "target": dict(
-            hidden_size=2560,
-            num_hidden_layers=32,
-            full_attention_interval=4,
-            num_attention_heads=16,
-            num_key_value_heads=4,
-            head_dim=256,
-            intermediate_size=9216,
-            linear_num_key_heads=16,
-            linear_num_value_heads=32,
-            linear_key_head_dim=128,
-            linear_value_head_dim=128,
-            linear_conv_kernel_dim=4,
-            vocab_size=248320,
-            tie_word_embeddings=True,
-            rms_norm_eps=1e-6,
-            max_position_embeddings=262144,
-            rope_parameters={
-                "type": "default",
-                "rope_theta": 10000000,
-                "partial_rotary_factor": 0.25,
-                "mrope_section": [11, 11, 10],
-            },
-        ),
-        "drafter": dict(
-            num_hidden_layers=5,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
-            intermediate_size=9728,
-            target_layer_ids=[1, 8, 15, 22, 29],
-            mask_token_id=248070,
-            rope_theta=10000000.0,
-        ),
+        "target": dict(QWEN35_4B_TARGET),
+        "drafter": dict(QWEN35_4B_DRAFTER, rope_theta=10000000.0),
     },
     "small": {
         "target": dict(
