@@ -11,27 +11,13 @@ from typing import Annotated
 
 import typer
 
+from hf2q.cli.options import DraftOption, ModelOption
 from hf2q.errors import OutputError, UsageError
 
 
 def bench(
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model",
-            "-m",
-            help="Target: a model folder (raw Hugging Face or converted) or Hub repo id. "
-            "Omitted: the embedded demo pair.",
-        ),
-    ] = None,
-    draft: Annotated[
-        str | None,
-        typer.Option(
-            "--draft",
-            "-d",
-            help="DFlash drafter folder or Hub repo id (default: the registry entry for --model).",
-        ),
-    ] = None,
+    model: ModelOption = None,
+    draft: DraftOption = None,
     slots: Annotated[
         str,
         typer.Option(
