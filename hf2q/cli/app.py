@@ -44,9 +44,9 @@ def _root(
 
 def _register() -> None:
     # Each command module exposes ``register(app)``; importing them must stay cheap (no MLX).
-    from hf2q.cli import info
+    from hf2q.cli import info, train_draft
 
-    for module in (info,):
+    for module in (info, train_draft):
         module.register(app)
 
 
