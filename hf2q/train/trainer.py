@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from hf2q.errors import DataError, OutputError, UsageError
+from hf2q.errors import DataError, DrafterError, OutputError, UsageError
 
 CHECKPOINT_DIR = "checkpoint"
 LOG_FILE = "train_log.json"
@@ -398,10 +398,27 @@ def train_draft(cfg: TrainDraftConfig) -> Iterator[Event]:
     Raises:
         UsageError / DataError / OutputError / ModelError / DrafterError: one line naming the fix.
     """
+    from hf2q.train import data as D
+
     validate(cfg)
     out = Path(cfg.out)
+    # Read the data first: a missing or malformed file fails before anything is written or loaded.
+    records = D.read_records(cfg.data)
+    eval_records = D.read_records(cfg.eval_data) if cfg.eval_data else []
+    created = not out.exists()
     prepare_out(out, resume=cfg.resume, force=cfg.force)
+    try:
+        yield from _train(cfg, out, records, eval_records)
+    except BaseException:
+        # Leave nothing behind unless there is a checkpoint to resume from.
+        if created and not (out / CHECKPOINT_DIR / "state.json").is_file():
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
+
+def _train(
+    cfg: TrainDraftConfig, out: Path, records: list[Any], eval_records: list[Any]
+) -> Iterator[Event]:
     import mlx.core as mx
     import mlx.nn as nn
     import mlx.optimizers as optim
@@ -433,12 +450,18 @@ def train_draft(cfg: TrainDraftConfig) -> Iterator[Event]:
     if cfg.resume:
         resumed = json.loads((ck_dir / "state.json").read_text())
         dcfg = DFlashConfig.from_dict(resumed["drafter_config"], where=f"checkpoint {ck_dir}")
-        dcfg.validate_for_target(
-            hidden_size=target.hidden_size,
-            vocab_size=target.vocab_size,
-            num_layers=target.num_layers,
-            where=f"the checkpoint in {ck_dir}",
-        )
+        try:
+            dcfg.validate_for_target(
+                hidden_size=target.hidden_size,
+                vocab_size=target.vocab_size,
+                num_layers=target.num_layers,
+                where=f"the checkpoint in {ck_dir}",
+            )
+        except DrafterError as exc:
+            reason = str(exc).rsplit(": ", 1)[0]
+            raise DrafterError(
+                f"{reason}: resume with the --target it was trained for, or start over with --force"
+            ) from exc
     else:
         dcfg = drafter_config(target, cfg)
     B = dcfg.block_size
@@ -450,12 +473,9 @@ def train_draft(cfg: TrainDraftConfig) -> Iterator[Event]:
     if resumed is not None and (ck_dir / "dataset.npz").is_file():
         seqs, prompts = _load_dataset(ck_dir / "dataset.npz")
     else:
-        records = D.read_records(cfg.data)
         seqs = D.tokenize(records, tok, cfg.seq_len, chat_kwargs=chat_kwargs)
         if cfg.eval_data:
-            ev = D.tokenize(
-                D.read_records(cfg.eval_data), tok, cfg.seq_len, chat_kwargs=chat_kwargs
-            )
+            ev = D.tokenize(eval_records, tok, cfg.seq_len, chat_kwargs=chat_kwargs)
             prompts = D.eval_prompts(ev, cfg.eval_prompts, cfg.eval_prompt_tokens)
             if cfg.eval_prompts and not prompts:
                 raise DataError(

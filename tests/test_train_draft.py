@@ -1,0 +1,305 @@
+"""``hf2q train-draft`` end to end on tiny targets: it learns, its output loads everywhere, it resumes
+exactly, and bad inputs fail with one line naming the fix.
+
+The learning test trains on the target's own greedy continuations of a few prompts and measures
+tau on those same prompts with the real DFlash decoding loop. Memorising them is the point: a
+drafter only gets them accepted at inference if the training forward (anchors, positions,
+context features, masks) matches the inference path exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import checkpoints as ck
+import numpy as np
+import pytest
+
+from hf2q.cli.app import main
+from hf2q.train.trainer import Evaluated, Finished, StepDone, TrainDraftConfig, train_draft
+
+FAST = dict(
+    layers=1,
+    block_size=8,
+    seq_len=48,
+    batch_size=4,
+    anchors_per_seq=32,
+    lr=3e-3,
+    init="random",
+    eval_prompts=4,
+    eval_prompt_tokens=16,
+    eval_max_tokens=32,
+    regenerate=True,
+    regen_prompt_tokens=16,
+)
+
+
+@pytest.fixture(scope="module")
+def text_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("train_text")
+    (folder / "a.txt").write_text(ck._TOKENIZER_TEXT)
+    return folder
+
+
+def _run(cfg: TrainDraftConfig) -> Finished:
+    events = list(train_draft(cfg))
+    assert isinstance(events[-1], Finished)
+    return events[-1]
+
+
+@pytest.fixture(scope="module")
+def trained(qwen35_dir: Path, text_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Finished:
+    out = tmp_path_factory.mktemp("runs") / "draft"
+    cfg = TrainDraftConfig(
+        target=str(qwen35_dir),
+        data=[str(text_dir)],
+        eval_data=[str(text_dir)],
+        out=out,
+        steps=80,
+        eval_every=1000,
+        **FAST,
+    )
+    return _run(cfg)
+
+
+def test_short_training_lowers_the_loss_and_raises_tau_in_the_real_decoding_loop(trained):
+    log = trained.log
+    history, evals = log["history"], log["evals"]
+    assert history[-1]["loss"] < history[0]["loss"] - 1.0
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == 80
+    untrained, final = evals[0]["tau"], evals[-1]["tau"]
+    assert untrained < 1.5
+    assert final > untrained + 1.5, (untrained, final)
+    assert log["data"]["regenerated"] and log["data"]["eval_prompts"] == 4
+
+
+def test_output_is_a_z_lab_format_drafter_that_hf2q_loads_for_its_target(trained, qwen35_dir):
+    import mlx.core as mx
+
+    from hf2q.loading import load_model
+    from hf2q.runtime.drafter import load_drafter
+    from hf2q.runtime.target import TargetModel
+
+    out = trained.out
+    assert sorted(p.name for p in out.iterdir()) == [
+        "checkpoint",
+        "config.json",
+        "model.safetensors",
+        "train_log.json",
+    ]
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"]
+    assert cfg["dflash_config"]["target_layer_ids"] == [2]  # one drafter layer, 4-layer target
+    assert cfg["dflash_config"]["mask_token_id"] == 400  # first row past the 400-token vocabulary
+    weights = mx.load(str(out / "model.safetensors"))
+    assert "fc.weight" in weights and "layers.0.self_attn.q_proj.weight" in weights
+    assert not any(k.startswith(("embed_tokens", "lm_head")) for k in weights)
+    assert all(v.dtype == mx.bfloat16 for v in weights.values())
+    target = TargetModel(load_model(qwen35_dir).model)
+    drafter = load_drafter(out)
+    drafter.config.validate_for_target(
+        hidden_size=target.hidden_size, vocab_size=target.vocab_size, num_layers=target.num_layers
+    )
+
+
+def _hub_cache(folder: Path, cache: Path, repo_id: str) -> None:
+    """Lay ``folder`` out as huggingface_hub's cache holds a downloaded repo."""
+    commit = "0" * 40
+    snap = cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / commit
+    snap.mkdir(parents=True)
+    for f in folder.iterdir():
+        if f.is_file():
+            (snap / f.name).write_bytes(f.read_bytes())
+    refs = snap.parent.parent / "refs"
+    refs.mkdir()
+    (refs / "main").write_text(commit)
+
+
+def test_z_labs_own_loader_reads_the_output_and_drafts_the_same_logits(
+    trained, qwen35_dir, tmp_path
+):
+    pytest.importorskip("dflash.model_mlx")
+    # z-lab's load_draft resolves its argument with snapshot_download (Hub ids only), so the
+    # drafter is placed in a Hub cache and read offline, as a downloaded drafter would be.
+    cache = tmp_path / "hub"
+    _hub_cache(trained.out, cache, "hf2q-test/tiny-dflash")
+    script = textwrap.dedent(
+        f"""
+        import mlx.core as mx, numpy as np
+        from dflash.model_mlx import load_draft
+        from hf2q.loading import load_model
+        from hf2q.runtime.drafter import load_drafter
+        from hf2q.runtime.target import TargetModel
+
+        loaded = load_model({str(qwen35_dir)!r})
+        target = TargetModel(loaded.model)
+        theirs = load_draft("hf2q-test/tiny-dflash").bind(loaded.model)
+        ours = load_drafter({str(trained.out)!r}).bind(target.embed, target.head)
+        assert theirs.config.target_layer_ids == tuple(ours.config.target_layer_ids)
+        assert theirs.config.mask_token_id == ours.config.mask_token_id
+        tokens = mx.array([[5, 17, 33, 9, 60, 2, 77, 41, 8, 12]])
+        _, feats = target.forward(tokens, capture=ours.config.target_layer_ids)
+        block = mx.array([[12] + [ours.config.mask_token_id] * 7])
+        a = theirs(block, feats.astype(mx.bfloat16), theirs.make_cache(), logits_start=1)
+        b = ours(block, feats.astype(mx.bfloat16), ours.make_cache())
+        a, b = np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32))
+        assert a.shape == b.shape == (1, 7, 512), (a.shape, b.shape)
+        assert (a.argmax(-1) == b.argmax(-1)).all()
+        assert np.abs(a - b).max() < 0.05 * np.abs(b).max(), np.abs(a - b).max()
+        print("ok")
+        """
+    )
+    env = dict(os.environ, HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
+    res = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]
+
+
+def test_a_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(
+    qwen35_dir, text_dir, tmp_path
+):
+    import mlx.core as mx
+
+    common = dict(FAST, regenerate=False, eval_prompts=0, steps=6, log_every=1)
+    straight = _run(
+        TrainDraftConfig(target=str(qwen35_dir), data=[str(text_dir)], out=tmp_path / "a", **common)
+    )
+    # Interrupt after the checkpoint of step 3 (the generator is simply abandoned), then resume.
+    cfg = TrainDraftConfig(
+        target=str(qwen35_dir),
+        data=[str(text_dir)],
+        out=tmp_path / "b",
+        checkpoint_every=3,
+        **common,
+    )
+    for ev in train_draft(cfg):
+        if isinstance(ev, StepDone) and ev.step == 4:
+            break
+    assert json.loads((tmp_path / "b" / "checkpoint" / "state.json").read_text())["step"] == 3
+    assert not (tmp_path / "b" / "config.json").exists()  # no final drafter yet
+    cfg.resume = True
+    resumed = _run(cfg)
+    assert resumed.log["resumed_at"] == [3]
+    a = mx.load(str(straight.out / "model.safetensors"))
+    b = mx.load(str(resumed.out / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert np.array_equal(
+            np.array(a[k].astype(mx.float32)), np.array(b[k].astype(mx.float32))
+        ), k
+    assert [h["loss"] for h in straight.log["history"]] == [
+        h["loss"] for h in resumed.log["history"]
+    ]
+
+
+def test_evaluation_uses_held_out_prompts_split_from_the_data_by_default(
+    qwen35_dir, text_dir, tmp_path
+):
+    cfg = TrainDraftConfig(
+        target=str(qwen35_dir),
+        data=[str(text_dir)],
+        out=tmp_path / "d",
+        steps=2,
+        **dict(FAST, regenerate=False, eval_prompts=3),
+    )
+    events = list(train_draft(cfg))
+    evals = [e for e in events if isinstance(e, Evaluated)]
+    assert [e.step for e in evals] == [0, 2] and all(e.prompts == 3 for e in evals)
+    fin = events[-1]
+    all_seqs = fin.log["data"]["sequences"] + 3
+    assert fin.log["data"]["eval_prompts"] == 3 and all_seqs > 3
+
+
+# ---- bad inputs: one line naming the fix, non-zero exit, nothing half-written ---------------------
+def _cli(args: list[str], capsys) -> tuple[int, str]:
+    """Exit code and the error line; exactly one line on stderr is an error, and it is the last."""
+    code = main(["train-draft", *args])
+    lines = capsys.readouterr().err.strip().splitlines()
+    errors = [ln for ln in lines if ln.startswith("hf2q: error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0], lines
+    return code, errors[0]
+
+
+def _base(target: Path, data: Path, out: Path) -> list[str]:
+    return ["-t", str(target), "--data", str(data), "-o", str(out), "--eval-prompts", "0"]
+
+
+def test_empty_data_is_refused(qwen35_dir, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "blank.txt").write_text("  \n")
+    code, err = _cli(_base(qwen35_dir, tmp_path / "empty", tmp_path / "out"), capsys)
+    assert code != 0
+    assert "no training text found" in err and "pass UTF-8 text files" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_sequences_shorter_than_a_block_are_refused(qwen35_dir, tmp_path, capsys):
+    (tmp_path / "short.txt").write_text("def f():\n    pass\n")
+    code, err = _cli(
+        _base(qwen35_dir, tmp_path / "short.txt", tmp_path / "out") + ["--steps", "1"], capsys
+    )
+    assert code != 0
+    assert "long enough for a block of 16" in err and "--block-size" in err
+    assert not (tmp_path / "out").exists()  # nothing half-written is left behind
+
+
+def test_malformed_jsonl_names_the_line(qwen35_dir, tmp_path, capsys):
+    (tmp_path / "d.jsonl").write_text('{"text": "hello world"}\n{"text": oops}\n')
+    code, err = _cli(_base(qwen35_dir, tmp_path / "d.jsonl", tmp_path / "out"), capsys)
+    assert code != 0 and f"{tmp_path / 'd.jsonl'}:2 is not valid JSON" in err
+
+
+def test_resuming_against_a_target_of_another_hidden_size_is_refused(
+    qwen35_dir, text_dir, tmp_path, capsys
+):
+    out = tmp_path / "run"
+    _run(
+        TrainDraftConfig(
+            target=str(qwen35_dir),
+            data=[str(text_dir)],
+            out=out,
+            steps=1,
+            **dict(FAST, regenerate=False, eval_prompts=0),
+        )
+    )
+    narrow = ck.build_qwen35(tmp_path / "narrow", seed=5, hidden_size=32, intermediate_size=64)
+    args = _base(narrow, text_dir, out) + ["--resume", "--block-size", "8", "--seq-len", "48"]
+    code, err = _cli(args, capsys)
+    assert code != 0
+    assert "hidden size 64 but the target has 32" in err and "--force" in err
+
+
+def test_unwritable_or_occupied_out_is_refused(qwen35_dir, text_dir, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    code, err = _cli(_base(qwen35_dir, text_dir, blocker / "out"), capsys)
+    assert code != 0 and "cannot write to" in err and "writable -o folder" in err
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "keep.txt").write_text("mine")
+    code, err = _cli(_base(qwen35_dir, text_dir, busy), capsys)
+    assert code != 0 and "--resume" in err and "--force" in err
+    assert (busy / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--steps", "5", "--epochs", "1"], "either --steps or --epochs"),
+        (["--block-size", "1"], "--block-size must be at least 2"),
+        (["--seq-len", "10"], "cannot hold a block of 16"),
+        (["--target-layer-ids", "1,x"], "comma-separated layer numbers"),
+        (["--target-layer-ids", "1,9"], "outside the target's layers 0..3"),
+        (["--mask-token-id", "512"], "outside the target's embedding (0..511)"),
+    ],
+)
+def test_bad_options_fail_with_one_line(qwen35_dir, text_dir, tmp_path, capsys, extra, needle):
+    code, err = _cli(_base(qwen35_dir, text_dir, tmp_path / "out") + extra, capsys)
+    assert code != 0 and needle in err, err
