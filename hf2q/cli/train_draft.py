@@ -106,6 +106,12 @@ def train_draft(
     eval_max_tokens: Annotated[
         int, typer.Option("--eval-max-tokens", help="Tokens generated per eval prompt.")
     ] = 64,
+    max_seqs: Annotated[
+        int | None,
+        typer.Option(
+            "--max-seqs", help="Use at most this many training sequences (a seeded sample)."
+        ),
+    ] = None,
     regenerate: Annotated[
         bool,
         typer.Option(
@@ -173,6 +179,7 @@ def train_draft(
         eval_prompts=eval_prompts,
         eval_prompt_tokens=eval_prompt_tokens,
         eval_max_tokens=eval_max_tokens,
+        max_seqs=max_seqs,
         regenerate=regenerate,
         regen_prompt_tokens=regen_prompt_tokens,
         regen_temperature=regen_temp,

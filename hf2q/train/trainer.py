@@ -66,6 +66,7 @@ class TrainDraftConfig:
     eval_prompts: int = 8
     eval_prompt_tokens: int = 64
     eval_max_tokens: int = 64
+    max_seqs: int | None = None
     regenerate: bool = False
     regen_prompt_tokens: int = 64
     regen_temperature: float = 0.0
@@ -155,6 +156,8 @@ def validate(cfg: TrainDraftConfig) -> None:
     ):
         if value < 1:
             raise UsageError(f"{name} must be at least 1, got {value}")
+    if cfg.max_seqs is not None and cfg.max_seqs < 1:
+        raise UsageError(f"--max-seqs must be at least 1, got {cfg.max_seqs}")
     if cfg.eval_prompts < 0:
         raise UsageError(
             f"--eval-prompts must be 0 (no evaluation) or more, got {cfg.eval_prompts}"
@@ -485,6 +488,11 @@ def _train(
                 )
         else:
             seqs, prompts = D.split_eval(seqs, cfg.eval_prompts, cfg.eval_prompt_tokens, cfg.seed)
+        if cfg.max_seqs is not None and len(seqs) > cfg.max_seqs:
+            pick = np.random.default_rng([cfg.seed, 3]).choice(
+                len(seqs), cfg.max_seqs, replace=False
+            )
+            seqs = [seqs[i] for i in sorted(pick)]
         if cfg.regenerate:
             yield Stage("regenerate", f"{len(seqs)} sequences with the target")
             regen = D.regenerate(

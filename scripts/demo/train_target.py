@@ -56,7 +56,6 @@ DEMO_SHAPE: dict[str, Any] = dict(
     linear_key_head_dim=64,
     linear_value_head_dim=64,
     linear_conv_kernel_dim=4,
-    full_attention_interval=4,
     rms_norm_eps=1e-6,
     tie_word_embeddings=True,
     max_position_embeddings=4096,
@@ -136,6 +135,14 @@ class Windows:
 def build_model(vocab_rows: int, shape: dict[str, Any], special: dict[str, int]) -> Any:
     import transformers as tf
 
+    shape = dict(shape)
+    # Qwen3.5's schedule written out (every 4th layer full attention), so the config does not
+    # depend on how a transformers release derives it.
+    layers = int(shape["num_hidden_layers"])
+    shape.setdefault(
+        "layer_types",
+        ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
+    )
     cfg = tf.Qwen3_5TextConfig(
         vocab_size=vocab_rows,
         bos_token_id=None,
