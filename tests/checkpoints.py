@@ -354,3 +354,21 @@ def build_drafter(
     )
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     return folder
+
+
+def put_in_hub_cache(folder: str | Path, cache: str | Path, repo_id: str) -> Path:
+    """Lay the files of ``folder`` out as huggingface_hub's cache holds a downloaded ``repo_id``.
+
+    Loaders that only take Hub ids (z-lab's ``load_draft`` calls ``snapshot_download``) then read
+    the folder offline with ``HF_HUB_CACHE=cache HF_HUB_OFFLINE=1``. Returns the snapshot folder.
+    """
+    commit = "0" * 40
+    repo = Path(cache) / f"models--{repo_id.replace('/', '--')}"
+    snap = repo / "snapshots" / commit
+    snap.mkdir(parents=True)
+    for f in Path(folder).iterdir():
+        if f.is_file():
+            (snap / f.name).write_bytes(f.read_bytes())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return snap

@@ -10,15 +10,12 @@ context features, masks) matches the inference path exactly.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import checkpoints as ck
 import numpy as np
 import pytest
+from zlab_check import assert_zlab_loads_like_hf2q
 
 from hf2q.cli.app import main
 from hf2q.train.trainer import Evaluated, Finished, StepDone, TrainDraftConfig, train_draft
@@ -107,59 +104,11 @@ def test_output_is_a_z_lab_format_drafter_that_hf2q_loads_for_its_target(trained
     )
 
 
-def _hub_cache(folder: Path, cache: Path, repo_id: str) -> None:
-    """Lay ``folder`` out as huggingface_hub's cache holds a downloaded repo."""
-    commit = "0" * 40
-    snap = cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / commit
-    snap.mkdir(parents=True)
-    for f in folder.iterdir():
-        if f.is_file():
-            (snap / f.name).write_bytes(f.read_bytes())
-    refs = snap.parent.parent / "refs"
-    refs.mkdir()
-    (refs / "main").write_text(commit)
-
-
 def test_z_labs_own_loader_reads_the_output_and_drafts_the_same_logits(
     trained, qwen35_dir, tmp_path
 ):
     pytest.importorskip("dflash.model_mlx")
-    # z-lab's load_draft resolves its argument with snapshot_download (Hub ids only), so the
-    # drafter is placed in a Hub cache and read offline, as a downloaded drafter would be.
-    cache = tmp_path / "hub"
-    _hub_cache(trained.out, cache, "hf2q-test/tiny-dflash")
-    script = textwrap.dedent(
-        f"""
-        import mlx.core as mx, numpy as np
-        from dflash.model_mlx import load_draft
-        from hf2q.loading import load_model
-        from hf2q.runtime.drafter import load_drafter
-        from hf2q.runtime.target import TargetModel
-
-        loaded = load_model({str(qwen35_dir)!r})
-        target = TargetModel(loaded.model)
-        theirs = load_draft("hf2q-test/tiny-dflash").bind(loaded.model)
-        ours = load_drafter({str(trained.out)!r}).bind(target.embed, target.head)
-        assert theirs.config.target_layer_ids == tuple(ours.config.target_layer_ids)
-        assert theirs.config.mask_token_id == ours.config.mask_token_id
-        tokens = mx.array([[5, 17, 33, 9, 60, 2, 77, 41, 8, 12]])
-        _, feats = target.forward(tokens, capture=ours.config.target_layer_ids)
-        block = mx.array([[12] + [ours.config.mask_token_id] * 7])
-        a = theirs(block, feats.astype(mx.bfloat16), theirs.make_cache(), logits_start=1)
-        b = ours(block, feats.astype(mx.bfloat16), ours.make_cache())
-        a, b = np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32))
-        assert a.shape == b.shape == (1, 7, 512), (a.shape, b.shape)
-        assert (a.argmax(-1) == b.argmax(-1)).all()
-        assert np.abs(a - b).max() < 0.05 * np.abs(b).max(), np.abs(a - b).max()
-        print("ok")
-        """
-    )
-    env = dict(os.environ, HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
-    res = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]
+    assert_zlab_loads_like_hf2q(qwen35_dir, trained.out, tmp_path)
 
 
 def test_a_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(

@@ -219,6 +219,10 @@ def tokenize(
     """
     chat_kwargs = chat_kwargs or {}
     eos = _eos(tokenizer)
+    # Whole documents are encoded, then cut: silence the "longer than model_max_length" warning.
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    if hasattr(inner, "model_max_length"):
+        inner.model_max_length = 1 << 62
     out: list[TokenSeq] = []
     for r in records:
         if r.messages is not None:
@@ -304,7 +308,7 @@ def regenerate(
     eos_ids: Sequence[int],
     temperature: float = 0.0,
     seed: int = 0,
-    batch_size: int = 16,
+    batch_size: int = 32,
 ) -> Generator[tuple[int, int], None, list[TokenSeq]]:
     """Replace responses by the target's own continuation (plain decoding, mlx-lm caches).
 
@@ -320,7 +324,12 @@ def regenerate(
 
     jobs: list[list[int]] = []
     for s in seqs:
-        p = s.tokens[: s.prompt_len].tolist() if s.chat else s.tokens[:prompt_tokens].tolist()
+        if s.chat:
+            p = s.tokens[: s.prompt_len].tolist()
+        elif len(s) > prompt_tokens:  # a raw-text tail shorter than the prompt is left out
+            p = s.tokens[:prompt_tokens].tolist()
+        else:
+            continue
         if 0 < len(p) < seq_len:
             jobs.append(p)
     # Equal-length prompts batch without padding (raw text: all of them).
