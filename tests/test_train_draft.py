@@ -121,11 +121,14 @@ def test_a_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(
         TrainDraftConfig(target=str(qwen35_dir), data=[str(text_dir)], out=tmp_path / "a", **common)
     )
     # Interrupt after the checkpoint of step 3 (the generator is simply abandoned), then resume.
+    # This run computes target features per step (no feature cache); the straight one caches
+    # them: the results must not differ.
     cfg = TrainDraftConfig(
         target=str(qwen35_dir),
         data=[str(text_dir)],
         out=tmp_path / "b",
         checkpoint_every=3,
+        feature_cache_gb=0.0,
         **common,
     )
     for ev in train_draft(cfg):
@@ -136,6 +139,7 @@ def test_a_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(
     cfg.resume = True
     resumed = _run(cfg)
     assert resumed.log["resumed_at"] == [3]
+    assert straight.log["feature_cache_bytes"] > 0 and resumed.log["feature_cache_bytes"] == 0
     a = mx.load(str(straight.out / "model.safetensors"))
     b = mx.load(str(resumed.out / "model.safetensors"))
     assert a.keys() == b.keys()

@@ -129,9 +129,16 @@ def train_draft(
     init: Annotated[
         str,
         typer.Option(
-            "--init", help="'target': MLPs and norms from the target's last layers; 'random'."
+            "--init", help="'random', or 'target': MLPs and norms from the target's last layers."
         ),
-    ] = "target",
+    ] = "random",
+    feature_cache_gb: Annotated[
+        float,
+        typer.Option(
+            "--feature-cache-gb",
+            help="Compute each sequence's target features once when they fit in this much memory.",
+        ),
+    ] = 2.0,
     thinking: Annotated[
         bool | None,
         typer.Option("--thinking/--no-thinking", help="enable_thinking for chat templates."),
@@ -184,6 +191,7 @@ def train_draft(
         regen_prompt_tokens=regen_prompt_tokens,
         regen_temperature=regen_temp,
         init=init,
+        feature_cache_gb=feature_cache_gb,
         thinking=thinking,
         resume=resume,
         force=force,
@@ -206,7 +214,7 @@ def _run(cfg: Any, json_out: bool) -> None:
     from hf2q.train.trainer import (
         Evaluated,
         Finished,
-        RegenProgress,
+        Preparing,
         Stage,
         StepDone,
         train_draft,
@@ -224,18 +232,18 @@ def _run(cfg: Any, json_out: bool) -> None:
         disable=not live,
     )
     task = None
-    regen_task = None
+    tasks: dict[str, Any] = {}
     finished = None
     with progress:
         for ev in train_draft(cfg):
             if isinstance(ev, Stage):
                 progress.console.print(f"[cyan]{ev.name}[/cyan] {ev.detail}", soft_wrap=True)
-            elif isinstance(ev, RegenProgress):
-                if regen_task is None:
-                    regen_task = progress.add_task("regenerate", total=ev.total, stats="")
-                progress.update(regen_task, completed=ev.done)
-                if not live:
-                    err.print(f"regenerated {ev.done}/{ev.total}")
+            elif isinstance(ev, Preparing):
+                if ev.name not in tasks:
+                    tasks[ev.name] = progress.add_task(ev.name, total=ev.total, stats="")
+                progress.update(tasks[ev.name], completed=ev.done)
+                if not live and (ev.done == ev.total or ev.done % (32 * 8) < 32):
+                    err.print(f"{ev.name} {ev.done}/{ev.total}")
             elif isinstance(ev, StepDone):
                 stats = (
                     f"loss {ev.loss:.3f}  acc {ev.accuracy:.3f}  train tau {ev.train_tau:.2f}  "

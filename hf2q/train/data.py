@@ -446,10 +446,10 @@ def steps_per_epoch(n_seqs: int, batch_size: int) -> int:
 
 def iterate_batches(
     seqs: Sequence[TokenSeq], batch_size: int, seq_len: int, pad_id: int, seed: int, start: int
-) -> Iterator[tuple[int, Batch]]:
-    """``(step, batch)`` from ``start`` on, forever."""
+) -> Iterator[tuple[int, list[int], Batch]]:
+    """``(step, sequence indices, batch)`` from ``start`` on, forever."""
     step = start
     while True:
         idx = batch_order(len(seqs), batch_size, seed, step)
-        yield step, make_batch([seqs[i] for i in idx], seq_len, pad_id)
+        yield step, idx, make_batch([seqs[i] for i in idx], seq_len, pad_id)
         step += 1

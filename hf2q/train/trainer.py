@@ -70,7 +70,7 @@ class TrainDraftConfig:
     regenerate: bool = False
     regen_prompt_tokens: int = 64
     regen_temperature: float = 0.0
-    init: str = "target"
+    init: str = "random"
     intermediate_size: int | None = None
     thinking: bool | None = None
     resume: bool = False
@@ -78,6 +78,7 @@ class TrainDraftConfig:
     checkpoint_every: int | None = None
     save_dtype: str = "bfloat16"
     log_every: int = 10
+    feature_cache_gb: float = 2.0
 
 
 # ---- events -------------------------------------------------------------------------------------
@@ -90,7 +91,10 @@ class Stage:
 
 
 @dataclass(frozen=True)
-class RegenProgress:
+class Preparing:
+    """Progress of a preparation stage ("regenerate": prompts, "features": sequences)."""
+
+    name: str
     done: int
     total: int
 
@@ -130,7 +134,7 @@ class Finished:
     log: dict[str, Any]
 
 
-Event = Stage | RegenProgress | StepDone | Evaluated | Finished
+Event = Stage | Preparing | StepDone | Evaluated | Finished
 
 
 # ---- validation ---------------------------------------------------------------------------------
@@ -337,11 +341,6 @@ def init_from_target(drafter: Any, target: Any) -> list[str]:
                 continue  # quantized, MoE or differently sized: keep the random init
             dst_mod.load_weights([(k, v.astype(mx.float32)) for k, v in src_w.items()])
             copied.append(f"layers.{i}.{dst_name} <- target layer {N - L + i}")
-    # The final norm plays the target's final norm's role before the shared lm_head.
-    tnorm = dict(tree_flatten(target.inner.norm.parameters()))
-    if "weight" in tnorm and tnorm["weight"].shape == drafter.norm.weight.shape:
-        drafter.norm.weight = tnorm["weight"].astype(mx.float32)
-        copied.append("norm <- target final norm")
     return copied
 
 
@@ -430,7 +429,7 @@ def _train(
     from hf2q.runtime.drafter import DFlashConfig, DFlashDraftModel, save_drafter
     from hf2q.runtime.target import TargetModel
     from hf2q.train import data as D
-    from hf2q.train.evaluate import inference_copy, measure_tau
+    from hf2q.train.evaluate import inference_copy, measure_tau, target_dtype
     from hf2q.train.objective import (
         batch_loss,
         default_gamma,
@@ -510,7 +509,7 @@ def _train(
                 except StopIteration as stop:
                     seqs = stop.value
                     break
-                yield RegenProgress(done, of)
+                yield Preparing("regenerate", done, of)
         seqs = D.usable(seqs, B)
     n_seq = len(seqs)
     per_epoch = D.steps_per_epoch(n_seq, cfg.batch_size)
@@ -646,9 +645,28 @@ def _train(
     t_log = time.time()
     blocks_since = 0
     train_s = float((resumed or {}).get("log", {}).get("train_s", 0.0))
+    # The target is frozen, so a sequence's features never change: when they fit in
+    # --feature-cache-gb, compute them once (in the target's dtype) instead of once per visit.
+    feat_dim = len(ids) * target.hidden_size
+    itemsize = 2 if target_dtype(target) in (mx.bfloat16, mx.float16) else 4
+    cache_bytes = n_seq * cfg.seq_len * feat_dim * itemsize
+    feature_cache = None
+    if total * cfg.batch_size > n_seq and cache_bytes <= cfg.feature_cache_gb * 1e9:
+        yield Stage("features", f"target features of {n_seq} sequences, {cache_bytes / 1e9:.2f} GB")
+        parts = []
+        for i in range(0, n_seq, cfg.batch_size):
+            chunk = D.make_batch(seqs[i : i + cfg.batch_size], cfg.seq_len, pad_id)
+            _, f = target.forward(mx.array(chunk.tokens), capture=ids)
+            mx.eval(f)
+            parts.append(f)
+            yield Preparing("features", min(n_seq, i + cfg.batch_size), n_seq)
+        feature_cache = mx.concatenate(parts, axis=0)  # (n_seq, seq_len, n_ids*H)
+        del parts
+    log["feature_cache_bytes"] = cache_bytes if feature_cache is not None else 0
+
     batches = D.iterate_batches(seqs, cfg.batch_size, cfg.seq_len, pad_id, cfg.seed, start)
     step = start
-    for step0, batch in batches:
+    for step0, idx, batch in batches:
         if step0 >= total:
             break
         rng = np.random.default_rng([cfg.seed, step0, 1])
@@ -659,7 +677,10 @@ def _train(
         )
         N, A = anchors.shape
         # Frozen target: features of every position, and embeddings of the block tokens.
-        _, feats = target.forward(mx.array(batch.tokens), capture=ids)
+        if feature_cache is not None:
+            feats = feature_cache[mx.array(idx)]
+        else:
+            _, feats = target.forward(mx.array(batch.tokens), capture=ids)
         feats = mx.stop_gradient(feats.astype(mx.float32))
         embeds = mx.stop_gradient(
             target.embed(mx.array(blocks.tokens.reshape(N * A, B))).astype(mx.float32)

@@ -94,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         plat.ensure_fast_blas(allow_reexec=True)  # the same BLAS choice as `hf2q generate`
 
     import numpy as np
+
     from hf2q.runtime.dflash import dflash_generate, plain_generate, run
     from hf2q.runtime.pair import encode_prompt, load_pair, read_registry
     from hf2q.runtime.sampling import SamplingParams
-
     from hf2q.train.evaluate import measure_tau
 
     t0 = time.time()
