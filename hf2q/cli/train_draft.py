@@ -233,6 +233,7 @@ def _run(cfg: Any, json_out: bool) -> None:
     )
     task = None
     tasks: dict[str, Any] = {}
+    last: dict[str, int] = {}
     finished = None
     with progress:
         for ev in train_draft(cfg):
@@ -242,7 +243,9 @@ def _run(cfg: Any, json_out: bool) -> None:
                 if ev.name not in tasks:
                     tasks[ev.name] = progress.add_task(ev.name, total=ev.total, stats="")
                 progress.update(tasks[ev.name], completed=ev.done)
-                if not live and (ev.done == ev.total or ev.done % (32 * 8) < 32):
+                tenth = max(1, ev.total // 10)
+                if not live and (ev.done == ev.total or ev.done // tenth != last.get(ev.name)):
+                    last[ev.name] = ev.done // tenth
                     err.print(f"{ev.name} {ev.done}/{ev.total}")
             elif isinstance(ev, StepDone):
                 stats = (

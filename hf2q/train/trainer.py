@@ -641,8 +641,6 @@ def _train(
         yield from evaluate(0)
     checkpoint_every = cfg.checkpoint_every or cfg.eval_every
     acc = {"loss": 0.0, "weight": 0.0, "correct": 0.0, "leading": 0.0, "blocks": 0.0, "n": 0}
-    t_train = time.time()
-    t_log = time.time()
     blocks_since = 0
     train_s = float((resumed or {}).get("log", {}).get("train_s", 0.0))
     # The target is frozen, so a sequence's features never change: when they fit in
@@ -666,6 +664,7 @@ def _train(
 
     batches = D.iterate_batches(seqs, cfg.batch_size, cfg.seq_len, pad_id, cfg.seed, start)
     step = start
+    t_train = t_log = time.time()  # throughput counts training steps only
     for step0, idx, batch in batches:
         if step0 >= total:
             break
