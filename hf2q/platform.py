@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 #: Where Debian/Ubuntu put OpenBLAS ('apt-get install libopenblas0-pthread').
@@ -86,3 +88,111 @@ def describe() -> dict[str, str]:
             else "apt-get install libopenblas0-pthread, then LD_PRELOAD it, speeds up MLX's CPU matmuls about 38x"
         )
     return info
+
+
+# ---- getting the fast BLAS without knowing ------------------------------------------------------
+#: Set in the re-executed child so it never re-executes again.
+REEXEC_GUARD = "HF2Q_BLAS_REEXEC"
+#: ``HF2Q_BLAS=bundled`` keeps the wheel's BLAS; ``HF2Q_BLAS=/path/lib.so`` preloads that library.
+BLAS_ENV = "HF2Q_BLAS"
+
+
+def blas_hint(plan: BlasPlan) -> str:
+    """The one-line hint for a ``"hint"`` plan: how to get the fast BLAS."""
+    if plan.library:
+        how = f"run with LD_PRELOAD={plan.library} to use it"
+    else:
+        how = "'apt-get install libopenblas0-pthread' and hf2q will use OpenBLAS automatically"
+    return (
+        "MLX is using its bundled reference BLAS, about 38x slower on CPU matmuls: "
+        f"{how} ({BLAS_ENV}=bundled silences this)"
+    )
+
+
+@dataclass(frozen=True)
+class BlasPlan:
+    """What to do about the CPU BLAS before running a model.
+
+    Attributes:
+        action: ``"reexec"`` (restart the process with ``library`` in LD_PRELOAD), ``"hint"``
+            (tell the user once how to get a fast BLAS) or ``"keep"``.
+        library: the shared library to preload for ``"reexec"``.
+        reason: one line saying why.
+    """
+
+    action: str
+    library: str | None
+    reason: str
+
+
+def plan_blas(
+    *,
+    system: str,
+    backend: str,
+    loaded_kind: str,
+    openblas: str | None,
+    env: Mapping[str, str],
+) -> BlasPlan:
+    """Decide how to get an optimized BLAS (a pure function of its inputs; see ``ensure_fast_blas``).
+
+    Args:
+        system: ``sys.platform``.
+        backend: ``"cpu"``, ``"cuda"`` or ``"metal"`` (what MLX runs on).
+        loaded_kind: :func:`blas_kind` of the BLAS mapped into this process now.
+        openblas: an installed OpenBLAS (:func:`find_openblas`) or None.
+        env: the environment (``HF2Q_BLAS``, the re-exec guard, ``LD_PRELOAD``).
+    """
+    if not system.startswith("linux") or backend != "cpu":
+        return BlasPlan(
+            "keep", None, f"MLX runs on {backend} ({system}): the CPU BLAS does not matter"
+        )
+    if loaded_kind == "optimized":
+        return BlasPlan("keep", None, "an optimized BLAS is already loaded")
+    choice = env.get(BLAS_ENV, "")
+    if choice == "bundled":
+        return BlasPlan("keep", None, f"{BLAS_ENV}=bundled keeps the bundled reference BLAS")
+    if env.get(REEXEC_GUARD):
+        return BlasPlan("hint", None, "the preloaded BLAS did not take effect after re-executing")
+    library = choice if choice and os.path.isfile(choice) else openblas
+    if library is None:
+        return BlasPlan("hint", None, "no optimized BLAS is installed")
+    if library in env.get("LD_PRELOAD", "").split(":"):
+        return BlasPlan("hint", None, f"{library} is in LD_PRELOAD but was not loaded")
+    return BlasPlan("reexec", library, f"re-executing with LD_PRELOAD={library}")
+
+
+def ensure_fast_blas(*, allow_reexec: bool) -> BlasPlan:
+    """Apply :func:`plan_blas` to this process: maybe re-execute it with OpenBLAS preloaded.
+
+    Call it at the start of a command that runs models, before reading stdin or writing
+    anything. With ``allow_reexec`` False (hf2q called as a library, e.g. from tests) a
+    ``"reexec"`` plan is downgraded to ``"hint"``. Does not return when it re-executes.
+    """
+    import mlx.core as mx
+
+    cuda = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
+    backend = "cuda" if cuda else "metal" if mx.metal.is_available() else "cpu"
+    plan = plan_blas(
+        system=sys.platform,
+        backend=backend,
+        loaded_kind=blas_kind(loaded_blas()),
+        openblas=find_openblas(),
+        env=os.environ,
+    )
+    if plan.action == "reexec":
+        if not allow_reexec:
+            return BlasPlan("hint", plan.library, "not re-executing a process hf2q does not own")
+        env = dict(os.environ)
+        env[REEXEC_GUARD] = "1"
+        env["LD_PRELOAD"] = ":".join(p for p in (plan.library, env.get("LD_PRELOAD", "")) if p)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+        os.execve(sys.executable, [sys.executable, *argv[1:]], env)
+    return plan
+
+
+def blas_summary() -> dict[str, str]:
+    """``{"blas": path or "-", "blas_kind": ...}`` of this process, for stats and JSON."""
+    path = loaded_blas()
+    return {"blas": path or "-", "blas_kind": blas_kind(path)}

@@ -52,3 +52,95 @@ def qwen3_dir(fixtures_dir: Path) -> Path:
 def drafter_dir(fixtures_dir: Path) -> Path:
     """Random 1-layer DFlash drafter (z-lab format) for the 4-layer tiny targets."""
     return ck.build_drafter(fixtures_dir / "drafter", layers=1, seed=4)
+
+
+# ---- runtime (issue 3): drafters fitted to agree with their tiny targets ------------------------
+#: Prompts (cut to 4 tokens) whose greedy continuations the fitted drafters memorise.
+FIT_TEXTS = (
+    "def add(a, b):",
+    "The quick brown fox",
+    "Hello world! How",
+    "for i in range(10",
+    "class Counter:\n",
+    "Once upon a time",
+)
+FIT_NEW_TOKENS = 40
+
+
+def _fit_pair(
+    target_dir: Path,
+    out: Path,
+    *,
+    layers: int,
+    ids: list[int],
+    n_target: int,
+    steps: int,
+    seed: int,
+    lr: float = 3e-3,
+    **cfg: object,
+) -> Path:
+    """Fit a DFlash drafter to ``target_dir``'s greedy continuations of FIT_TEXTS; save it."""
+    import drafter_fit
+
+    from hf2q.loading import load_model
+    from hf2q.runtime.drafter import load_drafter, save_drafter
+    from hf2q.runtime.target import TargetModel
+
+    if (out / "config.json").is_file():
+        return out
+    raw = ck.build_drafter(
+        out / "init",
+        layers=layers,
+        seed=seed,
+        num_target_layers=n_target,
+        target_layer_ids=ids,
+        **cfg,
+    )
+    lm = load_model(target_dir)
+    target = TargetModel(lm.model, lm.tokenizer)
+    drafter = load_drafter(raw).bind(target.embed, target.head)
+    prompts = [lm.tokenizer.encode(t)[:4] for t in FIT_TEXTS]
+    seqs = drafter_fit.greedy_sequences(target, prompts, FIT_NEW_TOKENS)
+    drafter_fit.fit_drafter(target, drafter, seqs, steps=steps, lr=lr, seed=seed)
+    save_drafter(drafter, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def fitted_pairs(
+    fixtures_dir: Path, qwen35_dir: Path, qwen35_causal_dir: Path
+) -> dict[str, tuple[Path, Path]]:
+    """name -> (target folder, drafter folder fitted to it), so long acceptances and full-block
+    accepts really happen: a 1-layer drafter on the 4-layer hybrid Qwen3.5, and a 3-layer one
+    with sliding-window layers on the 8-layer text-only Qwen3.5."""
+    root = fixtures_dir / "fitted"
+    return {
+        "qwen35": (
+            qwen35_dir,
+            _fit_pair(
+                qwen35_dir,
+                root / "qwen35",
+                layers=1,
+                ids=[1, 2],
+                n_target=4,
+                steps=120,
+                lr=5e-3,
+                seed=10,
+            ),
+        ),
+        "qwen35_causal": (
+            qwen35_causal_dir,
+            _fit_pair(
+                qwen35_causal_dir,
+                root / "qwen35_causal",
+                layers=3,
+                ids=[1, 3, 5],
+                n_target=8,
+                steps=120,
+                lr=5e-3,
+                seed=11,
+                layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                sliding_window=8,
+            ),
+        ),
+    }

@@ -44,9 +44,9 @@ def _root(
 
 def _register() -> None:
     # Each command module exposes ``register(app)``; importing them must stay cheap (no MLX).
-    from hf2q.cli import info, train_draft
+    from hf2q.cli import generate, info, train_draft
 
-    for module in (info, train_draft):
+    for module in (info, generate, train_draft):
         module.register(app)
 
 
@@ -70,8 +70,15 @@ def _is_click(exc: BaseException, name: str) -> bool:
     )
 
 
+#: True when ``main`` runs as the process's entry point (console script / ``python -m hf2q``),
+#: False when called with an argv from Python (tests): only then may a command re-execute.
+STANDALONE = False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the process exit code (also used by ``python -m hf2q``)."""
+    global STANDALONE
+    STANDALONE = argv is None
     try:
         app(args=argv, prog_name="hf2q", standalone_mode=False)
     except Hf2qError as exc:

@@ -312,15 +312,17 @@ class DFlashAttention(nn.Module):
             visible = visible & (q_pos - k_pos < self.sliding_window)
         return visible
 
+    def append_context(self, ctx: mx.array, cache: KVCache) -> None:
+        """Append keys/values of verified context rows ``ctx`` (B, S, H) to ``cache``."""
+        if ctx.shape[1] > 0:
+            k_ctx, v_ctx = self.keys_values(ctx, cache.offset)
+            cache.update_and_fetch(k_ctx, v_ctx)
+
     def __call__(self, x: mx.array, ctx: mx.array, cache: KVCache) -> mx.array:
         # x: (B, L, H) block rows; ctx: (B, S, H) new verified context rows (S may be 0).
         L = x.shape[1]
-        start = cache.offset
-        if ctx.shape[1] > 0:
-            k_ctx, v_ctx = self.keys_values(ctx, start)
-            keys, values = cache.update_and_fetch(k_ctx, v_ctx)
-        else:
-            keys, values = cache.keys_and_values() if cache.offset else (None, None)
+        self.append_context(ctx, cache)
+        keys, values = cache.keys_and_values() if cache.offset else (None, None)
         n_ctx = cache.offset
         q = self.queries(x, n_ctx)
         k_blk, v_blk = self.keys_values(x, n_ctx)
@@ -380,6 +382,11 @@ class DFlashDraftModel(nn.Module):
         return self
 
     @property
+    def is_bound(self) -> bool:
+        """True once :meth:`bind` gave it the target's embedding and head."""
+        return self._embed is not None and self._head is not None
+
+    @property
     def block_size(self) -> int:
         return self.config.block_size
 
@@ -394,6 +401,13 @@ class DFlashDraftModel(nn.Module):
     def context(self, features: mx.array) -> mx.array:
         """Project concatenated target features (B, S, n_ids*H) to drafter context rows (B, S, H)."""
         return self.hidden_norm(self.fc(features))
+
+    def add_context(self, features: mx.array, cache: list[KVCache]) -> None:
+        """Append target features (B, S, n_ids*H) of S verified positions to the drafter cache
+        without drafting (e.g. prompt chunks during prefill)."""
+        ctx = self.context(features)
+        for layer, c in zip(self.layers, cache, strict=True):
+            layer.self_attn.append_context(ctx, c)
 
     def hidden(self, block: mx.array, features: mx.array, cache: list[KVCache]) -> mx.array:
         """Final-normed hidden states (B, L, H) of the block rows.

@@ -96,7 +96,10 @@ class TargetModel:
 
     def make_cache(self) -> list[Any]:
         """mlx-lm's own cache list for this model (KVCache / ArraysCache per layer)."""
-        return self.model.make_cache()
+        from mlx_lm.models.cache import make_prompt_cache
+
+        # Qwen3 has no make_cache(); make_prompt_cache falls back to one KVCache per layer.
+        return make_prompt_cache(self.model)
 
     def masks(self, h: mx.array, cache: Sequence[Any] | None) -> tuple[Any, Any]:
         """(full-attention mask, linear-attention mask) for input ``h``, as mlx-lm builds them."""

@@ -1,0 +1,90 @@
+"""A Qwen3.5 full-attention decoder layer in three compiled pieces around mlx-lm's KV cache.
+
+What it does: split mlx-lm's ``DecoderLayer`` (``Qwen3NextAttention`` + MLP) at the only
+stateful step, the KV-cache update, so the rest can run under ``mx.compile``:
+
+1. ``pre`` (compiled): input norm, q/k/v projections (optionally one concatenated matmul), q/k
+   norms and rotary embedding at the cache offset (passed as an array, so one trace serves every
+   position);
+2. mlx-lm's own ``cache.update_and_fetch`` and ``scaled_dot_product_attention`` (not compiled);
+3. ``post`` (compiled): output gate, ``o_proj``, residual, norm, MLP, residual.
+
+This fuses the elementwise work and removes most of the Python overhead of a decode step. The
+math is mlx-lm's (``tests/test_kernels_attention.py`` checks the result against mlx-lm's own
+layer on every change of either).
+
+What it does not do: support quantized KV caches or attention sinks (use the layer's own call).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import scaled_dot_product_attention
+
+from hf2q.kernels.gdn import _alive, concat_linears, mlp_fused
+
+AttentionRunner = Callable[[mx.array, Any, Any], mx.array]
+
+
+def compile_attention_layer(layer: nn.Module, *, fuse_proj: bool = False) -> AttentionRunner:
+    """A function ``(x, mask, cache) -> out`` equal to ``layer(x, mask, cache)``, mostly compiled.
+
+    Args:
+        layer: mlx-lm's Qwen3.5 full-attention ``DecoderLayer`` (``layer.self_attn``).
+        fuse_proj: compute q/k/v with one matmul and the MLP's gate/up with one (weights are
+            concatenated once, here; the layer itself is not changed).
+    """
+    ref = weakref.ref(layer)  # the model owns the layer; these functions must not keep it alive
+    sa = layer.self_attn
+    nq, nkv, head_dim, scale = sa.num_attention_heads, sa.num_key_value_heads, sa.head_dim, sa.scale
+    qkv = concat_linears([sa.q_proj, sa.k_proj, sa.v_proj]) if fuse_proj else None
+    gate_up = concat_linears([layer.mlp.gate_proj, layer.mlp.up_proj]) if fuse_proj else None
+    q_width = nq * head_dim * 2
+    kv_width = nkv * head_dim
+    del sa
+
+    def pre(x: mx.array, offset: mx.array):
+        lay = _alive(ref)
+        sa = lay.self_attn
+        B, L, _ = x.shape
+        h = lay.input_layernorm(x)
+        if qkv is None:
+            q_out, keys, values = sa.q_proj(h), sa.k_proj(h), sa.v_proj(h)
+        else:
+            q_out, keys, values = mx.split(qkv(h), [q_width, q_width + kv_width], axis=-1)
+        queries, gate = mx.split(q_out.reshape(B, L, nq, -1), 2, axis=-1)
+        gate = gate.reshape(B, L, -1)
+        queries = sa.q_norm(queries).transpose(0, 2, 1, 3)
+        keys = sa.k_norm(keys.reshape(B, L, nkv, -1)).transpose(0, 2, 1, 3)
+        values = values.reshape(B, L, nkv, -1).transpose(0, 2, 1, 3)
+        return sa.rope(queries, offset=offset), sa.rope(keys, offset=offset), values, gate
+
+    def post(x: mx.array, attn: mx.array, gate: mx.array) -> mx.array:
+        lay = _alive(ref)
+        B, L, _ = x.shape
+        o = attn.transpose(0, 2, 1, 3).reshape(B, L, -1)
+        h = x + lay.self_attn.o_proj(o * mx.sigmoid(gate))
+        hn = lay.post_attention_layernorm(h)
+        if gate_up is None:
+            return h + lay.mlp(hn)
+        return h + mlp_fused(lay.mlp, gate_up, hn)
+
+    cpre, cpost = mx.compile(pre), mx.compile(post)
+
+    def run(x: mx.array, mask: Any, cache: Any) -> mx.array:
+        if cache is None or hasattr(cache, "bits"):
+            return _alive(ref)(x, mask=mask, cache=cache)
+        offset = mx.array(cache.offset, dtype=mx.int32)
+        queries, keys, values, gate = cpre(x, offset)
+        keys, values = cache.update_and_fetch(keys, values)
+        out = scaled_dot_product_attention(
+            queries, keys, values, cache=cache, scale=scale, mask=mask
+        )
+        return cpost(x, out, gate)
+
+    return run

@@ -1,0 +1,509 @@
+"""Gated-DeltaNet recurrence kernels for MLX's CUDA backend (``mx.fast.cuda_kernel``).
+
+What it does: run the gated delta rule over a block of T steps in one launch, with the float32
+state of each (batch, value head, value-row tile) held in registers, and record what exact
+rollback needs. Two kernels share one recurrence body:
+
+* ``gated_delta_steps_cuda(q, k, v, g, beta, state)``: the plain recurrence over prepared inputs
+  (the signature of the runtime's ops reference ``gated_delta_steps``).
+* ``gdn_fused_cuda(conv_state, qkv, conv_w, a, b, A_log, dt_bias, state)``: everything between
+  the Gated-DeltaNet input projections and the gated norm in one launch: the depthwise causal
+  conv + SiLU, the q/k RMS normalisation with the ``Dk**-0.5`` scales, the gates
+  ``g = exp(-exp(A_log) * softplus(a + dt_bias))`` and ``beta = sigmoid(b)``, and the recurrence.
+  Intermediates are rounded to the model dtype at the points where mlx-lm's ops produce arrays,
+  so bf16 results track mlx-lm's own path closely; in float32 both agree to float rounding.
+
+Record modes: ``"states"`` writes the state after every step, (B, T, Hv, Dv, Dk) float32, so
+rollback to n kept tokens is the view ``states[:, n-1]``; ``"final"`` writes only the state after
+the last step, and rollback replays n steps from the initial state (``steps=`` runs the same
+kernel over the first n steps and writes only the final state).
+
+What it does not do: decide whether CUDA is used (see ``hf2q.kernels.select``), handle padding
+masks or vector gates (callers fall back to ops), or run anywhere but an NVIDIA GPU.
+
+Layout of the work: thread block = (Dv tile of ``8 * WARPS`` rows, one value head, one batch
+row); four lanes share one value row and each holds ``Dk / 4`` state elements, interleaved by
+float4 so that state stores are full 64-byte runs. q/k/v/gates of up to ``TC`` steps are staged
+in shared memory as float32 per chunk. The block length T is read from the input's shape, so one
+compiled kernel per dtype and head geometry serves decode (T=1), verify (T=16) and long prompts.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import mlx.core as mx
+
+#: Steps staged in shared memory per chunk (bounded so long blocks fit in static shared memory).
+MAX_CHUNK = 16
+
+_HEADER = r"""
+__device__ __forceinline__ float hf2q_f(float x) { return x; }
+__device__ __forceinline__ float hf2q_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float hf2q_f(__half x) { return __half2float(x); }
+template <typename T> __device__ __forceinline__ T hf2q_to(float x);
+template <> __device__ __forceinline__ float hf2q_to<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 hf2q_to<__nv_bfloat16>(float x) {
+  return __float2bfloat16(x);
+}
+template <> __device__ __forceinline__ __half hf2q_to<__half>(float x) { return __float2half(x); }
+// Round a float32 value through dtype T (what storing an mlx array of that dtype does).
+template <typename T> __device__ __forceinline__ float hf2q_round(float x) {
+  return hf2q_f(hf2q_to<T>(x));
+}
+// sigmoid and softplus as MLX's CUDA unary/binary ops compute them in dtype T, every
+// intermediate rounded to T (a no-op for float32).
+template <typename T> __device__ __forceinline__ float hf2q_sigmoid(float x) {
+  const float e = hf2q_round<T>(expf(fabsf(x)));
+  const float y = hf2q_round<T>(1.0f / hf2q_round<T>(1.0f + e));
+  return (x < 0.0f) ? y : hf2q_round<T>(1.0f - y);
+}
+template <typename T> __device__ __forceinline__ float hf2q_sigmoid_as(const T*, float x) {
+  return hf2q_sigmoid<T>(x);
+}
+template <typename T> __device__ __forceinline__ float hf2q_softplus(float x) {
+  const float l = hf2q_round<T>(log1pf(hf2q_round<T>(expf(-fabsf(x)))));
+  return hf2q_round<T>(fmaxf(x, 0.0f) + l);
+}
+"""
+
+# Shared prologue: indices, shared staging buffers, state load. Needs constexprs InT, Dk, Dv, Hk,
+# Hv, WARPS, TC (template arguments), the block length T (read from an input's shape, so one
+# compiled kernel serves every T) and the input ``state_in``.
+_PROLOGUE = r"""
+  const int T = __T_FROM_SHAPE__;
+  constexpr int NJ = Dk / 16;          // float4 groups per lane
+  constexpr int ROWS = 8 * WARPS;      // value rows per block
+  constexpr int NT = 32 * WARPS;       // threads per block
+  const int tile = blockIdx.x;
+  const int hv = blockIdx.y;
+  const int bb = blockIdx.z;
+  const int hk = hv / (Hv / Hk);
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int r = warp * 8 + (lane >> 2);   // value row inside the tile
+  const int sub = lane & 3;               // which quarter of the row this lane holds
+  const int dv = tile * ROWS + r;
+  __shared__ __align__(16) float s_q[TC * Dk];
+  __shared__ __align__(16) float s_k[TC * Dk];
+  __shared__ float s_v[TC * ROWS];
+  __shared__ float s_g[TC];
+  __shared__ float s_b[TC];
+  // Lane ``sub`` of a row holds elements e = j * 16 + sub * 4 + c, j < NJ, c < 4.
+  float st[NJ * 4];
+  const size_t srow = ((size_t)(bb * Hv + hv) * Dv + dv) * Dk;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      st[j * 4 + c] = state_in[srow + j * 16 + sub * 4 + c];
+    }
+  }
+"""
+
+# Loads of one chunk for the plain kernel (inputs q, k, v, g, beta already prepared).
+_LOAD_PLAIN = r"""
+    for (int i = tid; i < tc * Dk; i += NT) {
+      const int tt = i / Dk;
+      const int e = i - tt * Dk;
+      const size_t src = ((size_t)(bb * T + t0 + tt) * Hk + hk) * Dk + e;
+      s_q[i] = hf2q_f(q[src]);
+      s_k[i] = hf2q_f(k[src]);
+    }
+    for (int i = tid; i < tc * ROWS; i += NT) {
+      const int tt = i / ROWS;
+      const int rr = i - tt * ROWS;
+      s_v[i] = hf2q_f(v[((size_t)(bb * T + t0 + tt) * Hv + hv) * Dv + tile * ROWS + rr]);
+    }
+    if (tid < tc) {
+      const size_t gi = (size_t)(bb * T + t0 + tid) * Hv + hv;
+      s_g[tid] = hf2q_f(g[gi]);
+      s_b[tid] = hf2q_f(beta[gi]);
+    }
+    __syncthreads();
+"""
+
+# Loads of one chunk for the fused kernel: conv + SiLU, gates, then q/k RMS normalisation.
+# Needs constexprs KC (conv kernel size) and GT (dtype of a + dt_bias).
+_LOAD_FUSED = r"""
+    for (int i = tid; i < tc * 2 * Dk; i += NT) {
+      const int tt = i / (2 * Dk);
+      const int e2 = i - tt * 2 * Dk;
+      const int ch = (e2 < Dk) ? (hk * Dk + e2) : (Hk * Dk + hk * Dk + (e2 - Dk));
+      const float val = hf2q_conv_silu(t0 + tt, ch);
+      if (e2 < Dk) {
+        s_q[tt * Dk + e2] = val;
+      } else {
+        s_k[tt * Dk + (e2 - Dk)] = val;
+      }
+    }
+    for (int i = tid; i < tc * ROWS; i += NT) {
+      const int tt = i / ROWS;
+      const int rr = i - tt * ROWS;
+      s_v[i] = hf2q_conv_silu(t0 + tt, 2 * Hk * Dk + hv * Dv + tile * ROWS + rr);
+    }
+    if (tid < tc) {
+      const size_t gi = (size_t)(bb * T + t0 + tid) * Hv + hv;
+      const float xa = hf2q_round<GT>(hf2q_f(a[gi]) + hf2q_f(dt_bias[hv]));
+      const float sp = hf2q_softplus<GT>(xa);
+      s_g[tid] = expf(-expf(hf2q_f(A_log[hv])) * sp);
+      s_b[tid] = hf2q_sigmoid_as(b, hf2q_f(b[gi]));
+    }
+    __syncthreads();
+    // mlx-lm's normalize_qk: rms_norm(x, eps * Dk^-1) (rounded to the model dtype), times
+    // Dk^-1 for q and Dk^-0.5 for k (the scalar itself rounded to the model dtype).
+    for (int row = warp; row < 2 * tc; row += WARPS) {
+      float* x = (row < tc) ? (s_q + row * Dk) : (s_k + (row - tc) * Dk);
+      float ss = 0.0f;
+      for (int e = lane; e < Dk; e += 32) {
+        ss += x[e] * x[e];
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      }
+      const float inv = rsqrtf(ss / (float)Dk + rms_eps);
+      const float scale = (row < tc) ? q_scale : k_scale;
+      for (int e = lane; e < Dk; e += 32) {
+        x[e] = hf2q_round<InT>(hf2q_round<InT>(x[e] * inv) * scale);
+      }
+    }
+    __syncthreads();
+"""
+
+# Fused-kernel helpers defined inside the body (they read the kernel's inputs by name).
+_FUSED_SETUP = r"""
+  constexpr int CH = 2 * Hk * Dk + Hv * Dv;   // conv channels
+  const double inv_scale = 1.0 / sqrt((double)Dk);
+  const float k_scale = hf2q_round<InT>((float)inv_scale);
+  const float q_scale = hf2q_round<InT>((float)(inv_scale * inv_scale));
+  const float rms_eps = (float)(1e-6 * (inv_scale * inv_scale));
+  // Depthwise causal conv over rows [t, t + KC) of concat(conv_state, qkv), then SiLU, with
+  // mlx-lm's roundings (conv output, sigmoid, product each stored in the model dtype).
+  auto hf2q_conv_silu = [&](int t, int ch) -> float {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < KC; ++j) {
+      const int rw = t + j;
+      const float xv = (rw < KC - 1)
+          ? hf2q_f(conv_state[((size_t)bb * (KC - 1) + rw) * CH + ch])
+          : hf2q_f(qkv[((size_t)bb * T + (rw - (KC - 1))) * CH + ch]);
+      acc += hf2q_f(conv_w[ch * KC + j]) * xv;
+    }
+    const float xc = hf2q_round<InT>(acc);
+    return hf2q_round<InT>(xc * hf2q_sigmoid<InT>(xc));
+  };
+"""
+
+# The recurrence over one staged chunk; writes y and/or per-step states as configured.
+_STEPS = r"""
+    for (int tt = 0; tt < tc; ++tt) {
+      const float gt = s_g[tt];
+      const float bt = s_b[tt];
+      const float4* k4 = reinterpret_cast<const float4*>(s_k + tt * Dk);
+      const float4* q4 = reinterpret_cast<const float4*>(s_q + tt * Dk);
+      float kv = 0.0f;
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        const float4 kk = k4[j * 4 + sub];
+        st[j * 4 + 0] *= gt;
+        st[j * 4 + 1] *= gt;
+        st[j * 4 + 2] *= gt;
+        st[j * 4 + 3] *= gt;
+        kv += st[j * 4 + 0] * kk.x;
+        kv += st[j * 4 + 1] * kk.y;
+        kv += st[j * 4 + 2] * kk.z;
+        kv += st[j * 4 + 3] * kk.w;
+      }
+      kv += __shfl_xor_sync(0xffffffffu, kv, 1);
+      kv += __shfl_xor_sync(0xffffffffu, kv, 2);
+      const float delta = (s_v[tt * ROWS + r] - kv) * bt;
+      float out = 0.0f;
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        const float4 kk = k4[j * 4 + sub];
+        const float4 qq = q4[j * 4 + sub];
+        st[j * 4 + 0] += kk.x * delta;
+        st[j * 4 + 1] += kk.y * delta;
+        st[j * 4 + 2] += kk.z * delta;
+        st[j * 4 + 3] += kk.w * delta;
+        out += st[j * 4 + 0] * qq.x;
+        out += st[j * 4 + 1] * qq.y;
+        out += st[j * 4 + 2] * qq.z;
+        out += st[j * 4 + 3] * qq.w;
+      }
+      out += __shfl_xor_sync(0xffffffffu, out, 1);
+      out += __shfl_xor_sync(0xffffffffu, out, 2);
+      __WRITE_Y__
+      __WRITE_STEP_STATE__
+    }
+"""
+
+_WRITE_Y = r"""if (sub == 0) {
+        y[((size_t)(bb * T + t0 + tt) * Hv + hv) * Dv + dv] = hf2q_to<InT>(out);
+      }"""
+
+_WRITE_STEP_STATE = r"""{
+        float4* dst = reinterpret_cast<float4*>(
+            states + (((size_t)(bb * T + t0 + tt) * Hv + hv) * Dv + dv) * Dk);
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+          dst[j * 4 + sub] = make_float4(
+              st[j * 4 + 0], st[j * 4 + 1], st[j * 4 + 2], st[j * 4 + 3]);
+        }
+      }"""
+
+_WRITE_FINAL = r"""
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      state_out[srow + j * 16 + sub * 4 + c] = st[j * 4 + c];
+    }
+  }
+"""
+
+
+def _source(*, fused: bool, record: str, write_y: bool, replay: bool) -> str:
+    n_steps = "min(T, (int)steps[0])" if replay else "T"
+    steps = _STEPS.replace("__WRITE_Y__", _WRITE_Y if write_y else "")
+    steps = steps.replace("__WRITE_STEP_STATE__", _WRITE_STEP_STATE if record == "states" else "")
+    body = _PROLOGUE.replace("__T_FROM_SHAPE__", "qkv_shape[1]" if fused else "q_shape[1]")
+    if fused:
+        body += _FUSED_SETUP
+    body += f"""
+  const int n_steps = {n_steps};
+  for (int t0 = 0; t0 < n_steps; t0 += TC) {{
+    const int tc = min(TC, n_steps - t0);
+    __syncthreads();  // the previous chunk is fully consumed
+"""
+    body += _LOAD_FUSED if fused else _LOAD_PLAIN
+    body += steps
+    body += "  }\n"
+    if record == "final":
+        body += _WRITE_FINAL
+    return body
+
+
+def kernel_spec(*, fused: bool, record: str, write_y: bool, replay: bool) -> dict[str, Any]:
+    """Arguments of ``mx.fast.cuda_kernel`` for one variant (names differ per variant)."""
+    if fused:
+        inputs = ["conv_state", "qkv", "conv_w", "a", "b", "A_log", "dt_bias", "state_in"]
+    else:
+        inputs = ["q", "k", "v", "g", "beta", "state_in"]
+    if replay:
+        inputs.append("steps")
+    outputs = (["y"] if write_y else []) + ["states" if record == "states" else "state_out"]
+    name = "hf2q_gdn_{}_{}{}{}".format(
+        "fused" if fused else "steps", record, "_y" if write_y else "", "_replay" if replay else ""
+    )
+    return {
+        "name": name,
+        "input_names": inputs,
+        "output_names": outputs,
+        "source": _source(fused=fused, record=record, write_y=write_y, replay=replay),
+        "header": _HEADER,
+    }
+
+
+@cache
+def _kernel(*, fused: bool, record: str, write_y: bool, replay: bool) -> Any:
+    """Build (once) the ``mx.fast.cuda_kernel`` for one variant."""
+    spec = kernel_spec(fused=fused, record=record, write_y=write_y, replay=replay)
+    return mx.fast.cuda_kernel(**spec)
+
+
+class UnsupportedShape(ValueError):
+    """The kernels cannot run these shapes; callers use the ops path instead."""
+
+
+def warps_for(dv: int) -> int:
+    """Warps per block: the largest of 4, 2, 1 whose ``8 * warps`` rows tile ``dv``."""
+    for w in (4, 2, 1):
+        if dv % (8 * w) == 0:
+            return w
+    raise UnsupportedShape(f"value head dim {dv} is not a multiple of 8")
+
+
+def check_shapes(*, Dk: int, Dv: int, Hk: int, Hv: int, T: int) -> None:
+    """Raise :class:`UnsupportedShape` unless the kernels support these sizes."""
+    if Dk % 16 != 0 or not 16 <= Dk <= 256:
+        raise UnsupportedShape(f"key head dim {Dk} must be a multiple of 16 in [16, 256]")
+    warps_for(Dv)
+    if Hv % Hk != 0:
+        raise UnsupportedShape(f"{Hv} value heads are not a multiple of {Hk} key heads")
+    if T < 1:
+        raise UnsupportedShape("a block needs at least one step")
+
+
+def _record_outputs(B: int, T: int, Hv: int, Dv: int, Dk: int, record: str) -> tuple:
+    if record == "states":
+        return (B, T, Hv, Dv, Dk)
+    if record == "final":
+        return (B, Hv, Dv, Dk)
+    raise ValueError(f"record must be 'states' or 'final', not {record!r}")
+
+
+def _launch(
+    kern: Any,
+    inputs: list,
+    template: list,
+    out_shapes: list,
+    out_dtypes: list,
+    grid: tuple,
+    threads: int,
+    verbose: bool,
+) -> list:
+    return kern(
+        inputs=inputs,
+        template=template,
+        grid=grid,
+        threadgroup=(threads, 1, 1),
+        output_shapes=out_shapes,
+        output_dtypes=out_dtypes,
+        verbose=verbose,
+    )
+
+
+def gated_delta_steps_cuda(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    g: mx.array,
+    beta: mx.array,
+    state: mx.array,
+    *,
+    record: str = "states",
+    steps: int | mx.array | None = None,
+    verbose: bool = False,
+) -> tuple[mx.array, mx.array] | mx.array:
+    """Gated delta rule over T steps on CUDA.
+
+    Args:
+        q, k: (B, T, Hk, Dk); v: (B, T, Hv, Dv); g, beta: (B, T, Hv) (g is the decay in linear
+            space); state: (B, Hv, Dv, Dk) float32.
+        record: ``"states"`` returns the state after every step (B, T, Hv, Dv, Dk) float32;
+            ``"final"`` returns the state after the last step (B, Hv, Dv, Dk).
+        steps: replay mode: run only the first ``steps`` steps (an int or an int32 array of
+            shape (1,)) and return only the final state (no y). ``record`` must be "final".
+        verbose: print the generated CUDA source (useful when it fails to compile).
+
+    Returns:
+        ``(y, states_or_final)``, y (B, T, Hv, Dv) in q's dtype; in replay mode the final state.
+    """
+    B, T, Hk, Dk = q.shape
+    Hv, Dv = v.shape[2], v.shape[3]
+    check_shapes(Dk=Dk, Dv=Dv, Hk=Hk, Hv=Hv, T=T)
+    if state.dtype != mx.float32:
+        raise UnsupportedShape("the recurrent state must be float32")
+    replay = steps is not None
+    if replay and record != "final":
+        raise ValueError("replay (steps=...) returns the final state only: use record='final'")
+    warps = warps_for(Dv)
+    kern = _kernel(fused=False, record=record, write_y=not replay, replay=replay)
+    inputs = [q, k, v, g, beta, state]
+    if replay:
+        inputs.append(_steps_array(steps))
+    rec_shape = _record_outputs(B, T, Hv, Dv, Dk, record)
+    out_shapes = ([] if replay else [(B, T, Hv, Dv)]) + [rec_shape]
+    out_dtypes = ([] if replay else [q.dtype]) + [mx.float32]
+    template = [
+        ("InT", q.dtype),
+        ("Dk", Dk),
+        ("Dv", Dv),
+        ("Hk", Hk),
+        ("Hv", Hv),
+        ("WARPS", warps),
+        ("TC", MAX_CHUNK),
+    ]
+    rows = 8 * warps
+    grid = (32 * warps * (Dv // rows), Hv, B)
+    outs = _launch(kern, inputs, template, out_shapes, out_dtypes, grid, 32 * warps, verbose)
+    return outs[0] if replay else (outs[0], outs[1])
+
+
+def _steps_array(steps: int | mx.array) -> mx.array:
+    if isinstance(steps, mx.array):
+        return steps.astype(mx.int32).reshape(1)
+    return mx.array([int(steps)], dtype=mx.int32)
+
+
+def gate_dtype(a: mx.array, dt_bias: mx.array) -> mx.Dtype:
+    """Dtype of ``a + dt_bias`` under MLX's promotion (where mlx-lm's softplus input rounds)."""
+    return (mx.zeros((1,), dtype=a.dtype) + mx.zeros((1,), dtype=dt_bias.dtype)).dtype
+
+
+def gdn_fused_cuda(
+    conv_state: mx.array,
+    qkv: mx.array,
+    conv_w: mx.array,
+    a: mx.array,
+    b: mx.array,
+    A_log: mx.array,
+    dt_bias: mx.array,
+    state: mx.array,
+    *,
+    num_k_heads: int,
+    key_dim: int,
+    num_v_heads: int,
+    value_dim: int,
+    record: str = "states",
+    steps: int | mx.array | None = None,
+    verbose: bool = False,
+) -> tuple[mx.array, mx.array] | mx.array:
+    """Conv + SiLU + q/k normalisation + gates + recurrence of one Gated-DeltaNet block on CUDA.
+
+    Args:
+        conv_state: (B, K-1, C) the conv rows before the block (C = 2*Hk*Dk + Hv*Dv).
+        qkv: (B, T, C) ``in_proj_qkv`` of the block.
+        conv_w: (C, K) depthwise conv weight (mlx-lm's ``conv1d.weight`` is (C, K, 1)).
+        a, b: (B, T, Hv) ``in_proj_a`` / ``in_proj_b`` of the block.
+        A_log, dt_bias: (Hv,) the layer's parameters.
+        state: (B, Hv, Dv, Dk) float32 recurrent state before the block.
+        num_k_heads, key_dim, num_v_heads, value_dim: Hk, Dk, Hv, Dv.
+        record, steps, verbose: as in :func:`gated_delta_steps_cuda`.
+
+    Returns:
+        ``(y, states_or_final)`` with y (B, T, Hv, Dv) in qkv's dtype, or in replay mode the
+        final state after ``steps`` steps.
+    """
+    B, T, C = qkv.shape
+    Hk, Dk, Hv, Dv = num_k_heads, key_dim, num_v_heads, value_dim
+    check_shapes(Dk=Dk, Dv=Dv, Hk=Hk, Hv=Hv, T=T)
+    if 2 * Hk * Dk + Hv * Dv != C:
+        raise UnsupportedShape(f"qkv has {C} channels, expected {2 * Hk * Dk + Hv * Dv}")
+    K = conv_w.shape[-1] if conv_w.ndim == 2 else conv_w.shape[1]
+    if conv_w.ndim == 3:
+        conv_w = conv_w.reshape(C, K)
+    if conv_state.shape != (B, K - 1, C):
+        raise UnsupportedShape(f"conv_state has shape {conv_state.shape}, expected {(B, K - 1, C)}")
+    if state.dtype != mx.float32:
+        raise UnsupportedShape("the recurrent state must be float32")
+    replay = steps is not None
+    if replay and record != "final":
+        raise ValueError("replay (steps=...) returns the final state only: use record='final'")
+    warps = warps_for(Dv)
+    kern = _kernel(fused=True, record=record, write_y=not replay, replay=replay)
+    inputs = [conv_state, qkv, conv_w, a, b, A_log, dt_bias, state]
+    if replay:
+        inputs.append(_steps_array(steps))
+    rec_shape = _record_outputs(B, T, Hv, Dv, Dk, record)
+    out_shapes = ([] if replay else [(B, T, Hv, Dv)]) + [rec_shape]
+    out_dtypes = ([] if replay else [qkv.dtype]) + [mx.float32]
+    template = [
+        ("InT", qkv.dtype),
+        ("GT", gate_dtype(a, dt_bias)),
+        ("Dk", Dk),
+        ("Dv", Dv),
+        ("Hk", Hk),
+        ("Hv", Hv),
+        ("KC", K),
+        ("WARPS", warps),
+        ("TC", MAX_CHUNK),
+    ]
+    rows = 8 * warps
+    grid = (32 * warps * (Dv // rows), Hv, B)
+    outs = _launch(kern, inputs, template, out_shapes, out_dtypes, grid, 32 * warps, verbose)
+    return outs[0] if replay else (outs[0], outs[1])

@@ -1,0 +1,124 @@
+"""Compiled layer runners cached per layer, and a fast layer function for ``TargetModel.forward``.
+
+What it does: :func:`gdn_layer_runner` and :func:`attention_runner` return the compiled runner of
+one mlx-lm decoder layer (:mod:`hf2q.kernels.gdn`, :mod:`hf2q.kernels.attention`), built once
+per (layer, options) and dropped when the layer is freed. :func:`fast_layer_fn` is a
+``layer_fn(index, layer, h, mask, cache)`` that runs every layer of a Qwen3.5 target through them
+and updates mlx-lm's own caches exactly as the layers' own ``__call__`` would (``ArraysCache``
+conv/recurrent state, ``KVCache``), so plain decoding can use it in place of the model's forward.
+
+What it does not do: record anything for rollback (the verify path keeps records), or handle
+padding masks, quantized KV caches, sharded layers or other architectures: those layers run their
+own ``__call__``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.qwen3_next import Qwen3NextAttention
+
+from hf2q.kernels import select
+from hf2q.kernels.attention import compile_attention_layer
+from hf2q.kernels.gdn import (
+    LayerRunner,
+    compile_gdn_decoder_layer,
+    empty_states,
+    fuse_projections,
+    gdn_decoder_layer,
+)
+
+_RUNNERS: dict[tuple, tuple[weakref.ref, Callable]] = {}
+#: Longest block the ops recurrence is compiled for (longer ones run the layer's own call).
+MAX_OPS_STEPS = 64
+
+
+def _cached(layer: nn.Module, key: tuple, build: Callable[[], Callable]) -> Callable:
+    k = (id(layer), *key)
+    hit = _RUNNERS.get(k)
+    if hit is not None and hit[0]() is layer:
+        return hit[1]
+    ref = weakref.ref(layer, lambda _r, k=k: _RUNNERS.pop(k, None))
+    fn = build()
+    _RUNNERS[k] = (ref, fn)
+    return fn
+
+
+def _has_plain_mlp(layer: nn.Module) -> bool:
+    return hasattr(layer.mlp, "gate_proj") and hasattr(layer.mlp, "up_proj")
+
+
+def gdn_layer_runner(
+    layer: nn.Module, *, impl: str, record: str, fuse_proj: bool = False
+) -> LayerRunner:
+    """The compiled runner ``(x, conv_state, state) -> (out, GdnRecord)`` of a linear-attention layer."""
+    fuse = fuse_proj and _has_plain_mlp(layer)
+    compiled = select.compile_enabled()
+
+    def build() -> LayerRunner:
+        fused = fuse_projections(layer) if fuse else None
+        if compiled:
+            return compile_gdn_decoder_layer(layer, impl=impl, record=record, fused=fused)
+        ref = weakref.ref(layer)
+        return lambda x, conv, state: gdn_decoder_layer(
+            ref(), x, conv, state, impl=impl, record=record, fused=fused
+        )
+
+    return _cached(layer, ("gdn", impl, record, fuse, compiled), build)
+
+
+def attention_runner(layer: nn.Module, *, fuse_proj: bool = False) -> Callable:
+    """The compiled runner ``(x, mask, cache) -> out`` of a full-attention layer."""
+    fuse = fuse_proj and _has_plain_mlp(layer)
+    if not select.compile_enabled():
+        ref = weakref.ref(layer)
+        return _cached(layer, ("attn-plain",), lambda: lambda x, mask, cache: ref()(x, mask, cache))
+    return _cached(layer, ("attn", fuse), lambda: compile_attention_layer(layer, fuse_proj=fuse))
+
+
+def fast_layer_fn(
+    *, fuse_proj: bool = False
+) -> Callable[[int, nn.Module, mx.array, Any, Any], mx.array]:
+    """A ``TargetModel.forward`` layer function using the compiled runners (and CUDA kernels).
+
+    Args:
+        fuse_proj: concatenate each layer's input projections once (one matmul instead of
+            several; costs a copy of those weights).
+    """
+
+    def run(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any) -> mx.array:
+        if getattr(layer, "is_linear", False):
+            attn = layer.linear_attn
+            if (
+                mask is not None
+                or not isinstance(cache, ArraysCache)
+                or cache.lengths is not None
+                or getattr(attn, "sharding_group", None) is not None
+            ):
+                return layer(h, mask=mask, cache=cache)
+            impl = select.gdn_impl(attn)
+            if impl == "mlx" or (impl == "ops" and h.shape[1] > MAX_OPS_STEPS):
+                # Apple GPUs: mlx-lm's Metal kernel already runs the recurrence in one launch.
+                # Long prompts on ops: tracing thousands of steps costs more than it saves.
+                return layer(h, mask=mask, cache=cache)
+            conv, state = cache[0], cache[1]
+            if conv is None or state is None:
+                conv, state = empty_states(attn, h.shape[0], h.dtype)
+            out, rec = gdn_layer_runner(layer, impl=impl, record="final", fuse_proj=fuse_proj)(
+                h, conv, state
+            )
+            cache[0], cache[1] = rec.final_conv_state, rec.final_state
+            cache.advance(h.shape[1])
+            return out
+        if isinstance(getattr(layer, "self_attn", None), Qwen3NextAttention) and isinstance(
+            cache, KVCache
+        ):
+            return attention_runner(layer, fuse_proj=fuse_proj)(h, mask, cache)
+        return layer(h, mask=mask, cache=cache)
+
+    return run

@@ -1,0 +1,171 @@
+"""Which implementation of each hot spot runs here, chosen automatically and reportable.
+
+What it does: look at the device MLX computes on (CUDA, Apple GPU, CPU) and the shapes of the
+layer, and pick
+
+* for the Gated-DeltaNet recurrence over a verify block (``gated_delta_steps``): the CUDA kernel
+  when MLX's CUDA backend is the default device and the shapes are supported, ops otherwise;
+* for a whole Gated-DeltaNet mixer (:mod:`hf2q.kernels.gdn`): ``"cuda"`` (fused kernel) on CUDA,
+  ``"mlx"`` (mlx-lm's ``gated_delta_update``, its Metal kernel) on Apple GPUs, ``"ops"`` on CPU;
+* the rollback record: per-step states (``"states"``) or replay (``"final"``).
+
+``HF2Q_KERNELS=ops`` forces the portable ops everywhere (to compare or to rule the kernels out);
+``HF2Q_KERNELS=cuda`` insists on the CUDA kernels and fails loudly where they cannot run;
+``HF2Q_COMPILE=0`` turns ``mx.compile`` of the layer runners off.
+:func:`describe` returns what is active, for ``--stats``.
+
+What it does not do: run anything itself beyond a dispatch in :func:`gated_delta_steps`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+
+from hf2q.errors import UsageError
+
+ENV = "HF2Q_KERNELS"
+MODES = ("auto", "ops", "cuda")
+#: HF2Q_GDN_RECORD overrides the rollback record ("states" or "final").
+RECORD_ENV = "HF2Q_GDN_RECORD"
+#: HF2Q_COMPILE=0 runs the layer runners without mx.compile (same math, more launches).
+COMPILE_ENV = "HF2Q_COMPILE"
+
+
+def compile_enabled() -> bool:
+    """Whether the layer runners use ``mx.compile`` (``HF2Q_COMPILE``, default on)."""
+    value = os.environ.get(COMPILE_ENV, "1").strip().lower()
+    if value not in ("0", "1", "false", "true", "off", "on", ""):
+        raise UsageError(f"{COMPILE_ENV}={value!r} must be 0 or 1: unset it or fix it")
+    return value not in ("0", "false", "off")
+
+
+def kernel_mode() -> str:
+    """The requested mode from ``HF2Q_KERNELS`` (default ``auto``)."""
+    mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if mode not in MODES:
+        raise UsageError(f"{ENV}={mode!r} is not one of {', '.join(MODES)}: unset it or pick one")
+    return mode
+
+
+def backend() -> str:
+    """``"cuda"``, ``"metal"`` or ``"cpu"``: where MLX's default device computes."""
+    if mx.default_device() != mx.gpu:
+        return "cpu"
+    cuda = getattr(mx, "cuda", None)
+    if cuda is not None and cuda.is_available():
+        return "cuda"
+    if mx.metal.is_available():
+        return "metal"
+    return "cpu"
+
+
+def _cuda_shapes_ok(*, Dk: int, Dv: int, Hk: int, Hv: int, T: int) -> str | None:
+    from hf2q.kernels.cuda_gated_delta import UnsupportedShape, check_shapes
+
+    try:
+        check_shapes(Dk=Dk, Dv=Dv, Hk=Hk, Hv=Hv, T=T)
+    except UnsupportedShape as exc:
+        return str(exc)
+    return None
+
+
+def recurrence_impl(q: mx.array, v: mx.array, state: mx.array) -> str:
+    """``"cuda"`` or ``"ops"`` for ``gated_delta_steps(q, k, v, g, beta, state)`` on these inputs."""
+    mode = kernel_mode()
+    if mode == "ops":
+        return "ops"
+    problem = None
+    if backend() != "cuda":
+        problem = f"MLX computes on {backend()}, not CUDA"
+    elif state.dtype != mx.float32:
+        problem = "the recurrent state is not float32"
+    else:
+        problem = _cuda_shapes_ok(
+            Dk=q.shape[-1], Dv=v.shape[-1], Hk=q.shape[2], Hv=v.shape[2], T=q.shape[1]
+        )
+    if problem is None:
+        return "cuda"
+    if mode == "cuda":
+        raise UsageError(f"{ENV}=cuda but the CUDA recurrence cannot run: {problem}; unset {ENV}")
+    return "ops"
+
+
+def gdn_impl(attn: object) -> str:
+    """Implementation for :func:`hf2q.kernels.gdn.gdn_mixer` on this machine for this layer."""
+    mode = kernel_mode()
+    if mode == "ops":
+        return "ops"
+    where = backend()
+    if where == "cuda":
+        problem = _cuda_shapes_ok(
+            Dk=attn.head_k_dim, Dv=attn.head_v_dim, Hk=attn.num_k_heads, Hv=attn.num_v_heads, T=1
+        )
+        if problem is None:
+            return "cuda"
+        if mode == "cuda":
+            raise UsageError(
+                f"{ENV}=cuda but the fused CUDA kernel cannot run: {problem}; unset {ENV}"
+            )
+        return "ops"
+    if mode == "cuda":
+        raise UsageError(
+            f"{ENV}=cuda but MLX computes on {where}: unset {ENV} or run on an NVIDIA GPU"
+        )
+    return "mlx" if where == "metal" else "ops"
+
+
+def gdn_record(impl: str) -> str:
+    """Rollback record for ``impl``: per-step states on CUDA and CPU, replay with mlx-lm's kernel."""
+    forced = os.environ.get(RECORD_ENV, "").strip().lower()
+    if forced:
+        if forced not in ("states", "final"):
+            raise UsageError(
+                f"{RECORD_ENV}={forced!r} must be 'states' or 'final': unset it or fix it"
+            )
+        if impl == "mlx" and forced == "states":
+            raise UsageError(f"{RECORD_ENV}=states is not available with mlx-lm's kernel: unset it")
+        return forced
+    return "final" if impl == "mlx" else "states"
+
+
+def gated_delta_steps(
+    q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array, state: mx.array
+) -> tuple[mx.array, mx.array]:
+    """``(y, states)`` of the gated delta rule over T steps, on the fastest implementation here.
+
+    Shapes: q, k (B, T, Hk, Dk); v (B, T, Hv, Dv); g, beta (B, T, Hv); state (B, Hv, Dv, Dk)
+    float32. Returns y (B, T, Hv, Dv) in q's dtype and the state after each step
+    (B, T, Hv, Dv, Dk) float32.
+    """
+    if recurrence_impl(q, v, state) == "cuda":
+        from hf2q.kernels.cuda_gated_delta import gated_delta_steps_cuda
+
+        return gated_delta_steps_cuda(q, k, v, g, beta, state, record="states")
+    from hf2q.kernels.gdn import gated_delta_steps_ops
+
+    return gated_delta_steps_ops(q, k, v, g, beta, state, record="states")
+
+
+def describe(attn: object | None = None) -> dict[str, str]:
+    """What runs where, for ``--stats`` and benchmark records.
+
+    Args:
+        attn: a ``GatedDeltaNet`` module of the model (its head sizes decide CUDA support);
+            without it only the device-level choice is reported.
+    """
+    info = {"backend": backend(), "mode": kernel_mode()}
+    if attn is not None:
+        impl = gdn_impl(attn)
+        info["gdn_mixer"] = {
+            "cuda": "fused CUDA kernel (conv+silu+norm+gates+recurrence)",
+            "mlx": "mlx-lm gated_delta_update (Metal kernel)",
+            "ops": "ops (portable)",
+        }[impl]
+        info["gdn_record"] = gdn_record(impl)
+    info["recurrence"] = (
+        "CUDA kernel" if info["backend"] == "cuda" and info["mode"] != "ops" else "ops"
+    )
+    info["compile"] = "on" if compile_enabled() else "off"
+    return info

@@ -1,0 +1,182 @@
+"""Target caches with exact rollback of a speculative verify.
+
+What it does: :class:`GDNRollbackCache` is mlx-lm's ``ArraysCache(size=2)`` for a Gated-DeltaNet
+layer (``[conv_state (B, K-1, C), recurrent_state (B, Hv, Dv, Dk) float32]``) that can also hold
+the record of the last verify forward (the conv input window and the recurrent state after every
+verified position) and restore the state after any accepted prefix with :meth:`rollback`.
+:class:`TargetCache` is the per-layer cache list of a target (a ``list``, so mlx-lm's own forward
+and ``generate_step`` accept it) with one :meth:`TargetCache.rollback` over all layers: attention
+KV caches are trimmed, Gated-DeltaNet caches restored from their record. Nothing is re-run.
+
+What it does not do: run any layer (the verify forward that fills the records lives in
+``hf2q.runtime.verify``) or decide how many tokens are accepted.
+
+Rollback contract: after a verify of T positions, ``rollback(n_keep)`` with ``1 <= n_keep <= T``
+leaves every layer's cache exactly as if only the first ``n_keep`` verified positions had been
+processed (tested against a fresh plain run over the committed tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache
+
+
+@dataclass
+class GDNRecord:
+    """What a verify forward of T positions leaves for rollback in one Gated-DeltaNet layer.
+
+    Attributes:
+        conv_input: (B, K-1+T, C) the conv state before the verify followed by the T new conv
+            inputs; the conv state after n positions is ``conv_input[:, n : n + K - 1]``.
+        states: T float32 arrays (B, Hv, Dv, Dk), the recurrent state after each verified
+            position (``states[n - 1]`` after n positions).
+    """
+
+    conv_input: mx.array
+    states: list[mx.array]
+
+    @property
+    def length(self) -> int:
+        return len(self.states)
+
+
+class GDNRollbackCache(ArraysCache):
+    """mlx-lm's ``ArraysCache`` for a Gated-DeltaNet layer, plus the record of the last verify.
+
+    Plain forwards (prefill, one-token steps) use it exactly like ``ArraysCache``: mlx-lm's own
+    ``GatedDeltaNet.__call__`` reads and writes ``cache[0]`` / ``cache[1]``. A verify forward
+    (``hf2q.runtime.verify``) additionally stores a :class:`GDNRecord`.
+    """
+
+    def __init__(self, size: int = 2, left_padding: list[int] | None = None) -> None:
+        super().__init__(size, left_padding)
+        self.record: GDNRecord | None = None
+
+    def set_record(self, conv_input: mx.array, states: list[mx.array]) -> None:
+        """Keep the record of a verify forward (called by the verify layer function)."""
+        self.record = GDNRecord(conv_input, states)
+
+    def rollback(self, n_keep: int | Sequence[int] | mx.array) -> None:
+        """Restore the state after the first ``n_keep`` positions of the last verify.
+
+        Args:
+            n_keep: positions to keep, ``1..T``; an int, or one value per batch row (B,) for
+                batched verifies whose rows accepted different counts.
+        """
+        rec = self.record
+        if rec is None:
+            raise RuntimeError("rollback() needs a verify forward first (no record is held)")
+        T = rec.length
+        K1 = rec.conv_input.shape[1] - T  # kernel size - 1
+        if isinstance(n_keep, int):
+            if not 1 <= n_keep <= T:
+                raise ValueError(f"n_keep must be in 1..{T}, got {n_keep}")
+            if n_keep < T:
+                self[0] = mx.contiguous(rec.conv_input[:, n_keep : n_keep + K1])
+                self[1] = rec.states[n_keep - 1]
+            back = T - n_keep
+        else:
+            keep_list = [
+                int(x) for x in (n_keep.tolist() if isinstance(n_keep, mx.array) else n_keep)
+            ]
+            if not all(1 <= x <= T for x in keep_list):
+                raise ValueError(f"n_keep values must be in 1..{T}, got {keep_list}")
+            keep = mx.array(keep_list, dtype=mx.int32)  # (B,)
+            pos = (keep[:, None] + mx.arange(K1))[..., None]  # (B, K-1, 1)
+            self[0] = mx.take_along_axis(rec.conv_input, pos, axis=1)
+            self[1] = mx.stack([rec.states[x - 1][b] for b, x in enumerate(keep_list)])
+            back = T - keep
+        # Undo the part of ``advance(T)`` that covered the dropped positions (batched padding).
+        if self.lengths is not None:
+            self.lengths = self.lengths + back
+        if self.left_padding is not None:
+            self.left_padding = self.left_padding + back
+        self.record = None
+
+    def commit(self) -> None:
+        """Drop the record (all verified positions kept); frees its memory."""
+        self.record = None
+
+    def extract(self, idx: int) -> GDNRollbackCache:
+        cache = GDNRollbackCache(len(self.cache))
+        cache.cache = [c[idx : idx + 1] if c is not None else None for c in self.cache]
+        return cache
+
+
+class TargetCache(list):
+    """The per-layer caches of a target (``GDNRollbackCache`` / ``KVCache``) with one rollback.
+
+    A ``list`` of mlx-lm caches, so ``model(tokens, cache=target_cache)`` and mlx-lm's generation
+    utilities accept it unchanged. :attr:`pending` is the length T of the last verify forward
+    that has not been rolled back or committed yet.
+    """
+
+    def __init__(self, caches: Iterable[Any]) -> None:
+        super().__init__(caches)
+        self.pending = 0
+
+    @property
+    def offset(self) -> int:
+        """Positions held (from the first attention cache; Gated-DeltaNet caches have no offset)."""
+        for c in self:
+            if hasattr(c, "offset"):
+                return int(c.offset)
+        raise ValueError("this target has no attention layer to read the position from")
+
+    def begin_verify(self, length: int) -> None:
+        """Mark that a verify forward of ``length`` positions is about to run."""
+        if self.pending:
+            raise RuntimeError(
+                "the previous verify was neither rolled back nor committed: call rollback(n_keep)"
+            )
+        self.pending = int(length)
+
+    def rollback(self, n_keep: int) -> int:
+        """Keep the first ``n_keep`` positions of the last verify in every layer; return how many
+        positions were dropped (``T - n_keep``)."""
+        T = self.pending
+        if T == 0:
+            raise RuntimeError("rollback() needs a verify forward first")
+        if not 1 <= n_keep <= T:
+            raise ValueError(f"n_keep must be in 1..{T}, got {n_keep}")
+        drop = T - n_keep
+        for c in self:
+            if isinstance(c, GDNRollbackCache):
+                c.rollback(n_keep)
+            elif drop:
+                if not c.is_trimmable():
+                    raise TypeError(f"{type(c).__name__} cannot be rolled back")
+                c.trim(drop)
+        self.pending = 0
+        return drop
+
+    def commit(self) -> None:
+        """Keep every position of the last verify (same as ``rollback(T)``)."""
+        if self.pending:
+            self.rollback(self.pending)
+
+    @property
+    def state(self) -> list[Any]:
+        """Arrays to evaluate so the caches are materialised (``mx.eval(cache.state)``)."""
+        return [c.state for c in self]
+
+
+def make_target_cache(model: Any) -> TargetCache:
+    """The target's mlx-lm cache list with Gated-DeltaNet layers as :class:`GDNRollbackCache`.
+
+    Args:
+        model: an mlx-lm model (``model.make_cache()``), or a ``TargetModel``.
+    """
+    from mlx_lm.models.cache import make_prompt_cache
+
+    base = model.make_cache() if hasattr(model, "make_cache") else make_prompt_cache(model)
+    caches = [
+        GDNRollbackCache(len(c.cache)) if type(c) is ArraysCache else c  # exact type: no subclasses
+        for c in base
+    ]
+    return TargetCache(caches)

@@ -1,0 +1,530 @@
+"""Decoding loops: DFlash speculative decoding and plain one-token-per-step decoding.
+
+What it does: :func:`dflash_generate` and :func:`plain_generate` are generators that yield typed
+events (:class:`PrefillDone`, then :class:`RoundDone` per DFlash round or :class:`StepDone` per
+plain step, then one :class:`Summary`). Both share the prefill, the sampling functions and the
+stop rules, so their tokens and timings compare like with like.
+
+One DFlash round (block size B, ``shared/docs/dflash.md``)::
+
+    block = [last committed token, MASK x (B-1)]          -> drafter -> d_1..d_{B-1}
+    verify  [last, d_1..d_{B-1}] with the target (features of target_layer_ids captured)
+    accept  a drafts (greedy match, or rejection sampling at T > 0), bonus = target's token
+    commit  d_1..d_a, bonus; roll the target back to the last committed position (no re-run)
+    the features of the first a+1 verify positions become new drafter context
+
+What it does not do: load models, tokenize, print, or render (see ``hf2q.runtime.pair`` and the
+CLI). Conventions (same as ``mlx_lm.generate.stream_generate``): the prompt is processed with all
+but its last token in chunks, then the last token alone gives the first generated token; an EOS
+token that stops generation is included in ``tokens`` (finish reason ``"stop"``), and
+``max_tokens`` counts every generated token including it (finish reason ``"length"``).
+
+Timing: ``prefill_time`` covers the prompt and the first token; ``generation_tps`` counts the
+tokens after the first over the time after the first, so prefill is excluded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+
+from hf2q.errors import UsageError
+from hf2q.runtime.cache import TargetCache, make_target_cache
+from hf2q.runtime.drafter import DFlashDraftModel
+from hf2q.runtime.sampling import (
+    KeyStream,
+    SamplingParams,
+    accept_greedy,
+    accept_rejection,
+    choose,
+    probs,
+)
+from hf2q.runtime.target import TargetModel
+from hf2q.runtime.verify import verify_forward
+
+#: Prompt positions processed per target forward during prefill (mlx-lm's default).
+PREFILL_STEP_SIZE = 2048
+
+
+# ---- events -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PrefillDone:
+    """The prompt is processed and the first token chosen from its last position."""
+
+    prompt_tokens: int
+    prefill_time: float  # seconds, prompt forward(s) + first token
+    prompt_tps: float
+    token: int  # the first generated token
+    finish_reason: str | None  # "stop"/"length" if generation ends with this token
+
+
+@dataclass(frozen=True)
+class RoundDone:
+    """One DFlash round: draft, verify, accept, roll back."""
+
+    index: int  # 1-based
+    block_size: int  # B of this round (smaller than configured only near max_tokens)
+    drafted: int  # B - 1
+    accepted: int  # a, drafts accepted
+    bonus: int  # the target's token after the accepted drafts
+    rolled_back: int  # B - 1 - a
+    committed: tuple[int, ...]  # d_1..d_a, bonus; truncated at EOS / max_tokens
+    t_draft: float  # seconds the loop waited for the draft (it runs while the event is consumed)
+    t_verify: float  # seconds, includes acceptance
+    t_rollback: float  # seconds
+    generated: int  # tokens generated so far, the first one included
+    elapsed: float  # seconds since the first token
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class StepDone:
+    """One plain decoding step."""
+
+    index: int  # 1-based, counting tokens after the first
+    token: int
+    t_step: float  # seconds since the previous token
+    generated: int
+    elapsed: float
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The whole generation. DFlash-only fields are None for plain decoding."""
+
+    mode: str  # "dflash" or "plain"
+    tokens: list[int]  # generated ids (a stopping EOS included)
+    finish_reason: str  # "stop" (EOS) or "length" (max_tokens)
+    prompt_tokens: int
+    generation_tokens: int
+    prefill_time: float
+    decode_time: float  # seconds after the first token
+    prompt_tps: float
+    generation_tps: float  # (generation_tokens - 1) / decode_time; prefill excluded
+    peak_memory_gb: float
+    seed: int | None  # key seed when T > 0
+    rounds: int | None = None
+    block_size: int | None = None
+    tau: float | None = None  # mean(a + 1)
+    acceptance_rate: float | None = None  # sum(a) / sum(B - 1)
+    draft_share: float | None = None  # sum(a) / sum(a + 1)
+    accepted_histogram: list[int] | None = None  # [rounds with a == 0, a == 1, ..., a == B-1]
+    drafted: int | None = None  # sum over rounds of B - 1
+    accepted: int | None = None  # sum over rounds of a
+    t_draft: float | None = None  # totals over rounds, seconds
+    t_verify: float | None = None
+    t_rollback: float | None = None
+
+
+Event = PrefillDone | RoundDone | StepDone | Summary
+
+
+# ---- shared pieces ------------------------------------------------------------------------------
+def _check_common(prompt: Sequence[int], max_tokens: int, sampling: SamplingParams) -> None:
+    if len(prompt) == 0:
+        raise UsageError("the prompt is empty: pass some text (argument, --prompt-file or stdin)")
+    if max_tokens < 1:
+        raise UsageError(f"--max-tokens must be at least 1, got {max_tokens}")
+    sampling.validate()
+
+
+def prefill(
+    target: TargetModel,
+    prompt: Sequence[int],
+    cache: list[Any],
+    *,
+    drafter: DFlashDraftModel | None = None,
+    draft_cache: list[Any] | None = None,
+    step_size: int = PREFILL_STEP_SIZE,
+) -> tuple[mx.array, mx.array | None]:
+    """Process ``prompt`` into ``cache`` the way mlx-lm's ``generate_step`` does.
+
+    All but the last token go in chunks of ``step_size`` (caches evaluated after each), then the
+    last token alone. With a drafter, each chunk's features of ``target_layer_ids`` are appended
+    to ``draft_cache``; the last token's features are returned for the first draft instead.
+
+    Returns:
+        ``(logits, features)``: logits (1, vocab) of the last position (lazy); features
+        (1, 1, n_ids*H) of the last position, or None without a drafter.
+    """
+    ids = drafter.config.target_layer_ids if drafter is not None else ()
+    toks = mx.array(list(prompt), dtype=mx.int32)
+    n = toks.shape[0]
+    start = 0
+    while n - start > 1:
+        end = min(start + step_size, n - 1)
+        _, feats = target.forward(toks[None, start:end], cache, capture=ids, last_only=True)
+        state = [c.state for c in cache]
+        if drafter is not None:
+            drafter.add_context(feats, draft_cache)
+            state.append([c.state for c in draft_cache])
+        mx.eval(state)
+        start = end
+        mx.clear_cache()
+    logits, feats = target.forward(toks[None, n - 1 :], cache, capture=ids)
+    return logits[:, -1], feats
+
+
+def _finish(token: int, generated: int, max_tokens: int, eos: frozenset[int]) -> str | None:
+    if token in eos:
+        return "stop"
+    if generated >= max_tokens:
+        return "length"
+    return None
+
+
+def _peak_gb() -> float:
+    return mx.get_peak_memory() / 1e9
+
+
+# ---- DFlash -------------------------------------------------------------------------------------
+def dflash_generate(
+    target: TargetModel,
+    drafter: DFlashDraftModel,
+    prompt: Sequence[int],
+    *,
+    max_tokens: int = 256,
+    sampling: SamplingParams | None = None,
+    block_size: int | None = None,
+    eos_token_ids: Iterable[int] = (),
+    prefill_step_size: int = PREFILL_STEP_SIZE,
+) -> Iterator[Event]:
+    """Generate with DFlash speculative decoding; yield events (see the module docstring).
+
+    Args:
+        target: the target model; ``drafter`` must be bound to its embedding and head.
+        drafter: the DFlash drafter (validated against the target, see ``hf2q.runtime.pair``).
+        prompt: prompt token ids (chat template already applied).
+        max_tokens: most tokens to generate (>= 1).
+        sampling: temperature / top-p / top-k / seed; default greedy.
+        block_size: B, 2..drafter.block_size; default the drafter's.
+        eos_token_ids: tokens that stop generation (included in the output).
+
+    Raises:
+        UsageError: empty prompt, ``max_tokens < 1``, block size out of range, bad sampling.
+    """
+    sampling = sampling or SamplingParams()
+    _check_common(prompt, max_tokens, sampling)
+    B = drafter.block_size if block_size is None else int(block_size)
+    if not 2 <= B <= drafter.block_size:
+        raise UsageError(
+            f"--block-size must be between 2 and the drafter's block size {drafter.block_size}, got {B}"
+        )
+    if not drafter.is_bound:
+        drafter.bind(target.embed, target.head)
+    return _dflash(
+        target,
+        drafter,
+        list(prompt),
+        max_tokens,
+        sampling,
+        B,
+        frozenset(eos_token_ids),
+        prefill_step_size,
+    )
+
+
+def _dflash(
+    target: TargetModel,
+    drafter: DFlashDraftModel,
+    prompt: list[int],
+    max_tokens: int,
+    sampling: SamplingParams,
+    B: int,
+    eos: frozenset[int],
+    step_size: int,
+) -> Iterator[Event]:
+    keys = None if sampling.greedy else KeyStream(sampling.seed)
+    mask_id = drafter.mask_token_id
+    ids = drafter.config.target_layer_ids
+    mx.reset_peak_memory()
+    tcache: TargetCache = make_target_cache(target)
+    dcache = drafter.make_cache()
+
+    tic = time.perf_counter()
+    logits, ctx = prefill(
+        target, prompt, tcache, drafter=drafter, draft_cache=dcache, step_size=step_size
+    )
+    first = choose(logits, sampling, keys)
+    mx.eval(first, ctx)
+    token = int(first.item())
+    t_first = time.perf_counter()
+    prefill_time = t_first - tic
+    tokens = [token]
+    finish = _finish(token, 1, max_tokens, eos)
+    yield PrefillDone(len(prompt), prefill_time, len(prompt) / prefill_time, token, finish)
+
+    def submit_draft(last: int, ctx: mx.array) -> tuple[mx.array, mx.array | None, int]:
+        """Queue the drafter forward for block [last, MASK x (bs-1)]; return (draft, q, bs)."""
+        bs = min(B, max_tokens - len(tokens) + 1)  # never draft more than can be committed
+        block = mx.array([[last] + [mask_id] * (bs - 1)], dtype=mx.int32)
+        dlogits = drafter(block, ctx, dcache)[0]  # (bs-1, V)
+        if sampling.greedy:
+            draft, q = mx.argmax(dlogits, axis=-1).astype(mx.int32), None
+        else:
+            q = probs(dlogits, sampling)
+            draft = mx.random.categorical(mx.log(q), axis=-1, key=keys.next()).astype(mx.int32)
+        mx.async_eval(draft)
+        return draft, q, bs
+
+    hist = [0] * B
+    n_rounds = sum_a = sum_drafted = 0
+    t_draft_sum = t_verify_sum = t_roll_sum = 0.0
+    pending = submit_draft(tokens[-1], ctx) if finish is None else None
+    while finish is None:
+        # The round's draft was queued before the previous event was handed out, so it ran on
+        # the device meanwhile; t_draft is the part of it the loop still had to wait for. The
+        # verify graph is built while the draft may still be running (it cannot start earlier).
+        t0 = time.perf_counter()
+        draft, q, bs = pending
+        last = tokens[-1]
+        vin = mx.concatenate([mx.array([last], dtype=mx.int32), draft])[None]  # (1, bs)
+        vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
+        if sampling.greedy:
+            a_arr, bonus_arr = accept_greedy(draft, mx.argmax(vlogits[0], axis=-1).astype(mx.int32))
+        else:
+            a_arr, bonus_arr = accept_rejection(draft, q, probs(vlogits[0], sampling), keys.next())
+        mx.eval(draft)
+        t1 = time.perf_counter()
+        mx.eval(a_arr, bonus_arr)
+        a, bonus = int(a_arr.item()), int(bonus_arr.item())
+        t2 = time.perf_counter()
+
+        tcache.rollback(a + 1)
+        ctx = feats[:, : a + 1]  # the verified positions become drafter context
+        t3 = time.perf_counter()
+
+        committed = draft[:a].tolist() + [bonus]
+        kept: list[int] = []
+        for tok in committed:
+            kept.append(tok)
+            finish = _finish(tok, len(tokens) + len(kept), max_tokens, eos)
+            if finish is not None:
+                break
+        tokens.extend(kept)
+        if finish is None:
+            # Queue the next draft (and the restored states) before handing the event out.
+            pending = submit_draft(bonus, ctx)
+            mx.async_eval(tcache.state)
+
+        n_rounds += 1
+        sum_a += a
+        sum_drafted += bs - 1
+        hist[a] += 1
+        t_draft_sum += t1 - t0
+        t_verify_sum += t2 - t1
+        t_roll_sum += t3 - t2
+        yield RoundDone(
+            index=n_rounds,
+            block_size=bs,
+            drafted=bs - 1,
+            accepted=a,
+            bonus=bonus,
+            rolled_back=bs - 1 - a,
+            committed=tuple(kept),
+            t_draft=t1 - t0,
+            t_verify=t2 - t1,
+            t_rollback=t3 - t2,
+            generated=len(tokens),
+            elapsed=time.perf_counter() - t_first,
+            finish_reason=finish,
+        )
+
+    decode_time = time.perf_counter() - t_first
+    yield Summary(
+        mode="dflash",
+        tokens=tokens,
+        finish_reason=finish,
+        prompt_tokens=len(prompt),
+        generation_tokens=len(tokens),
+        prefill_time=prefill_time,
+        decode_time=decode_time,
+        prompt_tps=len(prompt) / prefill_time,
+        generation_tps=_tps(len(tokens) - 1, decode_time),
+        peak_memory_gb=_peak_gb(),
+        seed=keys.seed if keys else None,
+        rounds=n_rounds,
+        block_size=B,
+        tau=(sum_a + n_rounds) / n_rounds if n_rounds else None,
+        acceptance_rate=sum_a / sum_drafted if sum_drafted else None,
+        draft_share=sum_a / (sum_a + n_rounds) if n_rounds else None,
+        accepted_histogram=hist,
+        drafted=sum_drafted,
+        accepted=sum_a,
+        t_draft=t_draft_sum,
+        t_verify=t_verify_sum,
+        t_rollback=t_roll_sum,
+    )
+
+
+def _tps(n: int, seconds: float) -> float:
+    return n / seconds if seconds > 0 and n > 0 else 0.0
+
+
+# ---- plain --------------------------------------------------------------------------------------
+def plain_generate(
+    target: TargetModel,
+    prompt: Sequence[int],
+    *,
+    max_tokens: int = 256,
+    sampling: SamplingParams | None = None,
+    eos_token_ids: Iterable[int] = (),
+    prefill_step_size: int = PREFILL_STEP_SIZE,
+) -> Iterator[Event]:
+    """Generate one token per target step with mlx-lm's own forward and caches.
+
+    Same prefill, sampling and stop rules as :func:`dflash_generate`; the next step is queued
+    with ``mx.async_eval`` before the current token is read, as mlx-lm's ``generate_step`` does.
+    """
+    sampling = sampling or SamplingParams()
+    _check_common(prompt, max_tokens, sampling)
+    return _plain(
+        target, list(prompt), max_tokens, sampling, frozenset(eos_token_ids), prefill_step_size
+    )
+
+
+def _plain(
+    target: TargetModel,
+    prompt: list[int],
+    max_tokens: int,
+    sampling: SamplingParams,
+    eos: frozenset[int],
+    step_size: int,
+) -> Iterator[Event]:
+    keys = None if sampling.greedy else KeyStream(sampling.seed)
+    model = target.model
+    mx.reset_peak_memory()
+    cache = target.make_cache()
+
+    tic = time.perf_counter()
+    logits, _ = prefill(target, prompt, cache, step_size=step_size)
+    y = choose(logits, sampling, keys)  # (1,)
+
+    def step(y: mx.array) -> mx.array:
+        return choose(model(y[None], cache=cache)[:, -1], sampling, keys)
+
+    mx.async_eval(y)
+    token = int(y.item())
+    t_first = t_prev = time.perf_counter()
+    prefill_time = t_first - tic
+    tokens = [token]
+    finish = _finish(token, 1, max_tokens, eos)
+    yield PrefillDone(len(prompt), prefill_time, len(prompt) / prefill_time, token, finish)
+    if finish is None:
+        nxt = step(y)
+        mx.async_eval(nxt)
+    while finish is None:
+        y = nxt
+        if len(tokens) + 1 < max_tokens:
+            nxt = step(y)  # queue the following step before reading this one
+            mx.async_eval(nxt)
+        token = int(y.item())
+        tokens.append(token)
+        finish = _finish(token, len(tokens), max_tokens, eos)
+        now = time.perf_counter()
+        yield StepDone(len(tokens) - 1, token, now - t_prev, len(tokens), now - t_first, finish)
+        t_prev = now
+        if len(tokens) % 256 == 0:
+            mx.clear_cache()
+
+    decode_time = time.perf_counter() - t_first
+    yield Summary(
+        mode="plain",
+        tokens=tokens,
+        finish_reason=finish,
+        prompt_tokens=len(prompt),
+        generation_tokens=len(tokens),
+        prefill_time=prefill_time,
+        decode_time=decode_time,
+        prompt_tps=len(prompt) / prefill_time,
+        generation_tps=_tps(len(tokens) - 1, decode_time),
+        peak_memory_gb=_peak_gb(),
+        seed=keys.seed if keys else None,
+    )
+
+
+@dataclass(frozen=True)
+class AcceptanceStats:
+    """DFlash acceptance pooled over the rounds of several generations (dflash.md metrics)."""
+
+    rounds: int
+    tokens: int
+    tau: float  # mean over all rounds of (a + 1)
+    acceptance_rate: float  # sum(a) / sum(B - 1)
+    accepted_histogram: list[int]  # rounds with a == 0, 1, ..., B-1
+
+
+def measure_acceptance(
+    target: TargetModel,
+    drafter: DFlashDraftModel,
+    prompts: Iterable[Sequence[int]],
+    *,
+    max_tokens: int = 256,
+    block_size: int | None = None,
+    sampling: SamplingParams | None = None,
+    eos_token_ids: Iterable[int] = (),
+) -> AcceptanceStats:
+    """Run the real decoding loop on each prompt and pool tau / acceptance over all rounds.
+
+    This is how a drafter should be judged (training accuracy is not a gate, see dflash.md).
+    """
+    eos = list(eos_token_ids)
+    sum_a = sum_drafted = rounds = tokens = 0
+    hist: list[int] = []
+    for prompt in prompts:
+        s = run(
+            dflash_generate(
+                target,
+                drafter,
+                prompt,
+                max_tokens=max_tokens,
+                block_size=block_size,
+                sampling=sampling,
+                eos_token_ids=eos,
+            )
+        )
+        h = s.accepted_histogram or []
+        hist = [x + y for x, y in zip(hist or [0] * len(h), h)]
+        rounds += s.rounds or 0
+        tokens += s.generation_tokens
+        sum_a += s.accepted or 0
+        sum_drafted += s.drafted or 0
+    return AcceptanceStats(
+        rounds=rounds,
+        tokens=tokens,
+        tau=(sum_a + rounds) / rounds if rounds else 0.0,
+        acceptance_rate=sum_a / sum_drafted if sum_drafted else 0.0,
+        accepted_histogram=hist,
+    )
+
+
+def run(events: Iterable[Event]) -> Summary:
+    """Consume a generator of events and return its :class:`Summary`."""
+    summary = None
+    for ev in events:
+        if isinstance(ev, Summary):
+            summary = ev
+    if summary is None:
+        raise RuntimeError("the generation ended without a summary")
+    return summary
+
+
+__all__ = [
+    "PREFILL_STEP_SIZE",
+    "Event",
+    "PrefillDone",
+    "RoundDone",
+    "StepDone",
+    "Summary",
+    "dflash_generate",
+    "plain_generate",
+    "prefill",
+    "run",
+    "AcceptanceStats",
+    "measure_acceptance",
+]

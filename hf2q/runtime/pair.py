@@ -1,0 +1,204 @@
+"""Load a target and its DFlash drafter as a validated pair, and turn a prompt into token ids.
+
+What it does: resolve the target (``hf2q.loading.load_model``: local folder, converted folder or
+Hub id) and the drafter (``--draft``, else the drafter registry ``configs/registry.toml``, else
+the embedded demo pair when no model is given at all), load the drafter in the target's dtype,
+check that the two fit (hidden size, vocabulary rows, layer count, layer ids, mask id), bind the
+drafter to the target's embedding and head, and encode prompts (chat template with optional
+thinking, or raw text).
+
+What it does not do: generate (``hf2q.runtime.dflash``) or print.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hf2q.errors import DrafterError, ModelError, UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+
+def _package_dir() -> Path:
+    import hf2q
+
+    return Path(hf2q.__file__).resolve().parent
+
+
+def configs_dir() -> Path | None:
+    """``configs/`` shipped in the package (wheel), else the repository's top-level one."""
+    pkg = _package_dir()
+    for cand in (pkg / "configs", pkg.parent / "configs"):
+        if (cand / "registry.toml").is_file():
+            return cand
+    return None
+
+
+def read_registry() -> dict[str, Any]:
+    """The parsed drafter registry (empty when none is installed)."""
+    folder = configs_dir()
+    if folder is None:
+        return {}
+    path = folder / "registry.toml"
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ModelError(f"{path} is not valid TOML ({exc}): fix or reinstall it") from exc
+
+
+def registry_entry(source: str) -> dict[str, Any] | None:
+    """The registry entry of a target source (exact Hub id as written in the registry)."""
+    return (read_registry().get("targets") or {}).get(str(source))
+
+
+def demo_pair() -> tuple[Path, Path, dict[str, Any]]:
+    """Folders of the embedded demo pair and its registry entry.
+
+    Raises:
+        ModelError: this installation has no demo pair.
+    """
+    entry = read_registry().get("demo") or {}
+    pkg = _package_dir()
+    target = pkg / entry.get("target", "demo/target")
+    draft = pkg / entry.get("draft", "demo/draft")
+    if not (target / "config.json").is_file() or not (draft / "config.json").is_file():
+        raise ModelError(
+            "this hf2q installation has no embedded demo pair: pass a target with --model "
+            "(and its drafter with --draft)"
+        )
+    return target, draft, entry
+
+
+@dataclass
+class Pair:
+    """A loaded target, its drafter (None for plain decoding) and how to prompt them."""
+
+    target: Any  # TargetModel
+    drafter: Any | None  # DFlashDraftModel, bound to the target
+    tokenizer: Any  # mlx-lm TokenizerWrapper
+    target_source: str
+    draft_source: str | None
+    chat_default: bool  # apply the chat template unless told otherwise
+    default_prompt: str | None = None  # the demo pair's prompt when none is given
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return sorted(int(i) for i in (self.tokenizer.eos_token_ids or ()))
+
+
+def validate_pair(target: Any, drafter_config: Any, where: str = "the drafter") -> None:
+    """Raise :class:`DrafterError` unless the drafter config fits the target's sizes."""
+    drafter_config.validate_for_target(
+        hidden_size=target.hidden_size,
+        vocab_size=target.vocab_size,
+        num_layers=target.num_layers,
+        where=where,
+    )
+
+
+def load_pair(
+    model: str | None,
+    draft: str | None = None,
+    *,
+    dflash: bool = True,
+    revision: str | None = None,
+) -> Pair:
+    """Load the target (and with ``dflash`` its drafter) and validate the pair.
+
+    Args:
+        model: target source; None runs the embedded demo pair.
+        draft: drafter source; None looks the target up in the registry.
+        dflash: load the drafter (False: plain decoding, the drafter is not needed).
+        revision: Hub revision of the target.
+
+    Raises:
+        ModelError / DrafterError / SourceError / UsageError: one line naming the fix.
+    """
+    from hf2q.hub import resolve_source
+    from hf2q.loading import load_model
+    from hf2q.runtime.drafter import load_drafter, load_drafter_config
+    from hf2q.runtime.target import TargetModel
+
+    entry: dict[str, Any] = {}
+    is_demo = model is None
+    if model is None:
+        demo_target, demo_draft, entry = demo_pair()
+        model = str(demo_target)
+        draft = draft or str(demo_draft)
+    else:
+        entry = registry_entry(model) or {}
+        if draft is None and dflash:
+            draft = entry.get("draft")
+            if draft is None:
+                raise UsageError(
+                    f"no drafter is registered for {model}: pass one with --draft, or use --no-dflash"
+                )
+    loaded = load_model(model, revision=revision)
+    target = TargetModel(loaded.model, loaded.tokenizer)
+    drafter = None
+    if dflash:
+        folder = resolve_source(draft)
+        cfg = load_drafter_config(folder)
+        validate_pair(target, cfg, where=f"drafter {draft}")
+        drafter = load_drafter(folder, dtype=_dtype_of(target))
+        drafter.bind(target.embed, target.head)
+    has_template = bool(getattr(loaded.tokenizer, "chat_template", None))
+    chat_default = bool(entry.get("chat", True)) and has_template
+    return Pair(
+        target,
+        drafter,
+        loaded.tokenizer,
+        str(model),
+        draft if dflash else None,
+        chat_default,
+        entry.get("prompt") if is_demo else None,
+    )
+
+
+def _dtype_of(target: Any) -> Any:
+    emb = target.inner.embed_tokens
+    scales = getattr(emb, "scales", None)
+    return (scales if scales is not None else emb.weight).dtype
+
+
+def encode_prompt(
+    tokenizer: Any, text: str, *, chat: bool, thinking: bool | None = None
+) -> list[int]:
+    """Token ids of ``text``: one user turn through the chat template, or the raw text.
+
+    Args:
+        chat: apply the tokenizer's chat template (with the generation prompt).
+        thinking: pass ``enable_thinking`` to the template (None: the template's default).
+
+    Raises:
+        UsageError: empty prompt, or ``chat`` for a tokenizer without a chat template.
+    """
+    if not text.strip():
+        raise UsageError("the prompt is empty: pass some text (argument, --prompt-file or stdin)")
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise UsageError("this model's tokenizer has no chat template: pass --no-chat")
+        kwargs = {} if thinking is None else {"enable_thinking": bool(thinking)}
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}],
+            tokenize=False,
+            add_generation_prompt=True,
+            **kwargs,
+        )
+        return list(tokenizer.encode(rendered, add_special_tokens=False))
+    bos = getattr(tokenizer, "bos_token", None)
+    return list(tokenizer.encode(text, add_special_tokens=bos is None or not text.startswith(bos)))
+
+
+def check_model_sources(model: str | None, draft: str | None) -> None:
+    """Cheap checks before loading anything (used by the CLI)."""
+    if model is not None and not str(model).strip():
+        raise UsageError("--model is empty: pass a model folder or Hub repo id")
+    if draft is not None and not str(draft).strip():
+        raise DrafterError("--draft is empty: pass a drafter folder or Hub repo id")

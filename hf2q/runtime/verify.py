@@ -1,0 +1,178 @@
+"""The verify forward: one target pass over ``[last, d_1 .. d_{B-1}]`` that records what rollback needs.
+
+What it does: :func:`verify_forward` runs the target through ``TargetModel.forward`` with
+:func:`verify_layer` as the layer function. Full-attention (and plain Qwen3) layers run their own
+mlx-lm ``__call__`` unchanged (their KV cache is trimmed on rollback). Gated-DeltaNet layers are
+computed from *that instance's* mlx-lm submodules (projections, conv1d, gated norm, MLP) and
+mlx-lm's public helpers (``normalize_qk``, ``compute_g``), with the recurrence from
+:func:`hf2q.kernels.gated_delta.gated_delta_steps`, which also returns the state after every step;
+the layer stores the conv input window and those states in its :class:`GDNRollbackCache`.
+
+What it does not do: patch any mlx-lm class, decide acceptance, or roll back (see
+``hf2q.runtime.cache``). Tensor parallel (sharded) Gated-DeltaNet layers are not supported here.
+
+Numerics: per layer the output equals mlx-lm's own ``DecoderLayer.__call__`` on the same input
+and cache (the recurrence is bit-identical to mlx-lm's ops path; tested), so verify logits equal a
+plain forward over the same tokens.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.gated_delta import compute_g, normalize_qk
+
+from hf2q.kernels import select
+from hf2q.kernels.cuda_gated_delta import gdn_fused_cuda
+from hf2q.kernels.gated_delta import gated_delta_steps
+from hf2q.runtime.cache import GDNRollbackCache, TargetCache
+from hf2q.runtime.target import TargetModel
+
+
+def _gdn_math(
+    attn: nn.Module, x: mx.array, conv_state: mx.array, state: mx.array, mask: Any
+) -> tuple[mx.array, mx.array, list[mx.array]]:
+    """mlx-lm's ``GatedDeltaNet.__call__`` math for an unsharded layer, without cache writes.
+
+    Args:
+        x: (B, S, H) normed layer input; conv_state (B, K-1, C); state (B, Hv, Dv, Dk) float32.
+
+    Returns:
+        ``(out, conv_input, states)``: out (B, S, H) before the residual add; conv_input
+        (B, K-1+S, C); the S per-step recurrent states.
+    """
+    B, S, _ = x.shape
+    qkv = attn.in_proj_qkv(x)  # (B, S, 2*key_dim + value_dim)
+    z = attn.in_proj_z(x).reshape(B, S, attn.num_v_heads, attn.head_v_dim)
+    b = attn.in_proj_b(x)  # (B, S, Hv)
+    a = attn.in_proj_a(x)  # (B, S, Hv)
+    if mask is None and select.gdn_impl(attn) == "cuda":
+        # One CUDA kernel for conv + SiLU + q/k norm + gates + recurrence (hf2q.kernels), writing
+        # the state after every position into one buffer; the list holds views of it.
+        y, buf = gdn_fused_cuda(
+            conv_state,
+            qkv,
+            attn.conv1d.weight,
+            a,
+            b,
+            attn.A_log,
+            attn.dt_bias,
+            state,
+            num_k_heads=attn.num_k_heads,
+            key_dim=attn.head_k_dim,
+            num_v_heads=attn.num_v_heads,
+            value_dim=attn.head_v_dim,
+            record="states",
+        )
+        out = attn.out_proj(attn.norm(y, z).reshape(B, S, -1))
+        return out, mx.concatenate([conv_state, qkv], axis=1), [buf[:, t] for t in range(S)]
+    if mask is not None:
+        qkv = mx.where(mask[..., None], qkv, 0)
+    conv_input = mx.concatenate([conv_state, qkv], axis=1)  # (B, K-1+S, C)
+    conv_out = nn.silu(attn.conv1d(conv_input))  # (B, S, C)
+    q, k, v = [
+        t.reshape(B, S, h, d)
+        for t, h, d in zip(
+            mx.split(conv_out, [attn.key_dim, 2 * attn.key_dim], -1),
+            [attn.num_k_heads, attn.num_k_heads, attn.num_v_heads],
+            [attn.head_k_dim, attn.head_k_dim, attn.head_v_dim],
+        )
+    ]
+    q, k = normalize_qk(q, k, inv_scale=attn.head_k_dim**-0.5, eps=1e-6)
+    beta = mx.sigmoid(b)
+    g = compute_g(attn.A_log, a, attn.dt_bias)  # (B, S, Hv) float32
+    y, states = gated_delta_steps(q, k, v, g, beta, state, mask)
+    out = attn.out_proj(attn.norm(y, z).reshape(B, S, -1))
+    return out, conv_input, states
+
+
+# One compiled ``_gdn_math`` per layer instance (its weights are constants of the traced graph):
+# replaying it costs the host far less than rebuilding ~30 ops plus T recurrence steps per call.
+_compiled_layers: dict[int, tuple[weakref.ref, Callable[..., Any]]] = {}
+
+
+def _compiled_gdn(attn: nn.Module) -> Callable[..., Any]:
+    entry = _compiled_layers.get(id(attn))
+    if entry is None or entry[0]() is not attn:
+
+        def flat(x: mx.array, conv_state: mx.array, state: mx.array) -> tuple[mx.array, ...]:
+            out, conv_input, states = _gdn_math(attn, x, conv_state, state, None)
+            return (out, conv_input, *states)
+
+        entry = (weakref.ref(attn), mx.compile(flat))
+        _compiled_layers[id(attn)] = entry
+    return entry[1]
+
+
+def gdn_verify(
+    attn: nn.Module, x: mx.array, mask: Any, cache: GDNRollbackCache, *, compiled: bool = True
+) -> mx.array:
+    """A Gated-DeltaNet (``linear_attn``) forward over ``x`` (B, T, H) that records rollback data.
+
+    Same computation as mlx-lm's ``GatedDeltaNet.__call__`` for an unsharded layer, with the
+    recurrence from :func:`gated_delta_steps`. Updates ``cache`` to the state after all T
+    positions and stores a :class:`~hf2q.runtime.cache.GDNRecord` in it. Without a mask the
+    layer runs as a compiled graph (same results on CPU, bit for bit; tested).
+
+    Returns:
+        (B, T, H) the layer's output (before the residual add).
+    """
+    if getattr(attn, "sharding_group", None) is not None:
+        raise NotImplementedError(
+            "verify of tensor-parallel Gated-DeltaNet layers is not supported"
+        )
+    if cache.lengths is not None:
+        raise NotImplementedError("verify does not support right-padded (lengths) caches")
+    B, S, _ = x.shape
+    K1 = attn.conv_kernel_size - 1
+    conv_state = cache[0]
+    if conv_state is None:
+        conv_state = mx.zeros((B, K1, attn.conv_dim), dtype=x.dtype)
+    state = cache[1]
+    if state is None:
+        state = mx.zeros((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim), dtype=mx.float32)
+    if compiled and mask is None and select.compile_enabled():
+        res = _compiled_gdn(attn)(x, conv_state, state)
+        out, conv_input, states = res[0], res[1], list(res[2:])
+    else:
+        out, conv_input, states = _gdn_math(attn, x, conv_state, state, mask)
+    cache[0] = mx.contiguous(conv_input[:, -K1:])
+    cache[1] = states[-1]
+    cache.advance(S)
+    cache.set_record(conv_input, states)
+    return out
+
+
+def verify_layer(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any) -> mx.array:
+    """``TargetModel.forward`` layer function for verify: records Gated-DeltaNet layers.
+
+    Layers without a :class:`GDNRollbackCache` (attention, plain Qwen3) run their own
+    ``__call__``. For Gated-DeltaNet decoder layers this is mlx-lm's ``DecoderLayer.__call__``
+    (pre-norm, residual, MLP or MoE block) with :func:`gdn_verify` in place of ``linear_attn``.
+    """
+    if not (getattr(layer, "is_linear", False) and isinstance(cache, GDNRollbackCache)):
+        return layer(h, mask=mask, cache=cache)
+    r = gdn_verify(layer.linear_attn, layer.input_layernorm(h), mask, cache)
+    h = h + r
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+def verify_forward(
+    target: TargetModel,
+    tokens: mx.array,
+    cache: TargetCache,
+    *,
+    capture: Sequence[int] = (),
+) -> tuple[mx.array, mx.array | None]:
+    """Run the target over ``tokens`` (B, T) so that ``cache.rollback(n_keep)`` can follow.
+
+    Returns:
+        ``(logits, features)`` as :meth:`TargetModel.forward`: logits (B, T, vocab) and the
+        captured layer outputs (B, T, len(capture)*H) or None.
+    """
+    cache.begin_verify(tokens.shape[1])
+    return target.forward(tokens, cache, capture=capture, layer_fn=verify_layer)

@@ -1,0 +1,309 @@
+"""Run ``mx.fast.cuda_kernel`` sources on the CPU: a test harness for machines without a GPU.
+
+What it does: wrap a kernel body exactly the way MLX's CUDA backend does (inputs as ``const T*``,
+outputs as ``T*``, template arguments as ``constexpr`` / ``using`` lines at the top of the body),
+prepend a small C++ prelude that provides the CUDA pieces the hf2q kernels use (``blockIdx``,
+``threadIdx``, ``__shared__``, ``__syncthreads``, ``__shfl_xor_sync``, ``float4``, bf16/fp16
+conversions with round-to-nearest-even), compile it with the host C++ compiler, and run every
+thread of a block as an OS thread (blocks one after another) so barriers and warp shuffles behave
+as on a GPU. :func:`emulated_kernel` returns an object called like the result of
+``mx.fast.cuda_kernel``.
+
+What it does not do: model the GPU memory system, warp divergence rules or timing; it checks the
+arithmetic, the indexing and the synchronisation of a kernel, not its speed. The real CUDA tests
+(``@pytest.mark.cuda``) run the same kernels on the GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+PRELUDE = r"""
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <math.h>
+#include <thread>
+#include <vector>
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+using std::min;
+using std::max;
+struct hf2q_dim3 { unsigned x, y, z; };
+static hf2q_dim3 blockIdx;
+static thread_local hf2q_dim3 threadIdx;
+static std::barrier<>* hf2q_block_barrier = nullptr;
+static std::vector<std::barrier<>*> hf2q_warp_barriers;
+static float hf2q_shfl_buf[1024];
+inline void __syncthreads() { hf2q_block_barrier->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float v, int m) {
+  const int t = (int)threadIdx.x, w = t / 32, l = t % 32;
+  hf2q_shfl_buf[t] = v;
+  hf2q_warp_barriers[w]->arrive_and_wait();
+  const float r = hf2q_shfl_buf[w * 32 + (l ^ m)];
+  hf2q_warp_barriers[w]->arrive_and_wait();
+  return r;
+}
+struct alignas(16) float4 { float x, y, z, w; };
+inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+struct __nv_bfloat16 { uint16_t bits; };
+inline float __bfloat162float(__nv_bfloat16 h) {
+  uint32_t u = uint32_t(h.bits) << 16; float f; std::memcpy(&f, &u, 4); return f;
+}
+inline __nv_bfloat16 __float2bfloat16(float f) {
+  uint32_t u; std::memcpy(&u, &f, 4);
+  if (std::isnan(f)) return __nv_bfloat16{uint16_t(0x7FC0)};
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return __nv_bfloat16{uint16_t(u >> 16)};
+}
+struct __half { _Float16 v; };
+// MLX passes an input's shape/strides/ndim when the kernel source names them.
+struct Shape { int32_t v[10]; int32_t operator[](int i) const { return v[i]; } };
+struct Strides { int64_t v[10]; int64_t operator[](int i) const { return v[i]; } };
+inline float __half2float(__half h) { return (float)h.v; }
+inline __half __float2half(float f) { return __half{(_Float16)f}; }
+"""
+
+_CTYPES = {
+    mx.float32: "float",
+    mx.bfloat16: "__nv_bfloat16",
+    mx.float16: "__half",
+    mx.int32: "int32_t",
+}
+_NP_VIEW = {
+    mx.float32: np.float32,
+    mx.bfloat16: np.uint16,
+    mx.float16: np.uint16,
+    mx.int32: np.int32,
+}
+_MX_VIEW = {mx.bfloat16: mx.uint16, mx.float16: mx.uint16}
+
+
+def compiler() -> str | None:
+    """The host C++ compiler the emulator uses, or None when there is none."""
+    return shutil.which(os.environ.get("CXX", "g++"))
+
+
+def shape_infos(source: str, names: list[str]) -> list[tuple[bool, bool, bool]]:
+    """Which of ``<name>_shape``, ``_strides``, ``_ndim`` MLX passes for each input: those the
+    source names (MLX decides the same way, by searching the source)."""
+    return [
+        (f"{n}_shape" in source, f"{n}_strides" in source, f"{n}_ndim" in source) for n in names
+    ]
+
+
+def kernel_params(
+    in_names, in_dtypes, in_ndims, out_names, out_dtypes, source
+) -> list[tuple[str, str]]:
+    """(C++ type, name) of the kernel's parameters in MLX's order: each input and its shape
+    info, then the outputs."""
+    params = []
+    infos = shape_infos(source, list(in_names))
+    for n, d, nd, (sh, st, ndim) in zip(in_names, in_dtypes, in_ndims, infos):
+        params.append((f"const {_CTYPES[d]}*", n))
+        if nd > 0:
+            params += [("Shape", f"{n}_shape")] if sh else []
+            params += [("Strides", f"{n}_strides")] if st else []
+            params += [("int", f"{n}_ndim")] if ndim else []
+    params += [(f"{_CTYPES[d]}*", n) for n, d in zip(out_names, out_dtypes)]
+    return params
+
+
+def _template_lines(template) -> str:
+    src = ""
+    for tname, arg in template:
+        if isinstance(arg, bool):
+            src += f"  constexpr bool {tname} = {'true' if arg else 'false'};\n"
+        elif isinstance(arg, int):
+            src += f"  constexpr int {tname} = {arg};\n"
+        else:
+            src += f"  using {tname} = {_CTYPES[arg]};\n"
+    return src
+
+
+def _wrap(name: str, params: list[tuple[str, str]], source: str, header: str, template) -> str:
+    src = PRELUDE + header + "\n"
+    src += f"static void {name}(\n" + ",\n".join(f"    {t} {n}" for t, n in params) + ") {\n"
+    src += _template_lines(template) + "\n" + source + "\n}\n\n"
+    # Pointers are passed as they are; shape info by value from the buffer the pointer names.
+    casts = [
+        f"*({t}*)p[{i}]" if t in ("Shape", "Strides", "int") else f"({t})p[{i}]"
+        for i, (t, _) in enumerate(params)
+    ]
+    src += f"""
+extern "C" void hf2q_launch(void** p, int bx, int by, int bz, int tx) {{
+  std::barrier<> block_barrier(tx);
+  hf2q_block_barrier = &block_barrier;
+  std::vector<std::barrier<>*> warps;
+  for (int w = 0; w < (tx + 31) / 32; ++w) warps.push_back(new std::barrier<>(std::min(32, tx - 32 * w)));
+  hf2q_warp_barriers = warps;
+  for (int z = 0; z < bz; ++z)
+    for (int y = 0; y < by; ++y)
+      for (int x = 0; x < bx; ++x) {{
+        blockIdx = hf2q_dim3{{(unsigned)x, (unsigned)y, (unsigned)z}};
+        std::vector<std::thread> threads;
+        for (int t = 0; t < tx; ++t)
+          threads.emplace_back([&, t]() {{
+            threadIdx = hf2q_dim3{{(unsigned)t, 0u, 0u}};
+            {name}({", ".join(casts)});
+          }});
+        for (auto& th : threads) th.join();
+      }}
+  for (auto* w : warps) delete w;
+}}
+"""
+    return src
+
+
+class EmulatedKernel:
+    """Callable like ``mx.fast.cuda_kernel(...)``'s result; runs the body on the CPU."""
+
+    def __init__(
+        self,
+        name: str,
+        input_names: list[str],
+        output_names: list[str],
+        source: str,
+        header: str = "",
+        workdir: str | Path | None = None,
+    ) -> None:
+        self.name = name
+        self.input_names = list(input_names)
+        self.output_names = list(output_names)
+        self.source = source
+        self.header = header
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hf2q_cuda_emu_"))
+        self._libs: dict[str, ctypes.CDLL] = {}
+
+    def _lib(self, params, template) -> ctypes.CDLL:
+        code = _wrap(self.name, params, self.source, self.header, template)
+        key = hashlib.sha1(code.encode()).hexdigest()[:16]
+        if key not in self._libs:
+            cpp = self.workdir / f"{self.name}_{key}.cpp"
+            so = self.workdir / f"{self.name}_{key}.so"
+            cpp.write_text(code)
+            cmd = [
+                compiler() or "g++",
+                "-std=c++20",
+                "-O0",
+                "-shared",
+                "-fPIC",
+                "-pthread",
+                "-Wno-unknown-pragmas",
+                "-o",
+                str(so),
+                str(cpp),
+            ]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            if res.returncode != 0:
+                raise RuntimeError(f"emulator build of {self.name} failed:\n{res.stderr[-4000:]}")
+            self._libs[key] = ctypes.CDLL(str(so))
+        return self._libs[key]
+
+    def __call__(
+        self,
+        *,
+        inputs: list[Any],
+        output_shapes: list[tuple[int, ...]],
+        output_dtypes: list[Any],
+        grid: tuple[int, int, int],
+        threadgroup: tuple[int, int, int],
+        template: list[tuple[str, Any]] | None = None,
+        init_value: float | None = None,
+        verbose: bool = False,
+        stream: Any = None,
+    ) -> list[mx.array]:
+        arrays = [x if isinstance(x, mx.array) else mx.array(x) for x in inputs]
+        mx.eval(arrays)
+        in_np = [
+            np.ascontiguousarray(np.array(a.view(_MX_VIEW.get(a.dtype, a.dtype)), copy=True))
+            for a in arrays
+        ]
+        # Poison outputs (NaN bit patterns) so that unwritten elements cannot pass a check.
+        poison = {mx.float32: np.nan, mx.bfloat16: 0x7FC0, mx.float16: 0x7E00, mx.int32: -1}
+        out_np = [
+            np.full(s, poison[d] if init_value is None else init_value, dtype=_NP_VIEW[d])
+            for s, d in zip(output_shapes, output_dtypes)
+        ]
+        params = kernel_params(
+            self.input_names,
+            [a.dtype for a in arrays],
+            [a.ndim for a in arrays],
+            self.output_names,
+            list(output_dtypes),
+            self.source,
+        )
+        lib = self._lib(params, template or [])
+        buffers: list[np.ndarray] = []
+        infos = shape_infos(self.source, self.input_names)
+        for a, a_np, (sh, st, ndim) in zip(arrays, in_np, infos):
+            buffers.append(a_np)
+            if a.ndim > 0:
+                pad = [0] * (10 - a.ndim)
+                buffers += [np.array(list(a.shape) + pad, dtype=np.int32)] if sh else []
+                strides = [s // a_np.itemsize for s in a_np.strides]
+                buffers += [np.array(strides + pad, dtype=np.int64)] if st else []
+                buffers += [np.array([a.ndim], dtype=np.int32)] if ndim else []
+        buffers += out_np
+        ptrs = (ctypes.c_void_p * len(buffers))(*[b.ctypes.data for b in buffers])
+        tx, ty, tz = threadgroup
+        assert ty == 1 and tz == 1, "the emulator launches 1-D thread blocks"
+        blocks = [(g + t - 1) // t for g, t in zip(grid, threadgroup)]
+        lib.hf2q_launch(ptrs, blocks[0], blocks[1], blocks[2], tx)
+        outs = []
+        for o, d in zip(out_np, output_dtypes):
+            arr = mx.array(o)
+            outs.append(arr.view(d) if d in _MX_VIEW else arr)
+        return outs
+
+
+def mlx_cuda_source(
+    name: str,
+    input_names: list[str],
+    input_dtypes: list[Any],
+    input_ndims: list[int],
+    output_names: list[str],
+    output_dtypes: list[Any],
+    source: str,
+    header: str,
+    template: list[tuple[str, Any]],
+) -> str:
+    """The translation unit MLX's CUDA backend builds from a ``cuda_kernel`` (for compile checks).
+
+    MLX includes its own ``mlx/backend/cuda/device/utils.cuh`` first; the hf2q kernels need only
+    the CUDA headers it pulls in (bf16/fp16 types, cooperative groups) and its ``Shape`` /
+    ``Strides`` types, which stand in for it here.
+    """
+    src = "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cooperative_groups.h>\n"
+    src += "#include <cuda/std/array>\n"
+    src += "namespace mlx::core::cu {\nusing Shape = cuda::std::array<int32_t, 10>;\n"
+    src += "using Strides = cuda::std::array<int64_t, 10>;\n}\n"
+    src += header + "\nnamespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
+    params = kernel_params(
+        input_names, input_dtypes, input_ndims, output_names, output_dtypes, source
+    )
+    grid_const = {"Shape", "Strides", "int"}
+    src += f"__global__ void {name}(\n"
+    src += ",\n".join(
+        f"    const __grid_constant__ {t} {n}" if t in grid_const else f"    {t} {n}"
+        for t, n in params
+    )
+    src += ") {\n" + _template_lines(template)
+    return src + "\n" + source + "\n}\n\n} // namespace mlx::core::cu\n"

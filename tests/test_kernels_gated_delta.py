@@ -1,0 +1,340 @@
+"""The Gated-DeltaNet recurrence: the ops reference, and the CUDA kernels against it.
+
+Three layers of checks:
+
+* the ops reference (``gated_delta_steps_ops``) against a float64 NumPy re-statement of the rule,
+  against mlx-lm's own ``gated_delta_update`` / ``gated_delta_ops``, and for the properties
+  rollback relies on (per-step states equal running the steps one by one, replay equals the
+  recorded state) - everywhere;
+* the CUDA kernel sources run on the CPU through ``tests/cuda_emu.py`` (needs a C++ compiler),
+  which checks their indexing, chunking and synchronisation without a GPU;
+* the same kernels on a real GPU (``@pytest.mark.cuda``, skipped unless MLX's CUDA backend is up),
+  including the Qwen3.5-4B shapes.
+
+Tolerances: float32 relative error (||out - ref|| / ||ref||) at most 1e-5. bf16: the plain
+recurrence kernel reads the same bf16 inputs as the ops and keeps float32 state, so it matches to
+1e-5 as well; the fused kernel re-derives conv/SiLU/normalisation/gates, whose bf16 roundings
+differ slightly from MLX's ops (its sigmoid and exp), so it is held to 5e-2 (measured about 1e-2).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.gated_delta import compute_g, gated_delta_ops, gated_delta_update
+
+from hf2q.kernels import cuda_gated_delta as cg
+from hf2q.kernels.gdn import gated_delta_steps_ops
+
+HAS_CUDA = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
+F32_TOL = 1e-5
+FUSED_BF16_TOL = 5e-2
+
+
+def rel(a: mx.array, b: mx.array) -> float:
+    a32, b32 = a.astype(mx.float32), b.astype(mx.float32)
+    assert not mx.isnan(a32).any().item(), "output has NaN (an element was never written)"
+    return (mx.linalg.norm(a32 - b32) / mx.linalg.norm(b32)).item()
+
+
+def inputs(B=2, T=7, Hk=2, Hv=4, Dk=32, Dv=16, dtype=mx.float32, seed=0):
+    """Random recurrence inputs with realistic scales (normalised keys, decays in (0.5, 1))."""
+    mx.random.seed(seed)
+    q = mx.random.normal((B, T, Hk, Dk)) * Dk**-0.5
+    k = mx.random.normal((B, T, Hk, Dk))
+    k = k / mx.linalg.norm(k, axis=-1, keepdims=True)
+    v = mx.random.normal((B, T, Hv, Dv))
+    g = mx.random.uniform(0.5, 1.0, (B, T, Hv))
+    beta = mx.random.uniform(0.0, 1.0, (B, T, Hv))
+    state = mx.random.normal((B, Hv, Dv, Dk)) * 0.1
+    return q.astype(dtype), k.astype(dtype), v.astype(dtype), g, beta.astype(dtype), state
+
+
+def numpy_rule(q, k, v, g, beta, state):
+    """The gated delta rule in float64 NumPy, written out step by step (the specification)."""
+    q, k, v, g, beta, S = (
+        np.array(x.astype(mx.float32), dtype=np.float64) for x in (q, k, v, g, beta, state)
+    )
+    B, T, Hk, _ = q.shape
+    Hv = v.shape[2]
+    rep = Hv // Hk
+    ys = np.zeros(v.shape)
+    states = np.zeros((B, T) + S.shape[1:])
+    for b in range(B):
+        for t in range(T):
+            for h in range(Hv):
+                kk, qq = k[b, t, h // rep], q[b, t, h // rep]
+                S[b, h] *= g[b, t, h]  # decay
+                delta = (v[b, t, h] - S[b, h] @ kk) * beta[b, t, h]
+                S[b, h] += np.outer(delta, kk)  # delta-rule update
+                ys[b, t, h] = S[b, h] @ qq
+            states[b, t] = S[b]
+    return ys, states
+
+
+# -- the ops reference ---------------------------------------------------------------------------
+
+
+def test_ops_reference_follows_the_written_out_rule_including_gqa():
+    q, k, v, g, beta, s0 = inputs(B=2, T=6, Hk=2, Hv=4)
+    y, states = gated_delta_steps_ops(q, k, v, g, beta, s0)
+    y_np, states_np = numpy_rule(q, k, v, g, beta, s0)
+    assert rel(y, mx.array(y_np)) <= F32_TOL
+    assert rel(states, mx.array(states_np)) <= F32_TOL
+
+
+def test_ops_reference_equals_mlx_lm_gated_delta_update():
+    q, k, v, _, _, s0 = inputs(B=1, T=9, Hk=2, Hv=4, seed=1)
+    Hv = v.shape[2]
+    a = mx.random.normal((1, 9, Hv))
+    b = mx.random.normal((1, 9, Hv))
+    A_log = mx.log(mx.random.uniform(1.0, 16.0, (Hv,)))
+    dt_bias = mx.ones((Hv,))
+    y_ref, final_ref = gated_delta_update(q, k, v, a, b, A_log, dt_bias, s0, None)
+    y, states = gated_delta_steps_ops(q, k, v, compute_g(A_log, a, dt_bias), mx.sigmoid(b), s0)
+    assert rel(y, y_ref) <= F32_TOL
+    assert rel(states[:, -1], final_ref) <= F32_TOL
+
+
+def test_mx_fast_gated_delta_update_takes_the_state_as_b_hv_dv_dk():
+    # Its docstring names the state shape [B, T, Hk, Dv]; in fact it is (B, Hv, Dv, Dk) like
+    # mlx-lm's, and it returns the final state only (no per-step states for rollback).
+    q, k, v, g, beta, s0 = inputs(B=1, T=5, Hk=2, Hv=4, seed=2)
+    y, final = mx.fast.gated_delta_update(q, k, v, g, beta, s0)
+    y_ref, states = gated_delta_steps_ops(q, k, v, g, beta, s0)
+    assert final.shape == s0.shape
+    assert rel(y, y_ref) <= F32_TOL
+    assert rel(final, states[:, -1]) <= F32_TOL
+
+
+def test_per_step_states_equal_running_the_steps_one_by_one():
+    q, k, v, g, beta, s0 = inputs(B=2, T=6, seed=3)
+    _, states = gated_delta_steps_ops(q, k, v, g, beta, s0)
+    for t in range(6):
+        _, s_t = gated_delta_ops(
+            q[:, : t + 1], k[:, : t + 1], v[:, : t + 1], g[:, : t + 1], beta[:, : t + 1], s0
+        )
+        assert rel(states[:, t], s_t) <= F32_TOL
+
+
+def test_grouped_heads_equal_explicitly_repeated_keys():
+    q, k, v, g, beta, s0 = inputs(B=1, T=5, Hk=2, Hv=6, seed=4)
+    y, states = gated_delta_steps_ops(q, k, v, g, beta, s0)
+    y_rep, states_rep = gated_delta_steps_ops(
+        mx.repeat(q, 3, axis=2), mx.repeat(k, 3, axis=2), v, g, beta, s0
+    )
+    assert mx.array_equal(y, y_rep)
+    assert mx.array_equal(states, states_rep)
+
+
+def test_replaying_n_steps_gives_the_recorded_state():
+    q, k, v, g, beta, s0 = inputs(B=2, T=8, seed=5)
+    _, states = gated_delta_steps_ops(q, k, v, g, beta, s0)
+    for n in (1, 3, 8):
+        replayed = gated_delta_steps_ops(q, k, v, g, beta, s0, record="final", steps=n)
+        assert mx.array_equal(replayed, states[:, n - 1])
+
+
+def test_final_record_returns_the_last_state_and_the_same_outputs():
+    q, k, v, g, beta, s0 = inputs(B=1, T=4, seed=6)
+    y, states = gated_delta_steps_ops(q, k, v, g, beta, s0)
+    y2, final = gated_delta_steps_ops(q, k, v, g, beta, s0, record="final")
+    assert mx.array_equal(y, y2)
+    assert mx.array_equal(final, states[:, -1])
+
+
+def test_kernels_refuse_shapes_they_do_not_support():
+    with pytest.raises(cg.UnsupportedShape, match="multiple of 16"):
+        cg.check_shapes(Dk=24, Dv=16, Hk=1, Hv=1, T=4)
+    with pytest.raises(cg.UnsupportedShape, match="multiple of 8"):
+        cg.check_shapes(Dk=32, Dv=12, Hk=1, Hv=1, T=4)
+    with pytest.raises(cg.UnsupportedShape, match="not a multiple"):
+        cg.check_shapes(Dk=32, Dv=16, Hk=3, Hv=4, T=4)
+    assert cg.warps_for(128) == 4 and cg.warps_for(16) == 2 and cg.warps_for(8) == 1
+
+
+# -- the CUDA kernels: emulated on the CPU, and on a real GPU ---------------------------------------
+
+
+@cache
+def _emulated_kernel(*, fused: bool, record: str, write_y: bool, replay: bool):
+    """One emulated kernel per variant for the whole session (each build is compiled once)."""
+    import cuda_emu
+
+    return cuda_emu.EmulatedKernel(
+        **cg.kernel_spec(fused=fused, record=record, write_y=write_y, replay=replay)
+    )
+
+
+def _cpp_available() -> bool:
+    import cuda_emu
+
+    return cuda_emu.compiler() is not None
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("emulated", marks=pytest.mark.slow),
+        pytest.param("cuda", marks=pytest.mark.cuda),
+    ]
+)
+def kernels(request, monkeypatch):
+    """Run the CUDA kernel wrappers on the CPU emulator or on the GPU."""
+    if request.param == "cuda":
+        if not HAS_CUDA:
+            pytest.skip("MLX's CUDA backend is not available")
+        with mx.stream(mx.gpu):
+            yield "cuda"
+        return
+    if not _cpp_available():
+        pytest.skip("no C++ compiler for the CUDA emulator")
+    monkeypatch.setattr(cg, "_kernel", _emulated_kernel)
+    with mx.stream(mx.cpu):
+        yield "emulated"
+
+
+SHAPES = [
+    # B, T, Hk, Hv, Dk, Dv: GQA + two shared-memory chunks; one step (decode); real head dims
+    (2, 20, 2, 4, 32, 16),
+    (1, 1, 1, 2, 16, 8),
+    (1, 16, 1, 1, 128, 32),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}Hk{}Hv{}Dk{}Dv{}".format(*s))
+def test_steps_kernel_matches_the_ops_reference_in_float32(kernels, shape):
+    B, T, Hk, Hv, Dk, Dv = shape
+    q, k, v, g, beta, s0 = inputs(B, T, Hk, Hv, Dk, Dv, seed=10)
+    y_ref, states_ref = gated_delta_steps_ops(q, k, v, g, beta, s0)
+    y, states = cg.gated_delta_steps_cuda(q, k, v, g, beta, s0, record="states")
+    assert y.dtype == q.dtype and states.shape == (B, T, Hv, Dv, Dk)
+    assert rel(y, y_ref) <= F32_TOL
+    assert rel(states, states_ref) <= F32_TOL
+    y2, final = cg.gated_delta_steps_cuda(q, k, v, g, beta, s0, record="final")
+    assert rel(y2, y_ref) <= F32_TOL
+    assert rel(final, states_ref[:, -1]) <= F32_TOL
+    for n in sorted({1, (T + 1) // 2, T}):
+        replayed = cg.gated_delta_steps_cuda(q, k, v, g, beta, s0, record="final", steps=n)
+        assert rel(replayed, states_ref[:, n - 1]) <= F32_TOL
+
+
+def test_steps_kernel_in_bfloat16_keeps_float32_state(kernels):
+    q, k, v, g, beta, s0 = inputs(2, 9, 2, 4, 32, 16, dtype=mx.bfloat16, seed=11)
+    y_ref, states_ref = gated_delta_steps_ops(q, k, v, g, beta, s0)
+    y, states = cg.gated_delta_steps_cuda(q, k, v, g, beta, s0)
+    assert y.dtype == mx.bfloat16 and states.dtype == mx.float32
+    assert rel(states, states_ref) <= F32_TOL
+    assert rel(y, y_ref) <= 1e-2  # y itself is rounded to bf16
+
+
+def _tiny_gdn(dtype, *, Hk=2, Hv=4, Dk=32, Dv=16, seed=0):
+    from mlx_lm.models import qwen3_5
+
+    args = qwen3_5.TextModelArgs(
+        model_type="qwen3_5_text",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_key_heads=Hk,
+        linear_num_value_heads=Hv,
+        linear_key_head_dim=Dk,
+        linear_value_head_dim=Dv,
+        vocab_size=64,
+    )
+    mx.random.seed(seed)
+    attn = qwen3_5.GatedDeltaNet(args)
+    if dtype != mx.float32:
+        attn.set_dtype(dtype)
+        attn.A_log = attn.A_log.astype(mx.float32)  # as mlx-lm's cast_predicate keeps it
+    return attn
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=["float32", "bfloat16"])
+def test_fused_kernel_matches_mlx_lm_ops_for_a_whole_block(kernels, dtype):
+    from hf2q.kernels.gdn import gdn_mixer, rollback_state
+
+    attn = _tiny_gdn(dtype)
+    B, T = 2, 18
+    mx.random.seed(12)
+    x = mx.random.normal((B, T, 64)).astype(dtype)
+    conv_state = (mx.random.normal((B, 3, attn.conv_dim)) * 0.5).astype(dtype)
+    state = mx.random.normal((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim)) * 0.1
+    tol = F32_TOL if dtype == mx.float32 else FUSED_BF16_TOL
+    out_ref, rec_ref = gdn_mixer(attn, x, conv_state, state, impl="ops", record="states")
+    for record in ("states", "final"):
+        out, rec = gdn_mixer(attn, x, conv_state, state, impl="cuda", record=record)
+        assert rel(out, out_ref) <= tol
+        assert rel(rec.final_state, rec_ref.final_state) <= tol
+        for n in (1, 7, T):
+            assert rel(rollback_state(attn, rec, n, impl="cuda"), rec_ref.rec[:, n - 1]) <= tol
+
+
+def test_recurrence_kernel_after_mlx_lm_ops_matches_the_ops_mixer(kernels):
+    from hf2q.kernels.gdn import gdn_mixer, rollback_state
+
+    attn = _tiny_gdn(mx.float32, seed=1)
+    mx.random.seed(13)
+    x = mx.random.normal((1, 5, 64))
+    out_ref, rec_ref = gdn_mixer(attn, x, None, None, impl="ops", record="states")
+    out, rec = gdn_mixer(attn, x, None, None, impl="cuda_steps", record="final")
+    assert rel(out, out_ref) <= F32_TOL
+    assert rel(rollback_state(attn, rec, 2, impl="cuda_steps"), rec_ref.rec[:, 1]) <= F32_TOL
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="MLX's CUDA backend is not available")
+@pytest.mark.parametrize("T", [1, 16])
+def test_kernels_on_the_qwen35_4b_shapes(T):
+    # Qwen3.5-4B: 16 key heads, 32 value heads, head dims 128 (Hv > Hk: grouped heads).
+    q, k, v, g, beta, s0 = inputs(1, T, 16, 32, 128, 128, dtype=mx.bfloat16, seed=20)
+    y_ref, states_ref = gated_delta_steps_ops(q, k, v, g, beta, s0)
+    y, states = cg.gated_delta_steps_cuda(q, k, v, g, beta, s0, record="states")
+    assert rel(states, states_ref) <= F32_TOL
+    assert rel(y, y_ref) <= 1e-2
+    attn = _tiny_gdn(mx.float32, Hk=16, Hv=32, Dk=128, Dv=128, seed=2)
+    from hf2q.kernels.gdn import gdn_mixer
+
+    x = mx.random.normal((1, T, 64))
+    out_ref, rec_ref = gdn_mixer(attn, x, None, None, impl="ops", record="states")
+    out, rec = gdn_mixer(attn, x, None, None, impl="cuda", record="states")
+    assert rel(out, out_ref) <= F32_TOL
+    assert rel(rec.rec, rec_ref.rec) <= F32_TOL
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="MLX's CUDA backend is not available")
+def test_compiled_layer_with_the_fused_kernel_equals_the_uncompiled_one():
+    from mlx_lm.models import qwen3_5
+
+    from hf2q.kernels.gdn import compile_gdn_decoder_layer, empty_states, gdn_decoder_layer
+
+    args = qwen3_5.TextModelArgs(
+        model_type="qwen3_5_text",
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=64,
+        linear_value_head_dim=32,
+        vocab_size=64,
+    )
+    mx.random.seed(21)
+    layer = qwen3_5.DecoderLayer(args, 0)
+    conv_state, state = empty_states(layer.linear_attn, 1, mx.float32)
+    for T in (1, 16):
+        x = mx.random.normal((1, T, 128))
+        out, rec = gdn_decoder_layer(layer, x, conv_state, state, impl="cuda", record="states")
+        run = compile_gdn_decoder_layer(layer, impl="cuda", record="states")
+        out_c, rec_c = run(x, conv_state, state)
+        assert rel(out_c, out) <= F32_TOL
+        assert rel(rec_c.rec, rec.rec) <= F32_TOL
