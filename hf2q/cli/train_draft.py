@@ -126,6 +126,9 @@ def train_draft(
     regen_temp: Annotated[
         float, typer.Option("--regen-temp", help="Temperature of regeneration (0 = greedy).")
     ] = 0.0,
+    regen_batch: Annotated[
+        int, typer.Option("--regen-batch", help="Prompts regenerated together (GPUs: hundreds).")
+    ] = 32,
     init: Annotated[
         str,
         typer.Option(
@@ -190,6 +193,7 @@ def train_draft(
         regenerate=regenerate,
         regen_prompt_tokens=regen_prompt_tokens,
         regen_temperature=regen_temp,
+        regen_batch=regen_batch,
         init=init,
         feature_cache_gb=feature_cache_gb,
         thinking=thinking,

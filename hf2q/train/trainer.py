@@ -70,6 +70,7 @@ class TrainDraftConfig:
     regenerate: bool = False
     regen_prompt_tokens: int = 64
     regen_temperature: float = 0.0
+    regen_batch: int = 32
     init: str = "random"
     intermediate_size: int | None = None
     thinking: bool | None = None
@@ -157,6 +158,7 @@ def validate(cfg: TrainDraftConfig) -> None:
         ("--eval-every", cfg.eval_every),
         ("--eval-max-tokens", cfg.eval_max_tokens),
         ("--eval-prompt-tokens", cfg.eval_prompt_tokens),
+        ("--regen-batch", cfg.regen_batch),
     ):
         if value < 1:
             raise UsageError(f"{name} must be at least 1, got {value}")
@@ -502,6 +504,7 @@ def _train(
                 eos_ids=eos_ids,
                 temperature=cfg.regen_temperature,
                 seed=cfg.seed,
+                batch_size=cfg.regen_batch,
             )
             while True:
                 try:
