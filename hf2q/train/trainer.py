@@ -655,12 +655,13 @@ def _train(
     if total * cfg.batch_size > n_seq and cache_bytes <= cfg.feature_cache_gb * 1e9:
         yield Stage("features", f"target features of {n_seq} sequences, {cache_bytes / 1e9:.2f} GB")
         parts = []
-        for i in range(0, n_seq, cfg.batch_size):
-            chunk = D.make_batch(seqs[i : i + cfg.batch_size], cfg.seq_len, pad_id)
+        fb = max(cfg.batch_size, cfg.regen_batch)  # a forward only: as wide as regeneration
+        for i in range(0, n_seq, fb):
+            chunk = D.make_batch(seqs[i : i + fb], cfg.seq_len, pad_id)
             _, f = target.forward(mx.array(chunk.tokens), capture=ids)
             mx.eval(f)
             parts.append(f)
-            yield Preparing("features", min(n_seq, i + cfg.batch_size), n_seq)
+            yield Preparing("features", min(n_seq, i + fb), n_seq)
         feature_cache = mx.concatenate(parts, axis=0)  # (n_seq, seq_len, n_ids*H)
         del parts
     log["feature_cache_bytes"] = cache_bytes if feature_cache is not None else 0
