@@ -641,6 +641,10 @@ def _train(
         f"ids {ids}, mask {dcfg.mask_token_id}, B {B}, gamma {gamma:g}",
     )
     if start == 0 and resumed is None:
+        # A first checkpoint right away: a failure from here on leaves a run that --resume
+        # continues, without preparing (regenerating) the data again.
+        opt.init(drafter.trainable_parameters())
+        _save_checkpoint(ck_dir, drafter, opt, state_dict(0))
         yield from evaluate(0)
     checkpoint_every = cfg.checkpoint_every or cfg.eval_every
     acc = {"loss": 0.0, "weight": 0.0, "correct": 0.0, "leading": 0.0, "blocks": 0.0, "n": 0}
