@@ -224,10 +224,14 @@ def tokenize(
     if hasattr(inner, "model_max_length"):
         inner.model_max_length = 1 << 62
     out: list[TokenSeq] = []
+    chats = unusable = 0
     for r in records:
         if r.messages is not None:
+            chats += 1
             s = chat_sequence(tokenizer, r.messages, chat_kwargs)
-            if s is not None:
+            if s is None:
+                unusable += 1
+            else:
                 out.append(TokenSeq(s.tokens[:seq_len], s.loss_mask[:seq_len], s.prompt_len, True))
             continue
         ids = _encode(tokenizer, r.text or "")
@@ -237,6 +241,12 @@ def tokenize(
         for start in range(0, arr.size, seq_len):
             chunk = arr[start : start + seq_len]
             out.append(TokenSeq(chunk, np.ones(chunk.size, dtype=bool), 0, False))
+    if chats and unusable == chats and not out:
+        raise DataError(
+            f"none of the {chats} chat records has an assistant turn that the chat template "
+            "renders as a continuation of the conversation before it: add assistant turns, or "
+            "pass the text as raw-text records"
+        )
     return out
 
 
