@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from hf2q.errors import SourceError
 
@@ -48,6 +49,7 @@ def resolve_source(
     token: str | None = None,
     allow_patterns: Sequence[str] = MODEL_FILE_PATTERNS,
     progress: bool = True,
+    tqdm_class: Any = None,
 ) -> Path:
     """Return a local folder holding ``source``'s files, downloading them if needed.
 
@@ -56,7 +58,9 @@ def resolve_source(
         revision: branch, tag or commit of a Hub repo (ignored for local folders).
         token: Hub token; defaults to the one huggingface_hub finds (``HF_TOKEN``, login).
         allow_patterns: which files of the repo to fetch.
-        progress: show huggingface_hub's progress bars.
+        progress: show progress bars while downloading.
+        tqdm_class: the progress bar class (a ``tqdm`` subclass, e.g. one drawing with Rich);
+            None uses huggingface_hub's own bars.
 
     Raises:
         SourceError: the folder does not exist, or the repo cannot be fetched (offline and not
@@ -76,7 +80,12 @@ def resolve_source(
             "check the path"
         )
     return _snapshot(
-        text, revision=revision, token=token, allow_patterns=allow_patterns, progress=progress
+        text,
+        revision=revision,
+        token=token,
+        allow_patterns=allow_patterns,
+        progress=progress,
+        tqdm_class=tqdm_class,
     )
 
 
@@ -87,7 +96,9 @@ def _snapshot(
     token: str | None,
     allow_patterns: Sequence[str],
     progress: bool,
+    tqdm_class: Any = None,
 ) -> Path:
+    import huggingface_hub.errors as hf_errors
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -105,6 +116,7 @@ def _snapshot(
             revision=revision,
             token=token,
             allow_patterns=list(allow_patterns),
+            **({"tqdm_class": tqdm_class} if tqdm_class is not None and progress else {}),
         )
     except GatedRepoError as exc:
         raise SourceError(
@@ -118,6 +130,12 @@ def _snapshot(
         ) from exc
     except RevisionNotFoundError as exc:
         raise SourceError(f"{repo_id} has no revision {revision!r}: check --revision") from exc
+    except getattr(hf_errors, "IncompleteSnapshotError", _Never) as exc:
+        # huggingface_hub >= 1.x: the cached snapshot lacks files and the Hub cannot be reached.
+        raise SourceError(
+            f"the cached copy of {repo_id} is incomplete and the Hub cannot be reached: run "
+            f"'hf download {repo_id}' with network access, or pass a complete local folder"
+        ) from exc
     except LocalEntryNotFoundError as exc:
         raise SourceError(_offline_message(repo_id, revision)) from exc
     except OSError as exc:
@@ -130,6 +148,10 @@ def _snapshot(
         if not progress:
             enable_progress_bars()
     return Path(folder)
+
+
+class _Never(Exception):
+    """Stands in for exception classes an older huggingface_hub does not define."""
 
 
 def _offline_message(repo_id: str, revision: str | None) -> str:

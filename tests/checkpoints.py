@@ -102,13 +102,18 @@ def qwen35_text_config(**overrides: Any) -> dict[str, Any]:
     return cfg
 
 
-def _finish(folder: Path, model: Any, *, dtype: str, eos_ids: list[int]) -> None:
+def _finish(
+    folder: Path, model: Any, *, dtype: str, eos_ids: list[int], max_shard_size: str | None = None
+) -> None:
     import torch
 
     model = model.to(
         {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     )
-    model.save_pretrained(str(folder))
+    if max_shard_size is not None:
+        model.save_pretrained(str(folder), max_shard_size=max_shard_size)
+    else:
+        model.save_pretrained(str(folder))
     (folder / "generation_config.json").write_text(
         json.dumps({"eos_token_id": eos_ids, "pad_token_id": eos_ids[-1]}, indent=2)
     )
@@ -126,6 +131,49 @@ def _init(model: Any, seed: int, std: float) -> Any:
     return model
 
 
+def training_ids(folder: str | Path) -> list[int]:
+    """Token ids of the fixed text, with the tokenizer written in ``folder``."""
+    from transformers import AutoTokenizer
+
+    return list(AutoTokenizer.from_pretrained(str(folder)).encode(_TOKENIZER_TEXT))
+
+
+def _train(model: Any, ids: list[int], steps: int, seed: int, lr: float = 1e-2) -> float:
+    """Fit the model to the fixed text for a few steps, so its next-token choices are confident.
+
+    Random tiny models give nearly flat (or chaotic) distributions, on which "top-1 agreement"
+    means nothing; after a few dozen AdamW steps the model predicts the text's next tokens with
+    high probability and depends on every layer to do so. Runs on one thread: on the shared 2-core
+    machine two torch threads are many times slower than one.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(seed)
+        window = 64
+        x = torch.tensor([ids[i : i + window] for i in range(0, len(ids) - window - 1, window)])
+        y = torch.tensor(
+            [ids[i + 1 : i + window + 1] for i in range(0, len(ids) - window - 1, window)]
+        )
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
+        model.train()
+        loss = torch.tensor(0.0)
+        for _ in range(steps):
+            logits = model(input_ids=x).logits
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
+            )
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        model.eval()
+        return loss.item()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def build_qwen35(
     folder: str | Path,
     *,
@@ -135,6 +183,8 @@ def build_qwen35(
     dtype: str = "float32",
     seed: int = 0,
     std: float = 0.08,
+    train_steps: int = 0,
+    max_shard_size: str | None = None,
     **text_overrides: Any,
 ) -> Path:
     """Write a tiny Qwen3.5 checkpoint.
@@ -144,6 +194,10 @@ def build_qwen35(
             weights under ``model.language_model``) or ``"causal"`` (text-only ``*ForCausalLM``).
         moe: a ``qwen3_5_moe`` model (4 experts, 2 per token, a shared expert).
         mtp: add ``mtp.*`` tensors (one extra decoder layer + norms + fc) as released checkpoints have.
+        train_steps: fit the model to the fixed tokenizer text for this many steps first (see
+            :func:`_train`), so its predictions on that text are confident.
+        max_shard_size: passed to ``save_pretrained`` (e.g. ``"100KB"``) to write several shards
+            and a ``model.safetensors.index.json``.
     """
     import torch
     import transformers as tf
@@ -183,8 +237,16 @@ def build_qwen35(
     else:
         raise ValueError(f"unknown layout {layout!r}")
     _init(model, seed, std)
+    if train_steps:
+        _train(model, training_ids(folder), train_steps, seed)
     model.eval()
-    _finish(folder, model, dtype=dtype, eos_ids=[special["<|im_end|>"], special["<|endoftext|>"]])
+    _finish(
+        folder,
+        model,
+        dtype=dtype,
+        eos_ids=[special["<|im_end|>"], special["<|endoftext|>"]],
+        max_shard_size=max_shard_size,
+    )
     if mtp:
         add_mtp_tensors(folder, hidden=text["hidden_size"], seed=seed)
     return folder
@@ -227,9 +289,10 @@ def build_qwen3(
     dtype: str = "float32",
     seed: int = 0,
     std: float = 0.08,
+    train_steps: int = 0,
     **overrides: Any,
 ) -> Path:
-    """Write a tiny plain Qwen3 (pure attention) checkpoint."""
+    """Write a tiny plain Qwen3 (pure attention) checkpoint (``train_steps``: see build_qwen35)."""
     import torch
     import transformers as tf
 
@@ -251,6 +314,8 @@ def build_qwen3(
     )
     cfg.update(overrides)
     model = _init(tf.Qwen3ForCausalLM(tf.Qwen3Config(**cfg)), seed, std)
+    if train_steps:
+        _train(model, training_ids(folder), train_steps, seed)
     model.eval()
     _finish(folder, model, dtype=dtype, eos_ids=[special["<|im_end|>"], special["<|endoftext|>"]])
     return folder
@@ -356,19 +421,36 @@ def build_drafter(
     return folder
 
 
-def put_in_hub_cache(folder: str | Path, cache: str | Path, repo_id: str) -> Path:
-    """Lay the files of ``folder`` out as huggingface_hub's cache holds a downloaded ``repo_id``.
+def add_to_hf_cache(
+    cache: str | Path, repo_id: str, folder: str | Path, *, revision: str = "main"
+) -> str:
+    """Place ``folder``'s files in a Hugging Face Hub cache as if ``repo_id`` had been downloaded.
 
-    Loaders that only take Hub ids (z-lab's ``load_draft`` calls ``snapshot_download``) then read
-    the folder offline with ``HF_HUB_CACHE=cache HF_HUB_OFFLINE=1``. Returns the snapshot folder.
+    Lays out huggingface_hub's documented cache structure, ``models--owner--name/`` with
+    content-addressed ``blobs/``, ``snapshots/<commit>/`` of relative symlinks to the blobs, and
+    ``refs/<revision>`` holding the commit, so that ``snapshot_download(repo_id)`` with
+    ``HF_HUB_OFFLINE=1`` and ``HF_HUB_CACHE=cache`` resolves it. Returns the (made-up) commit hash.
     """
-    commit = "0" * 40
-    repo = Path(cache) / f"models--{repo_id.replace('/', '--')}"
-    snap = repo / "snapshots" / commit
-    snap.mkdir(parents=True)
-    for f in Path(folder).iterdir():
-        if f.is_file():
-            (snap / f.name).write_bytes(f.read_bytes())
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
-    return snap
+    import hashlib
+    import os
+
+    folder = Path(folder)
+    repo = Path(cache) / ("models--" + repo_id.replace("/", "--"))
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    digest = hashlib.sha1()
+    for p in files:
+        digest.update(p.name.encode() + hashlib.sha256(p.read_bytes()).digest())
+    commit = digest.hexdigest()
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for p in files:
+        blob = repo / "blobs" / hashlib.sha256(p.read_bytes()).hexdigest()
+        if not blob.exists():
+            blob.write_bytes(p.read_bytes())
+        link = snapshot / p.name
+        if not link.exists():
+            os.symlink(os.path.relpath(blob, snapshot), link)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / revision).write_text(commit)
+    return commit

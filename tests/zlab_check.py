@@ -48,7 +48,7 @@ def assert_zlab_loads_like_hf2q(target: Path, draft: Path, tmp: Path) -> None:
     """Raise AssertionError unless z-lab's loader reads ``draft`` and drafts what hf2q drafts."""
     repo = "hf2q-test/dflash-drafter"
     cache = tmp / "hub"
-    ck.put_in_hub_cache(draft, cache, repo)
+    ck.add_to_hf_cache(cache, repo, draft)
     script = textwrap.dedent(_SCRIPT).format(target=str(target), draft=str(draft), repo=repo)
     env = dict(os.environ, HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1")
     root = str(Path(__file__).resolve().parents[1])

@@ -44,9 +44,9 @@ def _root(
 
 def _register() -> None:
     # Each command module exposes ``register(app)``; importing them must stay cheap (no MLX).
-    from hf2q.cli import generate, info, train_draft
+    from hf2q.cli import bench, convert, generate, info, train_draft
 
-    for module in (info, generate, train_draft):
+    for module in (info, convert, generate, bench, train_draft):
         module.register(app)
 
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     global STANDALONE
     STANDALONE = argv is None
     try:
-        app(args=argv, prog_name="hf2q", standalone_mode=False)
+        code = app(args=argv, prog_name="hf2q", standalone_mode=False)
     except Hf2qError as exc:
         if _debug():
             raise
@@ -108,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
             "(set HF2Q_DEBUG=1 for the traceback and report it)",
             1,
         )
-    return 0
+    # Typer turns Ctrl-C inside a command into Exit(130) and, outside standalone mode, returns it.
+    if code == 130:
+        return _fail("interrupted", 130)
+    return code if isinstance(code, int) and not isinstance(code, bool) else 0
 
 
 if __name__ == "__main__":

@@ -318,8 +318,53 @@ class DFlashAttention(nn.Module):
             k_ctx, v_ctx = self.keys_values(ctx, cache.offset)
             cache.update_and_fetch(k_ctx, v_ctx)
 
+    def rows_mask(self, n_ctx: mx.array, n_keys: int, n_block: int) -> mx.array:
+        """Boolean mask (B, 1, n_block, n_keys + n_block) when rows hold different context lengths.
+
+        Row b's block sits at positions ``n_ctx[b] ..``; of the ``n_keys`` cached context keys it
+        sees only its own first ``n_ctx[b]`` (then the window / causal rules as in
+        :meth:`block_mask`), and all (or, causal, the earlier) keys of its own block.
+        """
+        q_pos = n_ctx[:, None, None] + mx.arange(n_block)[None, :, None]  # (B, L, 1)
+        k_ctx = mx.arange(n_keys)[None, None, :]  # (1, 1, K)
+        ctx_vis = k_ctx < n_ctx[:, None, None]  # (B, 1, K)
+        blk = mx.arange(n_block)
+        blk_vis = mx.ones((n_block, n_block), dtype=mx.bool_)
+        if self.is_causal:
+            blk_vis = blk_vis & (blk[None, :] <= blk[:, None])
+        if self.sliding_window is not None:
+            ctx_vis = ctx_vis & (q_pos - k_ctx < self.sliding_window)
+            blk_vis = blk_vis & (blk[:, None] - blk[None, :] < self.sliding_window)
+        B = n_ctx.shape[0]
+        ctx_vis = mx.broadcast_to(ctx_vis, (B, n_block, n_keys))
+        blk_vis = mx.broadcast_to(blk_vis, (B, n_block, n_block))
+        return mx.concatenate([ctx_vis, blk_vis], axis=-1)[:, None]
+
+    def _call_rows(self, x: mx.array, ctx: mx.array, cache: Any) -> mx.array:
+        # Per-row offsets (hf2q.runtime.slot_cache.SlotKVCache, host copy in ``lengths``): row
+        # b's context keys sit at buffer positions [0, offset[b]); each row appends its own count
+        # of ``ctx`` rows (``cache.prepare(lengths=...)``) and its block starts right after its
+        # own context.
+        L = x.shape[1]
+        self.append_context(ctx, cache)
+        keys, values = cache.keys_and_values()
+        n_ctx = cache.offset  # (B,)
+        q = self.queries(x, n_ctx)
+        k_blk, v_blk = self.keys_values(x, n_ctx)
+        n_keys = 0 if keys is None else keys.shape[2]
+        if n_keys:
+            k_blk = mx.concatenate([keys, k_blk], axis=2)
+            v_blk = mx.concatenate([values, v_blk], axis=2)
+        if len(set(cache.lengths)) == 1:  # aligned rows: the single-sequence mask (often none)
+            mask = self.block_mask(n_keys, L, 0)
+        else:
+            mask = self.rows_mask(n_ctx, n_keys, L)
+        return self.attend(q, k_blk, v_blk, mask)
+
     def __call__(self, x: mx.array, ctx: mx.array, cache: KVCache) -> mx.array:
         # x: (B, L, H) block rows; ctx: (B, S, H) new verified context rows (S may be 0).
+        if isinstance(cache.offset, mx.array):
+            return self._call_rows(x, ctx, cache)
         L = x.shape[1]
         self.append_context(ctx, cache)
         keys, values = cache.keys_and_values() if cache.offset else (None, None)
@@ -472,7 +517,10 @@ def load_drafter(path: str | Path, *, dtype: mx.Dtype | None = None) -> DFlashDr
             group_size=quant.get("group_size", 64),
             bits=quant.get("bits", 4),
             mode=quant.get("mode", "affine"),
-            class_predicate=lambda p, m: f"{p}.scales" in weights,
+            # Per-module settings (mixed-precision recipes) as mlx-lm records them.
+            class_predicate=lambda p, m: (
+                quant[p] if isinstance(quant.get(p), dict) else f"{p}.scales" in weights
+            ),
         )
     try:
         model.load_weights(list(weights.items()), strict=True)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# hf2q bench (batched DFlash) on the lent H200: costs on a random Qwen3.5-4B-shaped pair, then tau
+# on the embedded demo pair when this tree has it. Writes JSON reports and logs into $OUT.
+#
+# On the GPU machine, after MLX is installed (shared/device/README.md), from the repository root:
+#   bash .device/s2/install.sh && bash benchmarks/slots_h200.sh
+# Budget: about 4-5 minutes on an H200 (build about 20 s, kernels compile during the warm-up).
+# SHAPE=small runs the same on a CPU in a few minutes (a check of this script, not a result).
+set -uo pipefail
+: "${OUT:?set OUT to the folder for the reports}"
+SHAPE=${SHAPE:-4b}
+DTYPE=${DTYPE:-bfloat16}
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1 || true
+
+# 1. Costs: round time and its split, E and slot scaling (random weights: tau about 1).
+timeout 420 python3 benchmarks/slots_synthetic.py --shape "$SHAPE" --dtype "$DTYPE" \
+  --slots 1,2,4,8 --gen-tokens 32 --prompt-tokens 64 --trials 3 --warmup 1 \
+  --out "$OUT/slots-$SHAPE.json" > "$OUT/slots-$SHAPE.log" 2>&1
+echo "synthetic $SHAPE: exit $?"
+python3 - "$OUT/slots-$SHAPE.json" <<'EOF' || tail -n 20 "$OUT/slots-$SHAPE.log"
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(r["model"], "| wall", r["wall_s"], "s |", r["platform"]["device"])
+for x in r["results"]:
+    print(f"{x['slots']:>2} {x['mode']:<10} {x['tokens_per_s']:>9} tok/s  round {x['round_ms']} ms"
+          f"  split {x['draft_ms']}/{x['verify_ms']}/{x['rollback_ms']}  E {x['E']}"
+          f"  x1slot {x['scaling_vs_1_slot']}  xplain {x['speedup_vs_plain']}  = {x['matches_plain']}")
+EOF
+
+# 2. Tau on the embedded demo pair (skipped when this tree has none).
+if [ -f hf2q/demo/target/config.json ] && [ -f hf2q/demo/draft/config.json ]; then
+  timeout 150 python3 -m hf2q bench --slots 1,2,4,8 --gen-tokens 128 --trials 3 --warmup 1 \
+    --json --out "$OUT/slots-demo.json" > "$OUT/slots-demo.log" 2>&1
+  echo "demo pair: exit $?"
+  tail -c 1500 "$OUT/slots-demo.log"
+else
+  echo "demo pair: not in this tree (hf2q/demo/), tau run skipped"
+fi

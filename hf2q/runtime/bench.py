@@ -1,0 +1,459 @@
+"""The ``hf2q bench`` measurement: batched DFlash against its baselines, per slot count.
+
+What it does: for each slot count N, decode the same N requests three ways and time them:
+
+- ``plain``: batched plain decoding, N rows, one token per row per step
+  (:func:`hf2q.runtime.slots.slots_plain_generate`);
+- ``dflash-seq``: single-sequence DFlash (:func:`hf2q.runtime.dflash.dflash_generate`) run on
+  the N requests one after another;
+- ``dflash``: batched DFlash with N slots (:func:`hf2q.runtime.slots.slots_dflash_generate`).
+
+Each measured trial follows ``warmup`` unrecorded runs; figures are medians over trials with
+their min and max. Generation tok/s excludes prefill (tokens after each request's first over the
+decode time); round efficiency ``E = t(one plain decode step) / t(one DFlash round)`` compares the
+two at the same N (so the DFlash speedup over plain is ``tau * E``). The result is a JSON-ready
+dict (see :func:`run_bench`); at T = 0 the bench also checks that DFlash produced exactly the
+plain tokens (``matches_plain``).
+
+What it does not do: load models, print or render (``hf2q.cli.bench``), or sample (T = 0 only).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import mlx.core as mx
+
+from hf2q.errors import UsageError
+
+WORKLOADS = ("prompts", "random")
+MODES = ("plain", "dflash-seq", "dflash")
+#: Version of the JSON layout written by ``hf2q bench --json``.
+SCHEMA = 1
+
+#: The built-in prompt set (``--workload prompts``): slot i gets prompt i modulo this list, so
+#: slots hold prompts of different lengths and stop at different times.
+BUILTIN_PROMPTS = (
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    'import os\nimport sys\n\n\ndef main(argv):\n    """Print every file below the given folder."""\n',
+    'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n',
+    "Explain in three sentences why the sky is blue.",
+    'def merge_sorted(a, b):\n    """Merge two sorted lists into one sorted list."""\n',
+    "What is 17 * 23? Show the steps.",
+    "def parse_args(args=None):\n    parser = argparse.ArgumentParser(description=",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to measure; see ``hf2q bench --help`` for each option."""
+
+    slots: tuple[int, ...] = (1, 2, 4, 8)
+    gen_tokens: int = 128
+    prompt_tokens: int | None = None  # random workload only (default 128)
+    trials: int = 3
+    warmup: int = 1
+    block_size: int | None = None
+    workload: str = "prompts"
+    baseline: bool = True
+    seed: int = 0
+    idle: str = "compact"
+
+    def validate(self) -> BenchConfig:
+        """Raise :class:`UsageError` naming the bad option; return self."""
+        if not self.slots or any(n < 1 for n in self.slots):
+            raise UsageError(f"--slots needs counts of at least 1, got {list(self.slots)}")
+        if self.gen_tokens < 2:
+            raise UsageError(
+                f"--gen-tokens must be at least 2 (the first token is prefill), got {self.gen_tokens}"
+            )
+        if self.trials < 1:
+            raise UsageError(f"--trials must be at least 1, got {self.trials}")
+        if self.warmup < 0:
+            raise UsageError(f"--warmup must be 0 or more, got {self.warmup}")
+        if self.workload not in WORKLOADS:
+            raise UsageError(
+                f"--workload must be one of {', '.join(WORKLOADS)}, got {self.workload!r}"
+            )
+        if self.prompt_tokens is not None:
+            if self.workload != "random":
+                raise UsageError(
+                    "--prompt-tokens applies to --workload random (the built-in prompts keep "
+                    "their own lengths): drop it or add --workload random"
+                )
+            if self.prompt_tokens < 1:
+                raise UsageError(f"--prompt-tokens must be at least 1, got {self.prompt_tokens}")
+        if self.block_size is not None and self.block_size < 2:
+            raise UsageError(f"--block-size must be at least 2, got {self.block_size}")
+        from hf2q.runtime.slots import IDLE_POLICIES
+
+        if self.idle not in IDLE_POLICIES:
+            raise UsageError(f"--idle must be one of {', '.join(IDLE_POLICIES)}, got {self.idle!r}")
+        return self
+
+
+def parse_slots(text: str) -> tuple[int, ...]:
+    """``"1,2,4,8"`` or ``"4"`` -> sorted distinct counts; raise :class:`UsageError` otherwise."""
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    try:
+        counts = [int(p) for p in parts]
+    except ValueError:
+        raise UsageError(
+            f"--slots takes a count or a comma-separated list like 1,2,4,8, got {text!r}"
+        ) from None
+    if not counts or any(n < 1 for n in counts):
+        raise UsageError(f"--slots needs counts of at least 1, like 1,2,4,8, got {text!r}")
+    return tuple(sorted(set(counts)))
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def cast_models(target: Any, drafter: Any, dtype: str) -> None:
+    """Cast the floating-point weights of ``target`` and ``drafter`` to ``dtype`` in place.
+
+    Gated-DeltaNet ``A_log`` stays float32 (as mlx-lm loads it); quantized weights keep their
+    packing (only their scales and biases follow ``dtype``).
+    """
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    dt = getattr(mx, dtype)
+    for model in (target.model, drafter):
+        params = [
+            (k, v.astype(dt))
+            for k, v in tree_flatten(model.parameters())
+            if mx.issubdtype(v.dtype, mx.floating) and not k.endswith("A_log") and v.dtype != dt
+        ]
+        if params:
+            model.update(tree_unflatten(params))
+    mx.eval(target.model.parameters(), drafter.parameters())
+
+
+# ---- workload -----------------------------------------------------------------------------------
+def make_prompts(
+    config: BenchConfig,
+    n: int,
+    *,
+    tokenizer: Any = None,
+    chat: bool = False,
+    vocab_size: int | None = None,
+    avoid: Sequence[int] = (),
+) -> list[list[int]]:
+    """The ``n`` prompts (token ids) of the configured workload.
+
+    ``prompts``: the built-in texts through ``tokenizer`` (chat template when ``chat``).
+    ``random``: ``prompt_tokens`` ids drawn uniformly (seeded) from the tokenizer's ids
+    (or ``vocab_size``), never one of ``avoid`` (stop / special tokens).
+    """
+    if config.workload == "prompts":
+        if tokenizer is None:
+            raise UsageError(
+                "--workload prompts needs the model's tokenizer: use --workload random"
+            )
+        from hf2q.runtime.pair import encode_prompt
+
+        return [
+            encode_prompt(tokenizer, BUILTIN_PROMPTS[i % len(BUILTIN_PROMPTS)], chat=chat)
+            for i in range(n)
+        ]
+    import numpy as np
+
+    high = vocab_size
+    if tokenizer is not None:
+        high = min(high or len(tokenizer.vocab), len(tokenizer.vocab))
+    if not high:
+        raise UsageError("--workload random needs a vocabulary size")
+    bad = np.array(sorted(set(int(a) for a in avoid)), dtype=np.int64)
+    rng = np.random.default_rng(config.seed)
+    length = config.prompt_tokens or 128
+    prompts = []
+    for _ in range(n):
+        ids = rng.integers(0, high, size=length)
+        while bad.size and np.isin(ids, bad).any():
+            hit = np.isin(ids, bad)
+            ids[hit] = rng.integers(0, high, size=int(hit.sum()))
+        prompts.append([int(i) for i in ids])
+    return prompts
+
+
+# ---- one measured run ---------------------------------------------------------------------------
+@dataclass
+class RunResult:
+    """What one run of one mode at one slot count measured."""
+
+    tokens_per_s: float
+    per_slot_tokens_per_s: list[float]
+    prefill_tokens_per_s: float
+    round_s: float  # mean seconds per round (plain: per step)
+    draft_s: float | None
+    verify_s: float | None
+    rollback_s: float | None
+    rounds: int
+    generation_tokens: int
+    peak_memory_gb: float
+    tau: float | None
+    tau_per_slot: list[float | None] | None
+    accepted_histogram_per_slot: list[list[int]] | None
+    acceptance_rate: float | None
+    tokens: list[list[int]]  # per request, for the lossless check
+
+
+def _run_slots_mode(
+    mode: str,
+    target: Any,
+    drafter: Any,
+    prompts: list[list[int]],
+    config: BenchConfig,
+    eos: frozenset[int],
+) -> RunResult:
+    from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate, slots_plain_generate
+
+    reqs = [Request(p, max_tokens=config.gen_tokens) for p in prompts]
+    n = len(prompts)
+    if mode == "plain":
+        events = slots_plain_generate(target, reqs, slots=n, eos_token_ids=eos, idle=config.idle)
+    else:
+        events = slots_dflash_generate(
+            target,
+            drafter,
+            reqs,
+            slots=n,
+            block_size=config.block_size,
+            eos_token_ids=eos,
+            idle=config.idle,
+        )
+    s = run_slots(events)
+    rounds = max(s.rounds, 1)
+    dflash = mode == "dflash"
+    return RunResult(
+        tokens_per_s=s.generation_tps,
+        per_slot_tokens_per_s=[x.generation_tps for x in s.per_slot],
+        prefill_tokens_per_s=s.prompt_tps,
+        round_s=s.decode_time / rounds,
+        draft_s=s.t_draft / rounds if dflash else None,
+        verify_s=s.t_verify / rounds if dflash else None,
+        rollback_s=s.t_rollback / rounds if dflash else None,
+        rounds=s.rounds,
+        generation_tokens=s.generation_tokens,
+        peak_memory_gb=s.peak_memory_gb,
+        tau=s.tau,
+        tau_per_slot=[x.tau for x in s.per_slot] if dflash else None,
+        accepted_histogram_per_slot=[x.accepted_histogram for x in s.per_slot] if dflash else None,
+        acceptance_rate=s.acceptance_rate,
+        tokens=[r.tokens for r in s.requests],
+    )
+
+
+def _run_sequential(
+    target: Any, drafter: Any, prompts: list[list[int]], config: BenchConfig, eos: frozenset[int]
+) -> RunResult:
+    from hf2q.runtime.dflash import RoundDone, Summary, dflash_generate
+
+    sums: list[Summary] = []
+    sum_a = drafted = 0
+    for p in prompts:
+        for ev in dflash_generate(
+            target,
+            drafter,
+            p,
+            max_tokens=config.gen_tokens,
+            block_size=config.block_size,
+            eos_token_ids=eos,
+        ):
+            if isinstance(ev, RoundDone):
+                sum_a += ev.accepted
+                drafted += ev.drafted
+            elif isinstance(ev, Summary):
+                sums.append(ev)
+    decode = sum(s.decode_time for s in sums)
+    prefill = sum(s.prefill_time for s in sums)
+    rounds = sum(s.rounds or 0 for s in sums)
+    r = max(rounds, 1)
+    return RunResult(
+        tokens_per_s=sum(s.generation_tokens - 1 for s in sums) / decode if decode > 0 else 0.0,
+        per_slot_tokens_per_s=[s.generation_tps for s in sums],
+        prefill_tokens_per_s=sum(s.prompt_tokens for s in sums) / prefill if prefill else 0.0,
+        round_s=decode / r,
+        draft_s=sum(s.t_draft or 0 for s in sums) / r,
+        verify_s=sum(s.t_verify or 0 for s in sums) / r,
+        rollback_s=sum(s.t_rollback or 0 for s in sums) / r,
+        rounds=rounds,
+        generation_tokens=sum(s.generation_tokens for s in sums),
+        peak_memory_gb=max(s.peak_memory_gb for s in sums),
+        tau=(sum_a + rounds) / rounds if rounds else None,
+        tau_per_slot=[s.tau for s in sums],
+        accepted_histogram_per_slot=[list(s.accepted_histogram or []) for s in sums],
+        acceptance_rate=sum_a / drafted if drafted else None,
+        tokens=[s.tokens for s in sums],
+    )
+
+
+# ---- the whole bench ----------------------------------------------------------------------------
+def _stats(values: Sequence[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(x * 1000, 4)
+
+
+def _rnd(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def run_bench(
+    target: Any,
+    drafter: Any,
+    config: BenchConfig,
+    *,
+    tokenizer: Any = None,
+    chat: bool = False,
+    eos_token_ids: Sequence[int] = (),
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Measure every mode at every slot count; return the JSON-ready report.
+
+    Args:
+        target: a ``TargetModel``; ``drafter``: a DFlash drafter bound to it.
+        config: what to measure (validated here).
+        tokenizer: encodes the built-in prompts (``--workload prompts``).
+        chat: apply the chat template to the built-in prompts.
+        eos_token_ids: stop tokens for ``prompts``; ignored by the ``random`` workload, whose
+            requests always generate ``gen_tokens`` tokens.
+        progress: called with a short description before each run (for a status line).
+
+    Returns:
+        ``{"schema", "config", "dtype", "results": [row, ...]}``; one row per (slots, mode) with
+        ``slots``, ``mode``, ``tokens_per_s`` (median; ``_min`` / ``_max``), ``per_slot_tokens_per_s``,
+        ``prefill_tokens_per_s``, ``tau``, ``tau_per_slot``, ``accepted_histogram_per_slot``,
+        ``round_ms`` (median; ``_min`` / ``_max``), ``draft_ms``, ``verify_ms``, ``rollback_ms``,
+        ``E``, ``speedup_vs_plain``, ``scaling_vs_1_slot``, ``peak_memory_gb``, ``rounds``,
+        ``generation_tokens``, ``matches_plain`` and ``trials``.
+    """
+    config.validate()
+    B = config.block_size or drafter.block_size
+    if drafter.block_size < B:
+        raise UsageError(
+            f"--block-size {B} is above the drafter's block size {drafter.block_size}: "
+            f"pass at most {drafter.block_size}"
+        )
+    eos = frozenset() if config.workload == "random" else frozenset(int(e) for e in eos_token_ids)
+    avoid = set(eos_token_ids) | {drafter.mask_token_id}
+    if tokenizer is not None:
+        avoid |= set(getattr(tokenizer, "all_special_ids", []) or [])
+    modes = MODES if config.baseline else ("dflash",)
+    rows: list[dict[str, Any]] = []
+    for N in config.slots:
+        prompts = make_prompts(
+            config,
+            N,
+            tokenizer=tokenizer,
+            chat=chat,
+            vocab_size=target.vocab_size,
+            avoid=sorted(avoid),
+        )
+        runs: dict[str, list[RunResult]] = {m: [] for m in modes}
+        for trial in range(config.warmup + config.trials):
+            warm = trial < config.warmup
+            for mode in modes:
+                if progress is not None:
+                    what = (
+                        "warm-up" if warm else f"trial {trial - config.warmup + 1}/{config.trials}"
+                    )
+                    progress(f"{N} slot{'s' if N > 1 else ''}, {mode}, {what}")
+                mx.clear_cache()
+                if mode == "dflash-seq":
+                    res = _run_sequential(target, drafter, prompts, config, eos)
+                else:
+                    res = _run_slots_mode(mode, target, drafter, prompts, config, eos)
+                if not warm:
+                    runs[mode].append(res)
+        rows.extend(_rows_for(N, runs, B))
+    _relate(rows)
+    emb = target.inner.embed_tokens
+    weights = getattr(emb, "scales", None)
+    dtype = (weights if weights is not None else emb.weight).dtype
+    return {
+        "schema": SCHEMA,
+        "config": {**asdict(config), "slots": list(config.slots), "block_size": B},
+        "dtype": str(dtype).removeprefix("mlx.core."),
+        "results": rows,
+    }
+
+
+def _rows_for(N: int, runs: dict[str, list[RunResult]], B: int) -> list[dict[str, Any]]:
+    out = []
+    plain = runs.get("plain")
+    for mode, results in runs.items():
+        tps, tps_lo, tps_hi = _stats([r.tokens_per_s for r in results])
+        rnd, rnd_lo, rnd_hi = _stats([r.round_s for r in results])
+        last = results[-1]
+        n_slots = len(last.per_slot_tokens_per_s)
+        row: dict[str, Any] = {
+            "slots": N,
+            "mode": mode,
+            "tokens_per_s": _rnd(tps, 2),
+            "tokens_per_s_min": _rnd(tps_lo, 2),
+            "tokens_per_s_max": _rnd(tps_hi, 2),
+            "per_slot_tokens_per_s": [
+                _rnd(statistics.median(r.per_slot_tokens_per_s[i] for r in results), 2)
+                for i in range(n_slots)
+            ],
+            "prefill_tokens_per_s": _rnd(
+                statistics.median(r.prefill_tokens_per_s for r in results), 1
+            ),
+            "tau": _rnd(last.tau),
+            "tau_per_slot": [_rnd(t) for t in last.tau_per_slot] if last.tau_per_slot else None,
+            "accepted_histogram_per_slot": last.accepted_histogram_per_slot,
+            "acceptance_rate": _rnd(last.acceptance_rate),
+            "round_ms": _ms(rnd),
+            "round_ms_min": _ms(rnd_lo),
+            "round_ms_max": _ms(rnd_hi),
+            "draft_ms": _ms(_median_opt([r.draft_s for r in results])),
+            "verify_ms": _ms(_median_opt([r.verify_s for r in results])),
+            "rollback_ms": _ms(_median_opt([r.rollback_s for r in results])),
+            "E": None,
+            "speedup_vs_plain": None,
+            "scaling_vs_1_slot": None,
+            "peak_memory_gb": _rnd(max(r.peak_memory_gb for r in results), 4),
+            "rounds": last.rounds,
+            "generation_tokens": last.generation_tokens,
+            "block_size": None if mode == "plain" else B,
+            "matches_plain": None,
+            "trials": len(results),
+        }
+        if mode == "dflash" and plain:
+            # E at the same N: one plain batched step against one batched DFlash round.
+            row["E"] = _rnd(statistics.median(r.round_s for r in plain) / rnd, 4)
+        if mode != "plain" and plain:
+            same = [a == b for a, b in zip(last.tokens, plain[-1].tokens)]
+            row["matches_plain"] = _rnd(sum(same) / len(same), 4)
+        out.append(row)
+    return out
+
+
+def _median_opt(values: Sequence[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _relate(rows: list[dict[str, Any]]) -> None:
+    """Fill the fields that relate rows: speedups against plain, scaling against one slot, and E
+    of ``dflash-seq`` (single-sequence rounds against a one-row plain step)."""
+    by = {(r["slots"], r["mode"]): r for r in rows}
+    plain1 = by.get((1, "plain"))
+    for r in rows:
+        plain = by.get((r["slots"], "plain"))
+        if r["mode"] != "plain" and plain and plain["tokens_per_s"]:
+            r["speedup_vs_plain"] = _rnd(r["tokens_per_s"] / plain["tokens_per_s"], 3)
+        one = by.get((1, r["mode"]))
+        if one and one["tokens_per_s"]:
+            r["scaling_vs_1_slot"] = _rnd(r["tokens_per_s"] / one["tokens_per_s"], 3)
+        if r["mode"] == "dflash-seq" and plain1 and r["round_ms"]:
+            r["E"] = _rnd(plain1["round_ms"] / r["round_ms"], 4)

@@ -1,0 +1,771 @@
+"""Batched decoding: N sequences ("slots") decoded in lockstep, with DFlash or plain steps.
+
+What it does: :func:`slots_dflash_generate` runs DFlash on up to N requests at once. One round is
+one batched drafter forward over N blocks and one batched target verify over N x B tokens; each
+row accepts its own count ``a_i``, so the rollback is ragged: attention KV per row
+(:class:`~hf2q.runtime.slot_cache.SlotKVCache` moves that row's offset back) and Gated-DeltaNet
+state per row (:class:`~hf2q.runtime.cache.GDNRollbackCache` restores row i after ``a_i + 1``
+positions). :func:`slots_plain_generate` is the baseline: N rows, one token each per step, through
+mlx-lm's own model call on the same caches. Both are generators of typed events
+(:class:`SlotStarted`, :class:`SlotRound`, :class:`SlotFinished`, one final :class:`SlotsSummary`).
+
+Scheduling (continuous batching): requests wait in a queue; a free slot takes the next one, which
+is prefilled alone (``hf2q.runtime.dflash.prefill``, exactly as a single-sequence run) and copied
+into that slot's rows. Slots stop independently (EOS, their own ``max_tokens``). A slot left
+without work either is compacted away (``idle="compact"``, the default: the caches keep only the
+busy rows, a one-off gather) or keeps computing masked garbage (``idle="keep"``); neither changes
+the other rows' tokens.
+
+Isolation: at T = 0 every request's tokens equal its single-sequence DFlash run and its plain
+greedy decoding (tests). At T > 0 each request samples with its own key stream (``Request.seed``)
+through the same rejection sampling as the single-sequence path.
+
+Round block size: the verify is rectangular, so a round uses ``B_r = min(B, max_i(remaining_i) + 1)``
+positions for every row (the single-sequence rule applied to the row with most left, so one slot
+is exactly a single run); row i accepts at most its first ``min(B, remaining_i + 1) - 1`` drafts,
+as a single run would. (The non-causal drafter sees the longer block, so in a request's last rounds
+its drafts and acceptance statistics may differ from a single run of it; its tokens do not.)
+
+What it does not do: tokenize, load models, print, or batch prefills (each request is prefilled
+alone). Conventions (EOS included and counted, ``max_tokens``, prefill excluded from tok/s) are
+those of ``hf2q.runtime.dflash``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from hf2q.errors import UsageError
+from hf2q.runtime.cache import make_target_cache
+from hf2q.runtime.dflash import PREFILL_STEP_SIZE, Summary, prefill
+from hf2q.runtime.drafter import DFlashDraftModel
+from hf2q.runtime.sampling import KeyStream, SamplingParams, accept_rejection, choose, probs
+from hf2q.runtime.slot_cache import (
+    SlotTargetCache,
+    insert_draft_rows,
+    make_slot_draft_cache,
+    make_slot_target_cache,
+)
+from hf2q.runtime.target import TargetModel
+from hf2q.runtime.verify import verify_forward
+
+IDLE_POLICIES = ("compact", "keep")
+
+
+# ---- requests and events ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Request:
+    """One prompt to decode in a slot.
+
+    Attributes:
+        prompt: token ids (chat template already applied).
+        max_tokens: most tokens to generate (the stopping EOS counted).
+        seed: key seed at T > 0 (a single-sequence run with this seed draws the same keys);
+            None: ``sampling.seed + index`` when a sampling seed is set, else random.
+    """
+
+    prompt: Sequence[int]
+    max_tokens: int = 256
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class SlotStarted:
+    """A request was prefilled alone and placed in a slot; its first token is chosen."""
+
+    slot: int
+    request: int  # index in the request list
+    prompt_tokens: int
+    prefill_time: float  # seconds: prompt forward(s), first token, copy into the slot's rows
+    token: int
+    finish_reason: str | None  # set when the first token already ends the request
+
+
+@dataclass(frozen=True)
+class SlotRound:
+    """One lockstep round over the busy slots (a DFlash round, or one plain step)."""
+
+    index: int  # 1-based
+    slots: tuple[int, ...]  # slots that decoded a request this round
+    block_size: int  # verify positions per row (1 for plain decoding)
+    accepted: tuple[int, ...]  # drafts accepted per slot (0 for plain decoding)
+    committed: tuple[tuple[int, ...], ...]  # tokens committed per slot (cut at EOS / max_tokens)
+    rows: int  # batch rows computed (busy slots + idle rows kept with idle="keep")
+    t_draft: float  # seconds (0 for plain decoding)
+    t_verify: float  # seconds, includes acceptance (plain: the step)
+    t_rollback: float  # seconds
+    elapsed: float  # decode seconds so far, rounds only
+    finished: tuple[int, ...] = ()  # slots whose request ended this round
+
+
+@dataclass(frozen=True)
+class SlotFinished:
+    """A request ended (EOS or max_tokens); its slot is free again."""
+
+    slot: int
+    request: int
+    summary: Summary
+
+
+@dataclass(frozen=True)
+class SlotStats:
+    """What one slot did over the run (all the requests it served)."""
+
+    slot: int
+    requests: tuple[int, ...]
+    generation_tokens: int
+    decode_time: float  # seconds of rounds in which this slot was busy
+    generation_tps: float  # tokens after each request's first / decode_time
+    rounds: int
+    tau: float | None = None
+    acceptance_rate: float | None = None
+    accepted_histogram: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class SlotsSummary:
+    """The whole batched run. DFlash-only fields are None for plain decoding."""
+
+    mode: str  # "dflash" or "plain"
+    slots: int
+    requests: list[Summary]  # one per request, in request order
+    per_slot: list[SlotStats]
+    rounds: int
+    prompt_tokens: int
+    generation_tokens: int
+    prefill_time: float  # seconds, all prefills (+ copies into slots)
+    decode_time: float  # seconds in rounds only (prefill and slot filling excluded)
+    prompt_tps: float
+    generation_tps: float  # aggregate: sum over requests of tokens after the first / decode_time
+    peak_memory_gb: float
+    round_times: list[float] = field(default_factory=list)  # seconds per round
+    block_size: int | None = None
+    tau: float | None = None
+    acceptance_rate: float | None = None
+    draft_share: float | None = None
+    accepted_histogram: list[int] | None = None
+    t_draft: float | None = None  # totals over rounds, seconds
+    t_verify: float | None = None
+    t_rollback: float | None = None
+
+
+SlotEvent = SlotStarted | SlotRound | SlotFinished | SlotsSummary
+
+
+# ---- per-request bookkeeping --------------------------------------------------------------------
+@dataclass
+class _Live:
+    index: int
+    slot: int
+    prompt_tokens: int
+    max_tokens: int
+    keys: KeyStream | None
+    prefill_time: float
+    tokens: list[int]
+    finish: str | None = None
+    rounds: int = 0
+    sum_a: int = 0
+    drafted: int = 0
+    hist: list[int] = field(default_factory=list)
+    decode_time: float = 0.0
+    t_draft: float = 0.0
+    t_verify: float = 0.0
+    t_rollback: float = 0.0
+
+    @property
+    def remaining(self) -> int:
+        return self.max_tokens - len(self.tokens)
+
+    def commit(self, toks: Sequence[int], eos: frozenset[int]) -> tuple[int, ...]:
+        kept: list[int] = []
+        for tok in toks:
+            kept.append(int(tok))
+            self.finish = _finish(int(tok), len(self.tokens) + len(kept), self.max_tokens, eos)
+            if self.finish is not None:
+                break
+        self.tokens.extend(kept)
+        return tuple(kept)
+
+    def summary(self, mode: str, B: int | None) -> Summary:
+        n = len(self.tokens)
+        dflash = mode == "dflash"
+        r = self.rounds
+        return Summary(
+            mode=mode,
+            tokens=list(self.tokens),
+            finish_reason=self.finish or "length",
+            prompt_tokens=self.prompt_tokens,
+            generation_tokens=n,
+            prefill_time=self.prefill_time,
+            decode_time=self.decode_time,
+            prompt_tps=self.prompt_tokens / self.prefill_time if self.prefill_time > 0 else 0.0,
+            generation_tps=_tps(n - 1, self.decode_time),
+            peak_memory_gb=mx.get_peak_memory() / 1e9,
+            seed=self.keys.seed if self.keys else None,
+            rounds=r if dflash else None,
+            block_size=B if dflash else None,
+            tau=(self.sum_a + r) / r if dflash and r else None,
+            acceptance_rate=self.sum_a / self.drafted if dflash and self.drafted else None,
+            draft_share=self.sum_a / (self.sum_a + r) if dflash and r else None,
+            accepted_histogram=list(self.hist) if dflash else None,
+            t_draft=self.t_draft if dflash else None,
+            t_verify=self.t_verify if dflash else None,
+            t_rollback=self.t_rollback if dflash else None,
+        )
+
+
+def _finish(token: int, generated: int, max_tokens: int, eos: frozenset[int]) -> str | None:
+    if token in eos:
+        return "stop"
+    if generated >= max_tokens:
+        return "length"
+    return None
+
+
+def _tps(n: int, seconds: float) -> float:
+    return n / seconds if seconds > 0 and n > 0 else 0.0
+
+
+def _check(
+    requests: Sequence[Request], slots: int, sampling: SamplingParams, idle: str
+) -> list[Request]:
+    reqs = [r if isinstance(r, Request) else Request(list(r)) for r in requests]
+    if slots < 1:
+        raise UsageError(f"--slots must be at least 1, got {slots}")
+    if not reqs:
+        raise UsageError("no requests to decode: pass at least one prompt")
+    for i, r in enumerate(reqs):
+        if len(r.prompt) == 0:
+            raise UsageError(f"request {i} has an empty prompt: pass some text")
+        if r.max_tokens < 1:
+            raise UsageError(f"request {i}: max_tokens must be at least 1, got {r.max_tokens}")
+    if idle not in IDLE_POLICIES:
+        raise UsageError(f"idle must be one of {', '.join(IDLE_POLICIES)}, got {idle!r}")
+    sampling.validate()
+    return reqs
+
+
+def _keys(req: Request, index: int, sampling: SamplingParams) -> KeyStream | None:
+    if sampling.greedy:
+        return None
+    if req.seed is not None:
+        return KeyStream(req.seed)
+    return KeyStream(None if sampling.seed is None else sampling.seed + index)
+
+
+class _Stats:
+    """Aggregates over the run (rounds, totals) for :class:`SlotsSummary`."""
+
+    def __init__(self, slots: int, B: int) -> None:
+        self.rounds = 0
+        self.round_times: list[float] = []
+        self.t_draft = self.t_verify = self.t_roll = 0.0
+        self.decode = 0.0
+        self.prefill = 0.0
+        self.sum_a = self.sum_drafted = self.n_row_rounds = 0
+        self.hist = [0] * B
+        self.done: dict[int, Summary] = {}
+        self.by_slot: dict[int, list[_Live]] = {s: [] for s in range(slots)}
+
+    def finish(self, live: _Live, mode: str, B: int | None) -> Summary:
+        s = live.summary(mode, B)
+        self.done[live.index] = s
+        self.by_slot[live.slot].append(live)
+        return s
+
+    def summary(
+        self, mode: str, slots: int, n_requests: int, B: int | None, peak: float
+    ) -> SlotsSummary:
+        reqs = [self.done[i] for i in range(n_requests)]
+        dflash = mode == "dflash"
+        per_slot = []
+        for s in range(slots):
+            lives = self.by_slot[s]
+            gen = sum(len(x.tokens) for x in lives)
+            dt = sum(x.decode_time for x in lives)
+            r = sum(x.rounds for x in lives)
+            sa = sum(x.sum_a for x in lives)
+            dr = sum(x.drafted for x in lives)
+            hist = [sum(x.hist[k] for x in lives) for k in range(B)] if dflash and B else None
+            per_slot.append(
+                SlotStats(
+                    slot=s,
+                    requests=tuple(x.index for x in lives),
+                    generation_tokens=gen,
+                    decode_time=dt,
+                    generation_tps=_tps(gen - len(lives), dt),
+                    rounds=r,
+                    tau=(sa + r) / r if dflash and r else None,
+                    acceptance_rate=sa / dr if dflash and dr else None,
+                    accepted_histogram=hist,
+                )
+            )
+        gen = sum(s.generation_tokens for s in reqs)
+        ptoks = sum(s.prompt_tokens for s in reqs)
+        n = self.n_row_rounds
+        return SlotsSummary(
+            mode=mode,
+            slots=slots,
+            requests=reqs,
+            per_slot=per_slot,
+            rounds=self.rounds,
+            prompt_tokens=ptoks,
+            generation_tokens=gen,
+            prefill_time=self.prefill,
+            decode_time=self.decode,
+            prompt_tps=ptoks / self.prefill if self.prefill > 0 else 0.0,
+            generation_tps=_tps(gen - len(reqs), self.decode),
+            peak_memory_gb=peak,
+            round_times=list(self.round_times),
+            block_size=B if dflash else None,
+            tau=(self.sum_a + n) / n if dflash and n else None,
+            acceptance_rate=self.sum_a / self.sum_drafted if dflash and self.sum_drafted else None,
+            draft_share=self.sum_a / (self.sum_a + n) if dflash and n else None,
+            accepted_histogram=list(self.hist) if dflash else None,
+            t_draft=self.t_draft if dflash else None,
+            t_verify=self.t_verify if dflash else None,
+            t_rollback=self.t_roll if dflash else None,
+        )
+
+
+# ---- DFlash -------------------------------------------------------------------------------------
+def slots_dflash_generate(
+    target: TargetModel,
+    drafter: DFlashDraftModel,
+    requests: Iterable[Request | Sequence[int]],
+    *,
+    slots: int,
+    sampling: SamplingParams | None = None,
+    block_size: int | None = None,
+    eos_token_ids: Iterable[int] = (),
+    idle: str = "compact",
+    prefill_step_size: int = PREFILL_STEP_SIZE,
+) -> Iterator[SlotEvent]:
+    """Decode ``requests`` with DFlash, up to ``slots`` at a time; yield events.
+
+    Args:
+        target: the target model; ``drafter`` is bound to its embedding and head if not yet.
+        drafter: the DFlash drafter (validated against the target by the caller).
+        requests: :class:`Request` objects (or bare prompts, ``max_tokens`` 256), served in order.
+        slots: N, the most requests decoded together.
+        sampling: temperature / top-p / top-k / seed; default greedy.
+        block_size: B, 2..drafter.block_size; default the drafter's.
+        eos_token_ids: tokens that stop a request (included in its tokens).
+        idle: ``"compact"`` (drop rows without work from the batch) or ``"keep"``.
+
+    Raises:
+        UsageError: bad slot count, empty prompt, ``max_tokens < 1``, block size out of range.
+    """
+    sampling = sampling or SamplingParams()
+    reqs = _check(list(requests), slots, sampling, idle)
+    B = drafter.block_size if block_size is None else int(block_size)
+    if not 2 <= B <= drafter.block_size:
+        raise UsageError(
+            f"--block-size must be between 2 and the drafter's block size {drafter.block_size}, got {B}"
+        )
+    if not drafter.is_bound:
+        drafter.bind(target.embed, target.head)
+    return _dflash_slots(
+        target, drafter, reqs, slots, sampling, B, frozenset(eos_token_ids), idle, prefill_step_size
+    )
+
+
+def _dflash_slots(
+    target: TargetModel,
+    drafter: DFlashDraftModel,
+    reqs: list[Request],
+    slots: int,
+    sampling: SamplingParams,
+    B: int,
+    eos: frozenset[int],
+    idle: str,
+    step_size: int,
+) -> Iterator[SlotEvent]:
+    mask_id = drafter.mask_token_id
+    ids = drafter.config.target_layer_ids
+    mx.reset_peak_memory()
+    tcache = make_slot_target_cache(target, slots)
+    dcache = make_slot_draft_cache(drafter, slots)
+    rows: list[_Live | None] = [None] * slots  # row -> the request it decodes (None: idle)
+    free_slots = deque(range(slots))
+    queue = deque(enumerate(reqs))
+    ctx: mx.array | None = None  # (R, S, n_ids*H) new drafter context per row
+    ctx_len = [1] * slots  # rows of ``ctx`` each row appends
+    st = _Stats(slots, B)
+
+    def submit() -> tuple[mx.array, list[mx.array | None], list[int], list[int], float]:
+        """Queue the drafter forward for every row; return (draft (R, B_r-1), q per row (T > 0),
+        drafts each row may accept + 1, last tokens, host seconds spent)."""
+        tic = time.perf_counter()
+        bs_row = [min(B, x.remaining + 1) if x is not None else 2 for x in rows]
+        bs = max(bs_row)
+        last = [x.tokens[-1] if x is not None else mask_id for x in rows]
+        for c in dcache:
+            c.prepare(lengths=ctx_len)
+        block = mx.array([[t] + [mask_id] * (bs - 1) for t in last], dtype=mx.int32)  # (R, bs)
+        dlogits = drafter(block, ctx, dcache)  # (R, bs-1, V)
+        q_rows: list[mx.array | None] = [None] * len(rows)
+        if sampling.greedy:
+            draft = mx.argmax(dlogits, axis=-1).astype(mx.int32)  # (R, bs-1)
+        else:
+            drafts = []
+            for r, x in enumerate(rows):
+                n = bs_row[r] - 1
+                if x is None:
+                    drafts.append(mx.full((bs - 1,), mask_id, dtype=mx.int32))
+                    continue
+                q_rows[r] = probs(dlogits[r, :n], sampling)
+                d = mx.random.categorical(mx.log(q_rows[r]), axis=-1, key=x.keys.next())
+                pad = mx.full((bs - 1 - n,), mask_id, dtype=mx.int32)
+                drafts.append(mx.concatenate([d.astype(mx.int32), pad]))
+            draft = mx.stack(drafts)
+        mx.async_eval(draft)
+        return draft, q_rows, bs_row, last, time.perf_counter() - tic
+
+    pending = None  # the next round's queued draft (same rows), or None
+    while True:
+        # -- fill idle rows from the queue (each request prefilled alone) ----------------------
+        for r in range(len(rows)):
+            while rows[r] is None and queue:
+                pending = None  # the rows change: the next draft is queued afresh
+                index, req = queue.popleft()
+                slot = free_slots.popleft()
+                tic = time.perf_counter()
+                keys = _keys(req, index, sampling)
+                one_t = make_target_cache(target)
+                one_d = drafter.make_cache()
+                logits, feat = prefill(
+                    target,
+                    req.prompt,
+                    one_t,
+                    drafter=drafter,
+                    draft_cache=one_d,
+                    step_size=step_size,
+                )
+                first = choose(logits, sampling, keys)
+                mx.eval(first, feat)
+                live = _Live(index, slot, len(req.prompt), req.max_tokens, keys, 0.0, [])
+                live.hist = [0] * B
+                live.commit([int(first.item())], eos)
+                if live.finish is None:
+                    tcache.insert(r, one_t)
+                    insert_draft_rows(dcache, r, one_d)
+                    if ctx is None:
+                        ctx = mx.zeros((len(rows), 1, feat.shape[-1]), dtype=feat.dtype)
+                    ctx[r : r + 1, :1] = feat
+                    ctx_len[r] = 1
+                    mx.eval(tcache.state, [c.state for c in dcache], ctx)
+                    rows[r] = live
+                live.prefill_time = time.perf_counter() - tic
+                st.prefill += live.prefill_time
+                yield SlotStarted(
+                    slot, index, len(req.prompt), live.prefill_time, live.tokens[0], live.finish
+                )
+                if live.finish is not None:
+                    free_slots.append(slot)
+                    yield SlotFinished(slot, index, st.finish(live, "dflash", B))
+        busy = [r for r, live in enumerate(rows) if live is not None]
+        if not busy:
+            break
+        if idle == "compact" and len(busy) < len(rows):
+            pending = None
+            tcache.filter(busy)
+            for c in dcache:
+                c.filter(busy)
+            rows = [rows[r] for r in busy]
+            ctx = ctx[mx.array(busy, dtype=mx.int32)]
+            ctx_len = [ctx_len[r] for r in busy]
+
+        # -- one round over all rows -----------------------------------------------------------
+        # As the single-sequence loop, a round's draft is queued before the previous round's
+        # event is handed out when the rows stay the same, so it runs on the device meanwhile;
+        # the host time spent queuing it counts in this round's draft time.
+        t0 = time.perf_counter()
+        queued = pending is not None
+        if not queued:
+            pending = submit()
+        draft, q_rows, bs_row, last, t_submit = pending
+        pending = None
+        t_pre = t_submit if queued else 0.0  # queuing time spent before t0
+        R, bs = len(rows), draft.shape[1] + 1
+
+        vin = mx.concatenate([mx.array(last, dtype=mx.int32)[:, None], draft], axis=1)  # (R, bs)
+        vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
+        if sampling.greedy:
+            choice = mx.argmax(vlogits, axis=-1).astype(mx.int32)  # (R, bs)
+            allowed = mx.arange(bs - 1)[None] < (mx.array(bs_row) - 1)[:, None]
+            match = ((draft == choice[:, :-1]) & allowed).astype(mx.int32)
+            a_arr = mx.cumprod(match, axis=1).sum(axis=1)  # (R,)
+            bonus_arr = mx.take_along_axis(choice, a_arr[:, None], axis=1)[:, 0]
+        else:
+            a_l, b_l = [], []
+            for r, x in enumerate(rows):
+                if x is None:
+                    a_l.append(mx.array(0))
+                    b_l.append(mx.array(mask_id))
+                    continue
+                n = bs_row[r] - 1
+                a, b = accept_rejection(
+                    draft[r, :n], q_rows[r], probs(vlogits[r, : n + 1], sampling), x.keys.next()
+                )
+                a_l.append(a)
+                b_l.append(b)
+            a_arr, bonus_arr = mx.stack(a_l), mx.stack(b_l)
+        mx.eval(draft)
+        t1 = time.perf_counter()
+        mx.eval(a_arr, bonus_arr)
+        acc, bonus = a_arr.tolist(), bonus_arr.tolist()
+        t2 = time.perf_counter()
+
+        keep = [acc[r] + 1 if x is not None else 1 for r, x in enumerate(rows)]
+        tcache.rollback(keep)
+        ctx = feats[:, : max(keep)]
+        ctx_len = keep
+        # Materialise the restored states while the host goes on to build the next draft.
+        mx.async_eval(ctx, tcache.state)
+        t3 = time.perf_counter()
+
+        dt = t3 - t0 + t_pre
+        t_draft = t1 - t0 + t_pre
+        st.rounds += 1
+        st.round_times.append(dt)
+        st.decode += dt
+        st.t_draft += t_draft
+        st.t_verify += t2 - t1
+        st.t_roll += t3 - t2
+        draft_host = draft.tolist()
+        busy_slots, accepted, committed, finished = [], [], [], []
+        for r, x in enumerate(rows):
+            if x is None:
+                continue
+            a = acc[r]
+            kept = x.commit(draft_host[r][:a] + [bonus[r]], eos)
+            x.rounds += 1
+            x.sum_a += a
+            x.drafted += bs_row[r] - 1
+            x.hist[a] += 1
+            x.decode_time += dt
+            x.t_draft += t_draft
+            x.t_verify += t2 - t1
+            x.t_rollback += t3 - t2
+            st.sum_a += a
+            st.sum_drafted += bs_row[r] - 1
+            st.n_row_rounds += 1
+            st.hist[a] += 1
+            busy_slots.append(x.slot)
+            accepted.append(a)
+            committed.append(kept)
+            if x.finish is not None:
+                finished.append(r)
+        if not finished:
+            pending = submit()  # runs on the device while the event is consumed
+        yield SlotRound(
+            index=st.rounds,
+            slots=tuple(busy_slots),
+            block_size=bs,
+            accepted=tuple(accepted),
+            committed=tuple(committed),
+            rows=R,
+            t_draft=t_draft,
+            t_verify=t2 - t1,
+            t_rollback=t3 - t2,
+            elapsed=st.decode,
+            finished=tuple(rows[r].slot for r in finished),
+        )
+        for r in finished:
+            x = rows[r]
+            rows[r] = None
+            free_slots.append(x.slot)
+            yield SlotFinished(x.slot, x.index, st.finish(x, "dflash", B))
+
+    yield st.summary("dflash", slots, len(reqs), B, mx.get_peak_memory() / 1e9)
+
+
+# ---- plain --------------------------------------------------------------------------------------
+def slots_plain_generate(
+    target: TargetModel,
+    requests: Iterable[Request | Sequence[int]],
+    *,
+    slots: int,
+    sampling: SamplingParams | None = None,
+    eos_token_ids: Iterable[int] = (),
+    idle: str = "compact",
+    prefill_step_size: int = PREFILL_STEP_SIZE,
+) -> Iterator[SlotEvent]:
+    """Decode ``requests`` one token per row per step, up to ``slots`` rows; yield events.
+
+    The same scheduling, prefill, caches and stop rules as :func:`slots_dflash_generate`, with
+    mlx-lm's own model call as the step. Like ``hf2q.runtime.dflash.plain_generate`` the next
+    step is queued with ``mx.async_eval`` before the current tokens are read; rows that finish
+    meanwhile are overwritten (new request) or dropped (compaction) before their garbage is used.
+    """
+    sampling = sampling or SamplingParams()
+    reqs = _check(list(requests), slots, sampling, idle)
+    return _plain_slots(
+        target, reqs, slots, sampling, frozenset(eos_token_ids), idle, prefill_step_size
+    )
+
+
+def _plain_slots(
+    target: TargetModel,
+    reqs: list[Request],
+    slots: int,
+    sampling: SamplingParams,
+    eos: frozenset[int],
+    idle: str,
+    step_size: int,
+) -> Iterator[SlotEvent]:
+    model = target.model
+    mx.reset_peak_memory()
+    tcache: SlotTargetCache = make_slot_target_cache(target, slots)
+    rows: list[_Live | None] = [None] * slots
+    free_slots = deque(range(slots))
+    queue = deque(enumerate(reqs))
+    st = _Stats(slots, 1)
+    # ``cur[r]`` is read each iteration: the token row r's last step generated, except for rows
+    # in ``fresh``, where it is the row's first token (already committed), fed in as input.
+    cur: mx.array | None = None
+    fresh: set[int] = set()
+
+    def step(y: mx.array) -> mx.array:
+        logits = model(y[:, None], cache=tcache)[:, -1]  # (R, V)
+        if sampling.greedy:
+            return mx.argmax(logits, axis=-1).astype(mx.int32)
+        picks = [
+            choose(logits[r : r + 1], sampling, x.keys)
+            if x is not None
+            else mx.zeros((1,), mx.int32)
+            for r, x in enumerate(rows)
+        ]
+        return mx.concatenate(picks)
+
+    def fill() -> Iterator[SlotEvent]:
+        nonlocal cur
+        for r in range(len(rows)):
+            while rows[r] is None and queue:
+                index, req = queue.popleft()
+                slot = free_slots.popleft()
+                tic = time.perf_counter()
+                keys = _keys(req, index, sampling)
+                one = make_target_cache(target)
+                logits, _ = prefill(target, req.prompt, one, step_size=step_size)
+                first = choose(logits, sampling, keys)
+                mx.eval(first)
+                live = _Live(index, slot, len(req.prompt), req.max_tokens, keys, 0.0, [])
+                live.commit([int(first.item())], eos)
+                if live.finish is None:
+                    # The row's caches are replaced after any step already queued, so that
+                    # step's garbage for this row is overwritten; its value in ``cur`` too.
+                    # (Lazy: the copy runs with the next step, which it must follow.)
+                    tcache.insert(r, one)
+                    if cur is not None:
+                        cur[r] = live.tokens[0]
+                    fresh.add(r)
+                    rows[r] = live
+                live.prefill_time = time.perf_counter() - tic
+                st.prefill += live.prefill_time
+                yield SlotStarted(
+                    slot, index, len(req.prompt), live.prefill_time, live.tokens[0], live.finish
+                )
+                if live.finish is not None:
+                    free_slots.append(slot)
+                    yield SlotFinished(slot, index, st.finish(live, "plain", None))
+
+    yield from fill()
+    t_prev = time.perf_counter()
+    while True:
+        busy = [r for r, x in enumerate(rows) if x is not None]
+        if not busy:
+            break
+        if cur is None:  # nothing queued: feed every busy row its last token
+            cur = mx.array([x.tokens[-1] if x is not None else 0 for x in rows], dtype=mx.int32)
+            fresh = set(busy)
+        if idle == "compact" and len(busy) < len(rows):
+            tcache.filter(busy)
+            rows = [rows[r] for r in busy]
+            cur = cur[mx.array(busy, dtype=mx.int32)]
+            fresh = {busy.index(r) for r in fresh}
+        # Queue the following step before reading ``cur`` if some row can still use it.
+        go_on = any(
+            x is not None and x.remaining >= (1 if r in fresh else 2) for r, x in enumerate(rows)
+        )
+        nxt = step(cur) if go_on else None
+        if nxt is not None:
+            mx.async_eval(nxt)
+        toks = cur.tolist()
+        now = time.perf_counter()
+        dt = now - t_prev
+        t_prev = now
+        busy_slots, committed, finished = [], [], []
+        for r, x in enumerate(rows):
+            if x is None or r in fresh:
+                continue
+            kept = x.commit([toks[r]], eos)
+            x.rounds += 1
+            x.decode_time += dt
+            st.n_row_rounds += 1
+            busy_slots.append(x.slot)
+            committed.append(kept)
+            if x.finish is not None:
+                finished.append(r)
+        fresh = set()
+        cur = nxt
+        if busy_slots:
+            st.rounds += 1
+            st.round_times.append(dt)
+            st.decode += dt
+            st.t_verify += dt
+            yield SlotRound(
+                index=st.rounds,
+                slots=tuple(busy_slots),
+                block_size=1,
+                accepted=(0,) * len(busy_slots),
+                committed=tuple(committed),
+                rows=len(rows),
+                t_draft=0.0,
+                t_verify=dt,
+                t_rollback=0.0,
+                elapsed=st.decode,
+                finished=tuple(rows[r].slot for r in finished),
+            )
+        for r in finished:
+            x = rows[r]
+            rows[r] = None
+            free_slots.append(x.slot)
+            yield SlotFinished(x.slot, x.index, st.finish(x, "plain", None))
+        if finished and queue:
+            t_fill = time.perf_counter()
+            yield from fill()
+            t_prev += time.perf_counter() - t_fill  # prefill is not decode time
+    yield st.summary("plain", slots, len(reqs), None, mx.get_peak_memory() / 1e9)
+
+
+def run_slots(events: Iterable[SlotEvent]) -> SlotsSummary:
+    """Consume a generator of slot events and return its :class:`SlotsSummary`."""
+    summary = None
+    for ev in events:
+        if isinstance(ev, SlotsSummary):
+            summary = ev
+    if summary is None:
+        raise RuntimeError("the batched generation ended without a summary")
+    return summary
+
+
+__all__ = [
+    "IDLE_POLICIES",
+    "Request",
+    "SlotEvent",
+    "SlotFinished",
+    "SlotRound",
+    "SlotStarted",
+    "SlotStats",
+    "SlotsSummary",
+    "run_slots",
+    "slots_dflash_generate",
+    "slots_plain_generate",
+]

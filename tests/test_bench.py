@@ -1,0 +1,170 @@
+"""``hf2q bench``: runs end to end on a tiny pair in seconds; its JSON has the documented keys with
+sane values; bad options fail with one line naming the fix before anything is loaded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf2q.cli.app import main
+from hf2q.runtime.bench import BenchConfig, make_prompts, parse_slots
+
+ROW_KEYS = {
+    "slots",
+    "mode",
+    "tokens_per_s",
+    "tokens_per_s_min",
+    "tokens_per_s_max",
+    "per_slot_tokens_per_s",
+    "prefill_tokens_per_s",
+    "tau",
+    "tau_per_slot",
+    "accepted_histogram_per_slot",
+    "acceptance_rate",
+    "round_ms",
+    "round_ms_min",
+    "round_ms_max",
+    "draft_ms",
+    "verify_ms",
+    "rollback_ms",
+    "E",
+    "speedup_vs_plain",
+    "scaling_vs_1_slot",
+    "peak_memory_gb",
+    "rounds",
+    "generation_tokens",
+    "block_size",
+    "matches_plain",
+    "trials",
+}
+
+
+def _json_line(capsys) -> dict:
+    out = capsys.readouterr().out.strip().splitlines()
+    return json.loads(out[-1])
+
+
+def test_bench_runs_end_to_end_and_reports_documented_json(fitted_pairs, tmp_path, capsys):
+    target, draft = fitted_pairs["qwen35"]
+    out_file = tmp_path / "bench.json"
+    argv = ["bench", "-m", str(target), "-d", str(draft), "--slots", "2,1", "--gen-tokens", "12"]
+    argv += [
+        "--trials",
+        "2",
+        "--warmup",
+        "0",
+        "--block-size",
+        "8",
+        "--no-chat",
+        "--dtype",
+        "float32",
+    ]
+    code = main([*argv, "--json", "--out", str(out_file)])
+    assert code == 0
+    report = _json_line(capsys)
+    assert json.loads(out_file.read_text()) == report
+    assert report["config"]["slots"] == [1, 2] and report["config"]["block_size"] == 8
+    assert report["dtype"] == "float32" and report["model"] == str(target)
+    assert report["platform"]["backend"] == "cpu"
+    rows = report["results"]
+    assert [(r["slots"], r["mode"]) for r in rows] == [
+        (n, m) for n in (1, 2) for m in ("plain", "dflash-seq", "dflash")
+    ]
+    for r in rows:
+        assert set(r) == ROW_KEYS
+        n = r["slots"]
+        assert r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"]
+        assert r["tokens_per_s"] > 0 and r["prefill_tokens_per_s"] > 0
+        assert len(r["per_slot_tokens_per_s"]) == n and all(
+            x > 0 for x in r["per_slot_tokens_per_s"]
+        )
+        assert r["round_ms_min"] <= r["round_ms"] <= r["round_ms_max"] and r["round_ms"] > 0
+        assert 0 < r["peak_memory_gb"] < 1
+        assert r["trials"] == 2 and r["rounds"] >= 1
+        assert n * 2 <= r["generation_tokens"] <= n * 12
+        if r["mode"] == "plain":
+            assert r["tau"] is None and r["E"] is None and r["matches_plain"] is None
+            # One step per token after the first, rows in lockstep.
+            assert r["rounds"] >= (r["generation_tokens"] - n) / n
+            continue
+        # DFlash rows: lossless at T = 0 (float32), tau within 1..B, a histogram per slot.
+        assert r["matches_plain"] == 1.0
+        assert 1.0 <= r["tau"] <= 8.0 and len(r["tau_per_slot"]) == n
+        hists = r["accepted_histogram_per_slot"]
+        assert len(hists) == n and all(len(h) == 8 for h in hists)
+        row_rounds = sum(map(sum, hists))  # rounds each slot took part in
+        if r["mode"] == "dflash-seq":
+            assert row_rounds == r["rounds"]
+        else:
+            assert r["rounds"] <= row_rounds <= n * r["rounds"]
+        assert r["draft_ms"] > 0 and r["verify_ms"] > 0 and r["rollback_ms"] >= 0
+        assert r["draft_ms"] + r["verify_ms"] + r["rollback_ms"] <= r["round_ms"] * 1.05
+        assert r["E"] > 0 and r["speedup_vs_plain"] > 0
+    by = {(r["slots"], r["mode"]): r for r in rows}
+    assert by[(2, "dflash")]["scaling_vs_1_slot"] == pytest.approx(
+        by[(2, "dflash")]["tokens_per_s"] / by[(1, "dflash")]["tokens_per_s"], rel=1e-2
+    )
+    # Same requests, same tokens: batched and sequential DFlash committed the same count.
+    assert by[(2, "dflash")]["generation_tokens"] == by[(2, "dflash-seq")]["generation_tokens"]
+
+
+def test_bench_random_workload_generates_every_token_and_renders_a_table(fitted_pairs, capsys):
+    target, draft = fitted_pairs["qwen35"]
+    argv = ["bench", "-m", str(target), "-d", str(draft), "--slots", "3", "--gen-tokens", "6"]
+    argv += ["--trials", "1", "--warmup", "0", "--workload", "random", "--prompt-tokens", "5"]
+    assert main([*argv, "--no-baseline"]) == 0
+    text = capsys.readouterr().out
+    table = [line.split() for line in text.split("generation tok/s")[0].splitlines()]
+    assert [row[:2] for row in table[1:]] == [["3", "dflash"]]  # --no-baseline: DFlash only
+    assert "generation tok/s by slot count" in text and "█" in text
+    assert main([*argv, "--json"]) == 0
+    rows = _json_line(capsys)["results"]
+    # EOS is ignored: every request generates exactly --gen-tokens.
+    assert all(r["generation_tokens"] == 3 * 6 for r in rows)
+    assert {r["mode"] for r in rows} == {"plain", "dflash-seq", "dflash"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--slots", "0"], "--slots needs counts of at least 1"),
+        (["--slots", "two"], "--slots takes a count or a comma-separated list"),
+        (["--gen-tokens", "1"], "--gen-tokens must be at least 2"),
+        (["--trials", "0"], "--trials must be at least 1"),
+        (["--prompt-tokens", "9"], "--prompt-tokens applies to --workload random"),
+        (["--workload", "chat"], "--workload must be one of prompts, random"),
+        (["--idle", "sleep"], "--idle must be one of compact, keep"),
+        (["--dtype", "int4"], "--dtype must be one of float32, bfloat16, float16"),
+        (["--out", "/nonexistent-dir/x.json"], "folder /nonexistent-dir does not exist"),
+    ],
+)
+def test_bad_bench_options_fail_with_one_line_naming_the_fix(args, message, capsys):
+    assert main(["bench", "-m", "/nowhere", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hf2q: error:") and message in err and "\n" not in err
+
+
+def test_bench_without_a_model_uses_the_demo_pair_or_says_how_to_pass_one(capsys):
+    from hf2q.errors import ModelError
+    from hf2q.runtime.pair import demo_pair
+
+    try:
+        demo_pair()
+    except ModelError:
+        assert main(["bench", "--slots", "1"]) != 0
+        err = capsys.readouterr().err
+        assert "no embedded demo pair" in err and "--model" in err
+        return
+    argv = ["bench", "--slots", "1", "--gen-tokens", "4", "--trials", "1", "--warmup", "0"]
+    assert main([*argv, "--no-baseline", "--json"]) == 0
+    assert _json_line(capsys)["results"][0]["mode"] == "dflash"
+
+
+def test_workloads_and_slot_lists_parse_as_documented():
+    assert parse_slots("8, 1,2,2") == (1, 2, 8) and parse_slots("4") == (4,)
+    cfg = BenchConfig(workload="random", prompt_tokens=7, seed=3)
+    a = make_prompts(cfg, 3, vocab_size=50, avoid=[0, 1, 2])
+    assert a == make_prompts(cfg, 3, vocab_size=50, avoid=[0, 1, 2])  # seeded
+    assert all(len(p) == 7 and not {0, 1, 2} & set(p) for p in a)
+    assert len({tuple(p) for p in a}) == 3  # different prompts per slot

@@ -1,0 +1,222 @@
+"""Isolation: every slot decodes exactly what that prompt decodes alone.
+
+At T = 0, for N in {1, 2, 4, 8} slots, with more requests than slots (continuous batching),
+prompts of different lengths, requests stopping at different times (EOS and different
+max_tokens), drafters fitted to agree with the target (long acceptances) and random ones
+(rejections): each request's tokens from batched DFlash equal its single-sequence DFlash run and
+plain greedy decoding, and batched plain decoding equals single plain decoding. At T > 0 with
+block size 2 (all rows draft alike) each request samples exactly what a single run with the same
+seed samples. Float32 tiny targets, as the single-sequence fidelity tests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import FIT_TEXTS
+
+from hf2q.errors import UsageError
+from hf2q.loading import load_model
+from hf2q.runtime.dflash import dflash_generate, plain_generate, run
+from hf2q.runtime.drafter import load_drafter
+from hf2q.runtime.sampling import SamplingParams
+from hf2q.runtime.slots import (
+    Request,
+    SlotFinished,
+    SlotRound,
+    SlotsSummary,
+    SlotStarted,
+    run_slots,
+    slots_dflash_generate,
+    slots_plain_generate,
+)
+from hf2q.runtime.target import TargetModel
+
+_cache: dict[tuple, tuple] = {}
+
+
+def _pair(target_dir: Path, draft_dir: Path):
+    key = (target_dir, draft_dir)
+    if key not in _cache:
+        lm = load_model(target_dir)
+        target = TargetModel(lm.model, lm.tokenizer)
+        _cache[key] = (
+            lm.tokenizer,
+            target,
+            load_drafter(draft_dir).bind(target.embed, target.head),
+        )
+    return _cache[key]
+
+
+def _workload(tok, target) -> tuple[list[Request], list[int]]:
+    """Eight requests: the fitted 4-token prompts plus longer ones, different max_tokens, and
+    an EOS chosen from one continuation so that some requests stop early."""
+    prompts = [tok.encode(t)[:4] for t in FIT_TEXTS[:5]]
+    prompts += [
+        tok.encode(FIT_TEXTS[0] + " " + FIT_TEXTS[3]),
+        tok.encode("x"),
+        tok.encode(FIT_TEXTS[4]),
+    ]
+    free = run(plain_generate(target, prompts[1], max_tokens=40)).tokens
+    eos = [free[11]]
+    maxes = [40, 37, 9, 33, 26, 21, 17, 30]
+    return [Request(p, max_tokens=m) for p, m in zip(prompts, maxes)], eos
+
+
+_expected: dict[tuple, list] = {}
+
+
+def _expect(key, tok, target, drafter, reqs, eos, block_size=None):
+    """Single-sequence plain greedy tokens, checked against single-sequence DFlash."""
+    if key not in _expected:
+        want = []
+        for r in reqs:
+            plain = run(
+                plain_generate(target, r.prompt, max_tokens=r.max_tokens, eos_token_ids=eos)
+            )
+            one = run(
+                dflash_generate(
+                    target,
+                    drafter,
+                    r.prompt,
+                    max_tokens=r.max_tokens,
+                    eos_token_ids=eos,
+                    block_size=block_size,
+                )
+            )
+            assert one.tokens == plain.tokens
+            want.append((plain.tokens, plain.finish_reason))
+        _expected[key] = want
+    return _expected[key]
+
+
+def _check_batched(tok, target, drafter, reqs, eos, want, N, idle="compact", block_size=None):
+    events = list(
+        slots_dflash_generate(
+            target, drafter, reqs, slots=N, eos_token_ids=eos, idle=idle, block_size=block_size
+        )
+    )
+    summary = events[-1]
+    assert isinstance(summary, SlotsSummary)
+    for i, (s, (tokens, reason)) in enumerate(zip(summary.requests, want)):
+        assert s.tokens == tokens, f"request {i}, {N} slots"
+        assert s.finish_reason == reason
+    # Each slot's rounds committed exactly its requests' tokens after their first.
+    started = [e for e in events if isinstance(e, SlotStarted)]
+    assert sorted(e.request for e in started) == list(range(len(reqs)))
+    assert all(0 <= e.slot < N for e in started)
+    per_request: dict[int, list[int]] = {e.request: [e.token] for e in started}
+    slot_owner: dict[int, int] = {}
+    for e in events:
+        if isinstance(e, SlotStarted):
+            slot_owner[e.slot] = e.request
+        elif isinstance(e, SlotRound):
+            assert len(set(e.slots)) == len(e.slots) <= N
+            for slot, toks in zip(e.slots, e.committed):
+                per_request[slot_owner[slot]].extend(toks)
+    assert [per_request[i] for i in range(len(reqs))] == [w[0] for w in want]
+    finished = [e for e in events if isinstance(e, SlotFinished)]
+    assert sorted(e.request for e in finished) == list(range(len(reqs)))
+
+    plain = run_slots(slots_plain_generate(target, reqs, slots=N, eos_token_ids=eos, idle=idle))
+    assert [s.tokens for s in plain.requests] == [w[0] for w in want], f"plain, {N} slots"
+    return summary, events
+
+
+@pytest.mark.parametrize("N", [1, 2, 4, 8])
+@pytest.mark.parametrize("name", ["qwen35", "qwen35_causal"])
+def test_each_slot_decodes_exactly_its_single_run_with_agreeing_drafter(name, N, fitted_pairs):
+    tok, target, drafter = _pair(*fitted_pairs[name])
+    reqs, eos = _workload(tok, target)
+    want = _expect(name, tok, target, drafter, reqs, eos)
+    reasons = {w[1] for w in want}
+    assert reasons == {"stop", "length"}  # requests really end both ways
+    summary, events = _check_batched(tok, target, drafter, reqs, eos, want, N)
+    rounds = [e for e in events if isinstance(e, SlotRound)]
+    # The fitted drafter agreed: long acceptances happened inside batched rounds.
+    assert max(a for e in rounds for a in e.accepted) >= 7
+    assert max(len(e.slots) for e in rounds) == min(N, len(reqs))
+    if len(reqs) > N:  # slots were reused by queued requests (continuous batching)
+        slots_used = [e.slot for e in events if isinstance(e, SlotStarted)]
+        assert len(slots_used) > len(set(slots_used))
+    assert summary.tau is not None and summary.tau > 1.5
+    assert sum(summary.accepted_histogram) == sum(len(e.slots) for e in rounds)
+
+
+def test_idle_rows_kept_in_the_batch_change_no_tokens(fitted_pairs):
+    tok, target, drafter = _pair(*fitted_pairs["qwen35"])
+    reqs, eos = _workload(tok, target)
+    want = _expect("qwen35", tok, target, drafter, reqs, eos)
+    _, events = _check_batched(tok, target, drafter, reqs, eos, want, 4, idle="keep")
+    rounds = [e for e in events if isinstance(e, SlotRound)]
+    assert any(e.rows > len(e.slots) for e in rounds)  # idle rows really were computed
+
+
+@pytest.mark.parametrize(
+    ("name", "N", "block"), [("qwen35_dir", 3, 16), ("qwen35_moe_dir", 4, 5), ("qwen3_dir", 8, 9)]
+)
+def test_each_slot_decodes_exactly_its_single_run_with_random_drafter(
+    name, N, block, request, tmp_path
+):
+    import checkpoints as ck
+
+    draft_dir = ck.build_drafter(tmp_path / "d", layers=2, seed=30 + N)
+    tok, target, drafter = _pair(request.getfixturevalue(name), draft_dir)
+    reqs, eos = _workload(tok, target)
+    reqs = [Request(r.prompt, max_tokens=min(r.max_tokens, 20)) for r in reqs[:6]]
+    want = _expect((name, N), tok, target, drafter, reqs, eos, block_size=block)
+    summary, _ = _check_batched(tok, target, drafter, reqs, eos, want, N, block_size=block)
+    assert summary.acceptance_rate < 0.5  # mostly rejections: rollback really ran
+
+
+def test_sampling_per_slot_equals_single_runs_with_the_same_seeds(fitted_pairs):
+    tok, target, drafter = _pair(*fitted_pairs["qwen35"])
+    reqs, eos = _workload(tok, target)
+    sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
+    reqs = [Request(r.prompt, max_tokens=r.max_tokens, seed=100 + i) for i, r in enumerate(reqs)]
+    batched = run_slots(
+        slots_dflash_generate(
+            target, drafter, reqs, slots=3, sampling=sampling, block_size=2, eos_token_ids=eos
+        )
+    )
+    plain = run_slots(
+        slots_plain_generate(target, reqs, slots=3, sampling=sampling, eos_token_ids=eos)
+    )
+    for i, r in enumerate(reqs):
+        one = SamplingParams(temperature=0.8, top_p=0.95, seed=100 + i)
+        single = run(
+            dflash_generate(
+                target,
+                drafter,
+                r.prompt,
+                max_tokens=r.max_tokens,
+                sampling=one,
+                block_size=2,
+                eos_token_ids=eos,
+            )
+        )
+        assert batched.requests[i].tokens == single.tokens, f"request {i}"
+        assert batched.requests[i].seed == 100 + i
+        single_plain = run(
+            plain_generate(
+                target, r.prompt, max_tokens=r.max_tokens, sampling=one, eos_token_ids=eos
+            )
+        )
+        assert plain.requests[i].tokens == single_plain.tokens, f"plain request {i}"
+    greedy = _expect("qwen35", tok, target, drafter, _workload(tok, target)[0], eos)
+    assert [s.tokens for s in batched.requests] != [g[0] for g in greedy]  # it did sample
+
+
+def test_bad_slot_requests_are_refused_with_the_fix(fitted_pairs):
+    tok, target, drafter = _pair(*fitted_pairs["qwen35"])
+    with pytest.raises(UsageError, match="--slots must be at least 1"):
+        slots_dflash_generate(target, drafter, [[1, 2]], slots=0)
+    with pytest.raises(UsageError, match="empty prompt"):
+        slots_plain_generate(target, [Request([], 4)], slots=2)
+    with pytest.raises(UsageError, match="max_tokens must be at least 1"):
+        slots_dflash_generate(target, drafter, [Request([1], 0)], slots=2)
+    with pytest.raises(UsageError, match="block-size must be between 2"):
+        slots_dflash_generate(target, drafter, [[1, 2]], slots=2, block_size=99)
+    with pytest.raises(UsageError, match="idle must be one of"):
+        slots_plain_generate(target, [[1, 2]], slots=2, idle="nap")
