@@ -104,6 +104,58 @@ def test_output_is_a_z_lab_format_drafter_that_hf2q_loads_for_its_target(trained
     )
 
 
+def test_training_objective_and_the_real_decoding_loop_agree_round_by_round(trained, qwen35_dir):
+    """What training optimises is what inference measures, on a real (tiny) target + drafter pair.
+
+    For every round of greedy DFlash (the loop ``hf2q generate`` runs), the training forward
+    (``block_hidden`` + the target's head on full-sequence target features, anchor = the round's
+    first position) must give the same block logits as the runtime drafter (chunked prefill, KV
+    cache of verified context), and its count of leading correct drafts, with the target's own
+    greedy tokens as labels, must equal the drafts the loop accepted.
+    """
+    import mlx.core as mx
+
+    from hf2q.runtime.dflash import RoundDone, dflash_generate, make_target_cache, prefill
+    from hf2q.runtime.pair import load_pair
+    from hf2q.train.objective import block_hidden, make_blocks
+
+    pair = load_pair(str(qwen35_dir), str(trained.out))
+    target, drafter, tok = pair.target, pair.drafter, pair.tokenizer
+    B, mask, ids = drafter.block_size, drafter.mask_token_id, drafter.config.target_layer_ids
+    stream = tok.encode(ck._TOKENIZER_TEXT)
+    checked = accepted = 0
+    for start in (0, 48, 96):  # prompts the drafter was trained on (48-token sequences)
+        prompt = stream[start : start + 16]
+        events = list(dflash_generate(target, drafter, prompt, max_tokens=40))
+        rounds = [e for e in events if isinstance(e, RoundDone)]
+        seq = prompt + list(events[-1].tokens)
+        feats = target.forward(mx.array([seq]), capture=ids)[1]  # (1, L, n_ids*H)
+        a = len(prompt)  # the first round drafts after the prefill's token
+        for r in rounds:
+            if r.block_size < B or a + B > len(seq):
+                break
+            toks = np.array([seq], dtype=np.int32)
+            blocks = make_blocks(
+                toks, np.ones_like(toks, bool), np.array([len(seq)]),
+                np.array([[a]], np.int32), np.ones((1, 1), bool), B, mask,
+            )  # fmt: skip
+            embeds = target.embed(mx.array(blocks.tokens.reshape(1, B)))
+            trainer = target.head(block_hidden(drafter, embeds, feats, mx.array([[a]]))[:, 1:])[0]
+            dcache = drafter.make_cache()
+            _, ctx = prefill(target, seq[:a], make_target_cache(target), drafter=drafter,
+                             draft_cache=dcache, step_size=5)  # fmt: skip
+            runtime = drafter(mx.array([[seq[a]] + [mask] * (B - 1)]), ctx, dcache)[0]
+            np.testing.assert_allclose(np.array(trainer), np.array(runtime), atol=2e-3, rtol=1e-3)
+            right = np.array(mx.argmax(trainer, axis=-1)) == blocks.labels[0, 0]
+            lead = int(np.cumprod(right).sum())
+            assert lead == r.accepted, (start, a, lead, r.accepted)
+            checked += 1
+            accepted += r.accepted
+            a += r.accepted + 1
+    # The trained drafter gets many drafts accepted, so the leading counts compared are not all 0.
+    assert checked >= 6 and accepted >= checked, (checked, accepted)
+
+
 def test_z_labs_own_loader_reads_the_output_and_drafts_the_same_logits(
     trained, qwen35_dir, tmp_path
 ):
