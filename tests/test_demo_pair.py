@@ -67,3 +67,35 @@ def test_greedy_dflash_on_the_pair_equals_plain_greedy_in_float32():
         assert fast.tokens == plain.tokens, text
         accepted += sum(a * n for a, n in enumerate(fast.accepted_histogram))
     assert accepted > 0  # the drafter's tokens were actually accepted, not just the bonus ones
+
+
+def test_hf2q_generate_with_no_model_arguments_runs_the_pair_offline(tmp_path):
+    """The out-of-the-box command: no model, no prompt, no network; DFlash drafts get accepted."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(hf2q.__file__).resolve().parents[1]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "empty-hub"))
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    res = subprocess.run(
+        [sys.executable, "-m", "hf2q", "generate", "--dflash", "-n", "48", "--json"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    rec = json.loads(res.stdout.strip().splitlines()[-1])
+    assert Path(rec["model"]).resolve() == (DEMO / "target").resolve()
+    assert Path(rec["draft"]).resolve() == (DEMO / "draft").resolve()
+    from hf2q.runtime.pair import encode_prompt, load_pair, read_registry
+
+    # The registry's demo prompt, as raw text (no chat template around it).
+    tok = load_pair(None, dflash=False).tokenizer
+    prompt = read_registry()["demo"]["prompt"]
+    assert rec["prompt_tokens"] == len(encode_prompt(tok, prompt, chat=False))
+    assert rec["mode"] == "dflash" and rec["generation_tokens"] == 48
+    assert rec["tau"] > 1.5, rec  # drafts are accepted, not only the bonus tokens
