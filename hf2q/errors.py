@@ -36,3 +36,7 @@ class SourceError(Hf2qError):
 
 class OutputError(Hf2qError):
     """An output path that cannot be written."""
+
+
+class DataError(Hf2qError):
+    """Training or evaluation data that is missing, empty or malformed."""

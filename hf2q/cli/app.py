@@ -44,9 +44,9 @@ def _root(
 
 def _register() -> None:
     # Each command module exposes ``register(app)``; importing them must stay cheap (no MLX).
-    from hf2q.cli import bench, convert, generate, info
+    from hf2q.cli import bench, convert, generate, info, train_draft
 
-    for module in (info, convert, generate, bench):
+    for module in (info, convert, generate, bench, train_draft):
         module.register(app)
 
 
