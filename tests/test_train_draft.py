@@ -303,8 +303,29 @@ def test_unwritable_or_occupied_out_is_refused(qwen35_dir, text_dir, tmp_path, c
         (["--target-layer-ids", "1,x"], "comma-separated layer numbers"),
         (["--target-layer-ids", "1,9"], "outside the target's layers 0..3"),
         (["--mask-token-id", "512"], "outside the target's embedding (0..511)"),
+        (["--max-minutes", "0"], "--max-minutes must be positive"),
     ],
 )
 def test_bad_options_fail_with_one_line(qwen35_dir, text_dir, tmp_path, capsys, extra, needle):
     code, err = _cli(_base(qwen35_dir, text_dir, tmp_path / "out") + extra, capsys)
     assert code != 0 and needle in err, err
+
+
+def test_a_time_budget_ends_training_early_and_still_writes_the_drafter(
+    qwen35_dir, text_dir, tmp_path
+):
+    out = tmp_path / "draft"
+    cfg = TrainDraftConfig(
+        target=str(qwen35_dir),
+        data=[str(text_dir)],
+        out=out,
+        steps=10_000,
+        eval_every=10_000,
+        max_minutes=1e-6,  # spent by the first step
+        **dict(FAST, eval_prompts=1, regenerate=False),
+    )
+    done = _run(cfg)
+    assert done.steps == 1
+    log = json.loads((out / "train_log.json").read_text())
+    assert log["stopped_by_time"] == {"step": 1, "planned_steps": 10_000}
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()

@@ -142,6 +142,14 @@ def train_draft(
             help="Compute each sequence's target features once when they fit in this much memory.",
         ),
     ] = 2.0,
+    max_minutes: Annotated[
+        float | None,
+        typer.Option(
+            "--max-minutes",
+            help="Stop training after this many minutes of training steps (then evaluate and save); "
+            "the learning-rate schedule still follows --steps/--epochs.",
+        ),
+    ] = None,
     thinking: Annotated[
         bool | None,
         typer.Option("--thinking/--no-thinking", help="enable_thinking for chat templates."),
@@ -196,6 +204,7 @@ def train_draft(
         regen_batch=regen_batch,
         init=init,
         feature_cache_gb=feature_cache_gb,
+        max_minutes=max_minutes,
         thinking=thinking,
         resume=resume,
         force=force,
@@ -282,6 +291,7 @@ def _run(cfg: Any, json_out: bool) -> None:
         "tau_untrained": evals[0]["tau"] if evals and evals[0]["step"] == 0 else None,
         "loss": (finished.log.get("history") or [{}])[-1].get("loss"),
         "wall_s": finished.log.get("wall_s"),
+        "train_s": finished.log.get("train_s"),
     }
     err.print(
         f"[bold]saved[/bold] {finished.out} after {finished.steps} steps"

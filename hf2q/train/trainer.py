@@ -80,6 +80,7 @@ class TrainDraftConfig:
     save_dtype: str = "bfloat16"
     log_every: int = 10
     feature_cache_gb: float = 2.0
+    max_minutes: float | None = None  # stop training once this much training time has passed
 
 
 # ---- events -------------------------------------------------------------------------------------
@@ -174,6 +175,8 @@ def validate(cfg: TrainDraftConfig) -> None:
         raise UsageError(f"--steps must be at least 1, got {cfg.steps}")
     if cfg.epochs is not None and not cfg.epochs > 0:
         raise UsageError(f"--epochs must be positive, got {cfg.epochs}")
+    if cfg.max_minutes is not None and not cfg.max_minutes > 0:
+        raise UsageError(f"--max-minutes must be positive, got {cfg.max_minutes}")
     if not cfg.lr > 0:
         raise UsageError(f"--lr must be positive, got {cfg.lr}")
     if not 0 <= cfg.warmup < 1:
@@ -738,6 +741,18 @@ def _train(
             acc["n"] = 0
             blocks_since = 0
             t_log = time.time()
+        out_of_time = (
+            cfg.max_minutes is not None
+            and train_s + time.time() - t_train >= cfg.max_minutes * 60
+            and step != total
+        )
+        if out_of_time:
+            # The schedule still follows --steps/--epochs: the run ends where the budget did.
+            log["stopped_by_time"] = {"step": step, "planned_steps": total}
+            yield Stage(
+                "time", f"--max-minutes {cfg.max_minutes:g} reached at step {step} of {total}"
+            )
+            break
         if step % cfg.eval_every == 0 and step != total:
             yield from evaluate(step)
         if step % checkpoint_every == 0 and step != total:
