@@ -98,4 +98,5 @@ def test_hf2q_generate_with_no_model_arguments_runs_the_pair_offline(tmp_path):
     prompt = read_registry()["demo"]["prompt"]
     assert rec["prompt_tokens"] == len(encode_prompt(tok, prompt, chat=False))
     assert rec["mode"] == "dflash" and rec["generation_tokens"] == 48
-    assert rec["tau"] > 1.5, rec  # drafts are accepted, not only the bonus tokens
+    hist = rec["accepted_histogram"]
+    assert sum(a * n for a, n in enumerate(hist)) > 0, rec  # drafted tokens were accepted

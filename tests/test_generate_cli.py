@@ -223,14 +223,13 @@ def test_demo_pair_runs_once_its_folders_exist(
     assert rec["mode"] == "dflash" and len(rec["tokens"]) == 4
     assert rec["model"].endswith("demo/target") and rec["draft"].endswith("demo/draft")
     # The registry marks the demo as raw text: no chat template turns around the prompt.
-    from hf2q.runtime.pair import demo_pair
+    from transformers import AutoTokenizer
+
+    from hf2q.runtime.pair import demo_pair, encode_prompt
 
     entry = demo_pair()[2]
-    assert entry["chat"] is False
-    from hf2q.runtime.pair import encode_prompt, load_pair
-
-    tokenizer = load_pair(str(pkg / "demo" / "target"), str(pkg / "demo" / "draft")).tokenizer
-    assert rec["prompt_tokens"] == len(encode_prompt(tokenizer, entry["prompt"], chat=False))
+    raw = encode_prompt(AutoTokenizer.from_pretrained(qwen35_dir), entry["prompt"], chat=False)
+    assert entry["chat"] is False and rec["prompt_tokens"] == len(raw)
 
 
 # ---- BLAS decision (a pure function: no OpenBLAS needed) ----------------------------------------

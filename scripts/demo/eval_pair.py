@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -86,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--demo-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-ppl", action="store_true")
+    ap.add_argument(
+        "--demo-only", action="store_true", help="measure the default demo only (4. above)"
+    )
     args = ap.parse_args(argv)
 
     from hf2q import platform as plat
@@ -109,11 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         "target": args.target,
         "draft": args.draft,
         "environment": plat.describe(),
+        "HF2Q_COMPILE": os.environ.get("HF2Q_COMPILE", "1 (default)"),
         "block_size": drafter.block_size,
         "drafter": drafter.config.to_dict(),
     }
 
-    if not args.skip_ppl:
+    if not args.skip_ppl and not args.demo_only:
         ppl = heldout_ppl(
             target, np.load(args.data / "heldout.npy"), args.ppl_window, args.ppl_windows, 8
         )
@@ -125,39 +130,42 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
-    # Prompts: prefixes of held-out files, in manifest order.
-    prompts, files = [], []
-    for line in (args.text / "heldout.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        ids = list(tok.encode(rec["text"], add_special_tokens=False))
-        if len(ids) > args.prompt_tokens:
-            prompts.append(ids[: args.prompt_tokens])
-            files.append(rec["path"])
-        if len(prompts) >= args.prompts:
-            break
-    res = measure_tau(target, drafter, prompts, max_tokens=args.max_tokens, eos_token_ids=eos)
-    result["tau"] = {
-        "prompts": len(prompts),
-        "prompt_tokens": args.prompt_tokens,
-        "max_tokens": args.max_tokens,
-        "files": files,
-        "tau": res.tau,
-        "acceptance_rate": res.acceptance_rate,
-        "rounds": res.rounds,
-        "generated_tokens": res.generated_tokens,
-        "per_prompt_tau_min": min(res.per_prompt_tau),
-        "per_prompt_tau_median": statistics.median(res.per_prompt_tau),
-        "per_prompt_tau_max": max(res.per_prompt_tau),
-        "seconds": round(res.seconds, 1),
-    }
-    print(f"tau {res.tau:.3f} on {len(prompts)} held-out prompts", flush=True)
+    if not args.demo_only:
+        # Prompts: prefixes of held-out files, in manifest order.
+        prompts, files = [], []
+        for line in (args.text / "heldout.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            ids = list(tok.encode(rec["text"], add_special_tokens=False))
+            if len(ids) > args.prompt_tokens:
+                prompts.append(ids[: args.prompt_tokens])
+                files.append(rec["path"])
+            if len(prompts) >= args.prompts:
+                break
+        res = measure_tau(target, drafter, prompts, max_tokens=args.max_tokens, eos_token_ids=eos)
+        result["tau"] = {
+            "prompts": len(prompts),
+            "prompt_tokens": args.prompt_tokens,
+            "max_tokens": args.max_tokens,
+            "files": files,
+            "tau": res.tau,
+            "acceptance_rate": res.acceptance_rate,
+            "rounds": res.rounds,
+            "generated_tokens": res.generated_tokens,
+            "per_prompt_tau_min": min(res.per_prompt_tau),
+            "per_prompt_tau_median": statistics.median(res.per_prompt_tau),
+            "per_prompt_tau_max": max(res.per_prompt_tau),
+            "seconds": round(res.seconds, 1),
+        }
+        print(f"tau {res.tau:.3f} on {len(prompts)} held-out prompts", flush=True)
 
-    same = 0
-    for p, dflash_out in zip(prompts[: args.fidelity], res.outputs):
-        plain = run(plain_generate(target, p, max_tokens=args.max_tokens, eos_token_ids=eos))
-        same += plain.tokens == dflash_out
-    result["fidelity"] = {"prompts": min(args.fidelity, len(prompts)), "identical": same}
-    print(f"greedy DFlash == plain on {same}/{result['fidelity']['prompts']} prompts", flush=True)
+        same = 0
+        for p, dflash_out in zip(prompts[: args.fidelity], res.outputs):
+            plain = run(plain_generate(target, p, max_tokens=args.max_tokens, eos_token_ids=eos))
+            same += plain.tokens == dflash_out
+        result["fidelity"] = {"prompts": min(args.fidelity, len(prompts)), "identical": same}
+        print(
+            f"greedy DFlash == plain on {same}/{result['fidelity']['prompts']} prompts", flush=True
+        )
 
     demo = read_registry().get("demo") or {}
     text = demo.get("prompt", "")

@@ -29,15 +29,15 @@ fi
 # pass run ~5x faster in float32 than in bfloat16; the shipped target stays bfloat16.
 $PY -m hf2q convert runs/demo/target --no-quantize --dtype float32 --no-eval \
   -o runs/demo/target-f32 --force
-# 2048 distinct sequences seen ~1.6 times each: a first run that saw 626 sequences 7.7 times
+# 2048 distinct sequences, ~3.5 passes of 32 anchors each: a first run that saw 626 sequences 7.7 times
 # memorised them (real-loop tau 8-10 on its training prompts, 1.65 on held-out ones).
 $PY -m hf2q train-draft -t runs/demo/target-f32 -o runs/demo/draft --force \
   --data runs/demo/text/train.jsonl --eval-data runs/demo/text/heldout.jsonl \
   --layers 2 --target-layer-ids 1,3,5 --block-size 16 \
   --seq-len 256 --batch-size 8 --anchors-per-seq 32 --max-seqs "${DRAFT_SEQS:-2048}" \
   --regenerate --regen-prompt-tokens 64 --regen-batch 128 \
-  --steps "${DRAFT_STEPS:-400}" --lr 1e-3 --seed 0 \
-  --eval-every 100 --eval-prompts 2 --eval-max-tokens 64
+  --steps "${DRAFT_STEPS:-900}" --lr 1e-3 --seed 0 \
+  --eval-every 300 --eval-prompts 2 --eval-max-tokens 64
 
 $PY scripts/demo/install_pair.py --target runs/demo/target --draft runs/demo/draft
 $PY scripts/demo/eval_pair.py --target hf2q/demo/target --draft hf2q/demo/draft \
