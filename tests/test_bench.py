@@ -135,7 +135,7 @@ def test_bench_random_workload_generates_every_token_and_renders_a_table(fitted_
         (["--prompt-tokens", "9"], "--prompt-tokens applies to --workload random"),
         (["--workload", "chat"], "--workload must be one of prompts, random"),
         (["--idle", "sleep"], "--idle must be one of compact, keep"),
-        (["--dtype", "int4"], "--dtype must be one of float32, bfloat16, float16"),
+        (["--dtype", "int4"], "--dtype must be one of auto, native, float32, bfloat16, float16"),
         (["--out", "/nonexistent-dir/x.json"], "folder /nonexistent-dir does not exist"),
     ],
 )

@@ -71,8 +71,8 @@ def bench(
         str | None,
         typer.Option(
             "--dtype",
-            help="Cast target and drafter weights before measuring: float32, bfloat16 or float16 "
-            "(default: as loaded). CPUs run float32 fastest; exact-token checks want float32.",
+            help="Compute dtype: auto (float32 for half-precision weights on a CPU, else as loaded), "
+            "native (as loaded), float32, bfloat16 or float16.",
         ),
     ] = None,
     chat: Annotated[
@@ -102,7 +102,8 @@ def bench(
       [bold]hf2q bench --slots 8 --trials 5 --json --out bench.json[/bold]
     """
     from hf2q.cli import app as app_module
-    from hf2q.runtime.bench import DTYPES, BenchConfig, parse_slots
+    from hf2q.runtime.bench import BenchConfig, parse_slots
+    from hf2q.runtime.pair import DTYPE_CHOICES
 
     # Cheap checks first: nothing is loaded for a bad option.
     config = BenchConfig(
@@ -117,8 +118,8 @@ def bench(
         seed=seed,
         idle=idle,
     ).validate()
-    if dtype is not None and dtype not in DTYPES:
-        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype is not None and dtype not in DTYPE_CHOICES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
     if out_file is not None:
         _check_out(out_file)
 
@@ -135,10 +136,9 @@ def bench(
     if plan.action == "hint" and not json_out:
         warn(blas_hint(plan))
     use_chat = pair.chat_default if chat is None else chat
-    if dtype is not None:
-        from hf2q.runtime.bench import cast_models
+    from hf2q.runtime.pair import apply_dtype
 
-        cast_models(pair.target, pair.drafter, dtype)
+    apply_dtype(pair.target, pair.drafter, dtype)
     status = err.status("benchmarking") if is_terminal() and not json_out else None
 
     def progress(text: str) -> None:

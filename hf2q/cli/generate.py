@@ -67,6 +67,14 @@ def generate(
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (last line) instead of text.")
     ] = False,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--dtype",
+            help="Compute dtype: auto (float32 for half-precision weights on a CPU, else as "
+            "loaded), native (as loaded), float32, bfloat16 or float16.",
+        ),
+    ] = None,
     revision: Annotated[
         str | None, typer.Option("--revision", help="Hub revision of --model.")
     ] = None,
@@ -110,9 +118,12 @@ def generate(
         dflash_generate,
         plain_generate,
     )
-    from hf2q.runtime.pair import encode_prompt, load_pair
+    from hf2q.runtime.pair import DTYPE_CHOICES, apply_dtype, encode_prompt, load_pair
 
+    if dtype is not None and dtype not in DTYPE_CHOICES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
     pair = load_pair(model, draft, dflash=dflash, revision=revision)
+    compute_dtype = apply_dtype(pair.target, pair.drafter if dflash else None, dtype)
     if text is None:
         if pair.default_prompt is None:
             raise UsageError(
@@ -151,6 +162,7 @@ def generate(
     extra = {
         "model": pair.target_source,
         **({"draft": pair.draft_source} if dflash else {}),
+        "dtype": compute_dtype,
         **blas_summary(),
     }
     view = GenerateView(

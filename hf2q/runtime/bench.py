@@ -110,31 +110,6 @@ def parse_slots(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(counts)))
 
 
-DTYPES = ("float32", "bfloat16", "float16")
-
-
-def cast_models(target: Any, drafter: Any, dtype: str) -> None:
-    """Cast the floating-point weights of ``target`` and ``drafter`` to ``dtype`` in place.
-
-    Gated-DeltaNet ``A_log`` stays float32 (as mlx-lm loads it); quantized weights keep their
-    packing (only their scales and biases follow ``dtype``).
-    """
-    from mlx.utils import tree_flatten, tree_unflatten
-
-    if dtype not in DTYPES:
-        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    dt = getattr(mx, dtype)
-    for model in (target.model, drafter):
-        params = [
-            (k, v.astype(dt))
-            for k, v in tree_flatten(model.parameters())
-            if mx.issubdtype(v.dtype, mx.floating) and not k.endswith("A_log") and v.dtype != dt
-        ]
-        if params:
-            model.update(tree_unflatten(params))
-    mx.eval(target.model.parameters(), drafter.parameters())
-
-
 # ---- workload -----------------------------------------------------------------------------------
 def make_prompts(
     config: BenchConfig,

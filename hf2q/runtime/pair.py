@@ -202,3 +202,82 @@ def check_model_sources(model: str | None, draft: str | None) -> None:
         raise UsageError("--model is empty: pass a model folder or Hub repo id")
     if draft is not None and not str(draft).strip():
         raise DrafterError("--draft is empty: pass a drafter folder or Hub repo id")
+
+
+#: What ``--dtype`` accepts: a floating-point type, ``auto`` (see :func:`auto_dtype`) or ``native``.
+DTYPES = ("float32", "bfloat16", "float16")
+DTYPE_CHOICES = ("auto", "native", *DTYPES)
+
+
+def cast_models(target: Any, drafter: Any | None, dtype: str) -> None:
+    """Cast the floating-point weights of ``target`` (and ``drafter``) to ``dtype`` in place.
+
+    Gated-DeltaNet ``A_log`` stays float32 (as mlx-lm loads it); quantized weights keep their
+    packing (only their scales and biases follow ``dtype``).
+    """
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
+    dt = getattr(mx, dtype)
+    models = [target.model] + ([drafter] if drafter is not None else [])
+    for model in models:
+        params = [
+            (k, v.astype(dt))
+            for k, v in tree_flatten(model.parameters())
+            if mx.issubdtype(v.dtype, mx.floating) and not k.endswith("A_log") and v.dtype != dt
+        ]
+        if params:
+            model.update(tree_unflatten(params))
+    mx.eval([m.parameters() for m in models])
+
+
+def auto_dtype(target: Any, drafter: Any | None, *, memory_share: float = 0.4) -> str | None:
+    """The compute dtype ``--dtype auto`` picks: float32 for half-precision weights on a CPU.
+
+    MLX's CPU backend has no fast bfloat16/float16 matrix products: on this project's 2-core
+    x86 machine the demo pair decodes 1.4x faster and verifies 3.5x faster in float32
+    (docs/BENCHMARKS.md). So on the CPU, unquantized half-precision weights are widened when the
+    float32 copy stays under ``memory_share`` of the machine's RAM. GPUs, quantized models and
+    float32 models keep their dtype (None: no cast).
+    """
+    import os
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from hf2q.kernels import select
+
+    if select.backend() != "cpu":
+        return None
+    models = [target.model] + ([drafter] if drafter is not None else [])
+    half = 0
+    for model in models:
+        for _, v in tree_flatten(model.parameters()):
+            if v.dtype == mx.uint32:
+                return None  # quantized: the packed matrices stay as they are
+            if v.dtype in (mx.bfloat16, mx.float16):
+                half += v.nbytes
+    if half == 0:
+        return None
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - non-POSIX
+        return None
+    return "float32" if 2 * half <= memory_share * ram else None
+
+
+def apply_dtype(target: Any, drafter: Any | None, choice: str | None) -> str:
+    """Apply a ``--dtype`` choice (None = ``auto``); return the dtype the embedding ends up in."""
+    choice = choice or "auto"
+    if choice not in DTYPE_CHOICES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {choice!r}")
+    dtype = (
+        auto_dtype(target, drafter) if choice == "auto" else None if choice == "native" else choice
+    )
+    if dtype is not None:
+        cast_models(target, drafter, dtype)
+    emb = target.inner.embed_tokens
+    scales = getattr(emb, "scales", None)
+    return str((scales if scales is not None else emb.weight).dtype).removeprefix("mlx.core.")

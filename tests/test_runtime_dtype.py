@@ -1,0 +1,56 @@
+"""``--dtype``: which compute dtype ``auto`` picks, and that casting keeps greedy DFlash lossless."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from hf2q.errors import UsageError
+from hf2q.runtime.dflash import dflash_generate, plain_generate, run
+from hf2q.runtime.pair import apply_dtype, auto_dtype, cast_models, load_pair
+
+
+@pytest.fixture
+def pair(qwen35_dir, drafter_dir):
+    return load_pair(str(qwen35_dir), str(drafter_dir))
+
+
+def _embed_dtype(pair) -> mx.Dtype:
+    return pair.target.inner.embed_tokens.weight.dtype
+
+
+def test_auto_widens_half_precision_weights_on_the_cpu(pair):
+    cast_models(pair.target, pair.drafter, "bfloat16")
+    assert _embed_dtype(pair) == mx.bfloat16
+    assert auto_dtype(pair.target, pair.drafter) == "float32"
+    assert apply_dtype(pair.target, pair.drafter, None) == "float32"
+    assert _embed_dtype(pair) == mx.float32
+    assert pair.drafter.fc.weight.dtype == mx.float32
+
+
+def test_auto_keeps_float32_and_quantized_models_and_native_keeps_anything(pair):
+    assert auto_dtype(pair.target, pair.drafter) is None  # already float32
+    cast_models(pair.target, pair.drafter, "bfloat16")
+    assert apply_dtype(pair.target, pair.drafter, "native") == "bfloat16"
+    nn.quantize(pair.target.model, group_size=32, bits=4)
+    assert auto_dtype(pair.target, pair.drafter) is None
+
+
+def test_auto_leaves_models_that_would_not_fit_in_memory_twice(pair):
+    cast_models(pair.target, pair.drafter, "bfloat16")
+    assert auto_dtype(pair.target, pair.drafter, memory_share=1e-12) is None
+
+
+def test_a_bad_dtype_names_the_choices(pair):
+    with pytest.raises(UsageError, match="auto, native, float32, bfloat16, float16"):
+        apply_dtype(pair.target, pair.drafter, "int8")
+
+
+def test_greedy_dflash_equals_plain_after_widening_a_bfloat16_pair(pair):
+    cast_models(pair.target, pair.drafter, "bfloat16")
+    apply_dtype(pair.target, pair.drafter, "auto")
+    prompt = pair.tokenizer.encode("def add(a, b):")[:4]
+    d = run(dflash_generate(pair.target, pair.drafter, prompt, max_tokens=24, block_size=8))
+    p = run(plain_generate(pair.target, prompt, max_tokens=24))
+    assert d.tokens == p.tokens
