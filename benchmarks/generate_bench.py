@@ -37,6 +37,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from shapes import QWEN35_4B_DRAFTER, QWEN35_4B_TARGET  # noqa: E402
+
 # As the CLI does: float32 products stay float32 on CUDA (children inherit it, z-lab's too).
 os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
@@ -128,26 +132,27 @@ def fixture_pair(work: Path) -> tuple[Path, Path, list[list[int]]]:
 
 #: Shapes of the synthetic pairs: "4b" is Qwen3.5-4B's text model and z-lab's drafter for it;
 #: "tiny" is the same code path small enough to check on a CPU.
+_T, _D = QWEN35_4B_TARGET, QWEN35_4B_DRAFTER
 SYNTHETIC = {
     "4b": dict(
-        hidden=2560,
-        inter=9216,
-        layers=32,
-        heads=16,
-        kv=4,
-        head_dim=256,
-        lv=32,
-        lk=16,
-        lkd=128,
-        lvd=128,
-        vocab=248320,
-        d_layers=5,
-        d_heads=32,
-        d_kv=8,
-        d_head_dim=128,
-        d_inter=9728,
-        ids=[1, 8, 15, 22, 29],
-        mask=248070,
+        hidden=_T["hidden_size"],
+        inter=_T["intermediate_size"],
+        layers=_T["num_hidden_layers"],
+        heads=_T["num_attention_heads"],
+        kv=_T["num_key_value_heads"],
+        head_dim=_T["head_dim"],
+        lv=_T["linear_num_value_heads"],
+        lk=_T["linear_num_key_heads"],
+        lkd=_T["linear_key_head_dim"],
+        lvd=_T["linear_value_head_dim"],
+        vocab=_T["vocab_size"],
+        d_layers=_D["num_hidden_layers"],
+        d_heads=_D["num_attention_heads"],
+        d_kv=_D["num_key_value_heads"],
+        d_head_dim=_D["head_dim"],
+        d_inter=_D["intermediate_size"],
+        ids=_D["target_layer_ids"],
+        mask=_D["mask_token_id"],
     ),
     "tiny": dict(
         hidden=128,
