@@ -4,7 +4,7 @@ The target is the ``text_config`` of Qwen3.5-4B's ``config.json`` (hidden 2560, 
 full attention every 4th, 16 / 4 heads of 256, MLP 9216, Gated-DeltaNet 16 key / 32 value heads
 of 128, vocab 248320, tied embeddings); the drafter is z-lab's Qwen3.5-4B-DFlash (5 layers,
 32 / 8 heads of 128, MLP 9728, target layers [1, 8, 15, 22, 29], mask row 248070), see
-shared/docs/dflash.md. Used by ``verify_cost.py`` and ``slots_synthetic.py``.
+shared/docs/dflash.md. Used by ``verify_cost.py``, ``slots_synthetic.py`` and ``generate_bench.py``.
 """
 
 from __future__ import annotations
