@@ -95,6 +95,14 @@ def test_held_out_prompts_leave_training_and_are_reproducible(tok):
     assert len(train) == len(seqs) - 3
 
 
+def test_eval_prompts_from_eval_data_are_the_first_n_and_none_for_zero(tok):
+    text = "import os\nprint(os.getcwd())\n" * 40
+    seqs = D.tokenize([D.Record("t", text=text)], tok, 24)
+    assert D.eval_prompts(seqs, 0, 8) == []  # --eval-prompts 0 means no evaluation
+    two = D.eval_prompts(seqs, 2, 8)
+    assert two == [seqs[0].tokens[:8].tolist(), seqs[1].tokens[:8].tolist()]
+
+
 def test_regeneration_keeps_prompts_and_marks_only_generated_tokens(qwen35_dir, tok):
     from hf2q.loading import load_model
     from hf2q.runtime.dflash import plain_generate, run

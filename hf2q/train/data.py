@@ -298,7 +298,9 @@ def prompt_of(seq: TokenSeq, prompt_tokens: int) -> list[int] | None:
 
 def eval_prompts(seqs: Sequence[TokenSeq], n: int, prompt_tokens: int) -> list[list[int]]:
     """The first ``n`` prompts of evaluation sequences (from ``--eval-data``), in order."""
-    out = []
+    out: list[list[int]] = []
+    if n <= 0:
+        return out  # --eval-prompts 0: no evaluation
     for s in seqs:
         p = prompt_of(s, prompt_tokens)
         if p:
