@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -336,6 +336,7 @@ def _dflash(
         )
 
     decode_time = time.perf_counter() - t_first
+    tau, rate, share = pooled_acceptance(sum_a, n_rounds, sum_drafted)
     yield Summary(
         mode="dflash",
         tokens=tokens,
@@ -350,9 +351,9 @@ def _dflash(
         seed=keys.seed if keys else None,
         rounds=n_rounds,
         block_size=B,
-        tau=(sum_a + n_rounds) / n_rounds if n_rounds else None,
-        acceptance_rate=sum_a / sum_drafted if sum_drafted else None,
-        draft_share=sum_a / (sum_a + n_rounds) if n_rounds else None,
+        tau=tau,
+        acceptance_rate=rate,
+        draft_share=share,
         accepted_histogram=hist,
         drafted=sum_drafted,
         accepted=sum_a,
@@ -360,6 +361,20 @@ def _dflash(
         t_verify=t_verify_sum,
         t_rollback=t_roll_sum,
     )
+
+
+def pooled_acceptance(
+    sum_a: int, rounds: int, drafted: int
+) -> tuple[float | None, float | None, float | None]:
+    """``(tau, acceptance_rate, draft_share)`` of pooled rounds (dflash.md metrics).
+
+    tau = mean over rounds of (a + 1) = (sum a + rounds) / rounds; acceptance rate = sum a /
+    sum (B - 1) drafted; draft share = sum a / sum (a + 1). None where there is no round / draft.
+    """
+    tau = (sum_a + rounds) / rounds if rounds else None
+    rate = sum_a / drafted if drafted else None
+    share = sum_a / (sum_a + rounds) if rounds else None
+    return tau, rate, share
 
 
 def _tps(n: int, seconds: float) -> float:
@@ -480,6 +495,9 @@ class AcceptanceStats:
     tau: float  # mean over all rounds of (a + 1)
     acceptance_rate: float  # sum(a) / sum(B - 1)
     accepted_histogram: list[int]  # rounds with a == 0, 1, ..., B-1
+    drafted: int = 0  # sum(B - 1) over all rounds
+    per_prompt_tau: list[float] = field(default_factory=list)  # prompts that had a round
+    outputs: list[list[int]] = field(default_factory=list)  # generated ids, one list per prompt
 
 
 def measure_acceptance(
@@ -499,12 +517,14 @@ def measure_acceptance(
     eos = list(eos_token_ids)
     sum_a = sum_drafted = rounds = tokens = 0
     hist: list[int] = []
+    per_prompt: list[float] = []
+    outputs: list[list[int]] = []
     for prompt in prompts:
         s = run(
             dflash_generate(
                 target,
                 drafter,
-                prompt,
+                list(prompt),
                 max_tokens=max_tokens,
                 block_size=block_size,
                 sampling=sampling,
@@ -517,12 +537,19 @@ def measure_acceptance(
         tokens += s.generation_tokens
         sum_a += s.accepted or 0
         sum_drafted += s.drafted or 0
+        outputs.append(list(s.tokens))
+        if s.tau is not None:  # a generation that stops on its first token has no round
+            per_prompt.append(s.tau)
+    tau, rate, _ = pooled_acceptance(sum_a, rounds, sum_drafted)
     return AcceptanceStats(
         rounds=rounds,
         tokens=tokens,
-        tau=(sum_a + rounds) / rounds if rounds else 0.0,
-        acceptance_rate=sum_a / sum_drafted if sum_drafted else 0.0,
+        tau=tau if tau is not None else 0.0,
+        acceptance_rate=rate if rate is not None else 0.0,
         accepted_histogram=hist,
+        drafted=sum_drafted,
+        per_prompt_tau=per_prompt,
+        outputs=outputs,
     )
 
 
@@ -550,4 +577,5 @@ __all__ = [
     "run",
     "AcceptanceStats",
     "measure_acceptance",
+    "pooled_acceptance",
 ]

@@ -1,7 +1,7 @@
 """Judge a drafter by what it does at inference: tau from the real DFlash decoding loop.
 
-What it does: run :func:`hf2q.runtime.dflash.dflash_generate` (the same generator ``hf2q
-generate --dflash`` uses) on each prompt, greedy unless told otherwise, and pool its per-round
+What it does: run :func:`hf2q.runtime.dflash.measure_acceptance` (the generator ``hf2q
+generate --dflash`` uses, on each prompt), greedy unless told otherwise, and report its pooled
 statistics: tau = mean over all rounds of (a + 1), acceptance rate = sum(a) / sum(B - 1).
 The drafter is evaluated in the dtype it will run in (the target's), from a copy of the weights
 being trained.
@@ -72,43 +72,27 @@ def measure_tau(
         drafter: bound to ``target`` and in its dtype (see :func:`inference_copy`).
         prompts: token ids; max_tokens: generated tokens per prompt.
     """
-    from hf2q.runtime.dflash import RoundDone, Summary, dflash_generate
+    from hf2q.runtime.dflash import measure_acceptance
     from hf2q.runtime.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=temperature, seed=seed if temperature > 0 else None)
     t0 = time.perf_counter()
-    rounds = sum_a = drafted = tokens = 0
-    per_prompt: list[float] = []
-    outputs: list[list[int]] = []
-    for prompt in prompts:
-        p_rounds = p_a = 0
-        for event in dflash_generate(
-            target,
-            drafter,
-            list(prompt),
-            max_tokens=max_tokens,
-            sampling=sampling,
-            block_size=block_size,
-            eos_token_ids=eos_token_ids,
-        ):
-            if isinstance(event, RoundDone):
-                p_rounds += 1
-                p_a += event.accepted
-                drafted += event.drafted
-            elif isinstance(event, Summary):
-                tokens += event.generation_tokens
-                outputs.append(list(event.tokens))
-        rounds += p_rounds
-        sum_a += p_a
-        if p_rounds:  # a generation that stops on its first token has no round
-            per_prompt.append((p_a + p_rounds) / p_rounds)
+    stats = measure_acceptance(
+        target,
+        drafter,
+        prompts,
+        max_tokens=max_tokens,
+        block_size=block_size,
+        sampling=sampling,
+        eos_token_ids=eos_token_ids,
+    )
     return TauResult(
-        tau=(sum_a + rounds) / rounds if rounds else float("nan"),
-        acceptance_rate=sum_a / drafted if drafted else float("nan"),
-        rounds=rounds,
+        tau=stats.tau if stats.rounds else float("nan"),
+        acceptance_rate=stats.acceptance_rate if stats.drafted else float("nan"),
+        rounds=stats.rounds,
         prompts=len(prompts),
-        generated_tokens=tokens,
+        generated_tokens=stats.tokens,
         seconds=time.perf_counter() - t0,
-        per_prompt_tau=per_prompt,
-        outputs=outputs,
+        per_prompt_tau=stats.per_prompt_tau,
+        outputs=stats.outputs,
     )
