@@ -228,28 +228,28 @@ def _run_slots_mode(
 def _run_sequential(
     target: Any, drafter: Any, prompts: list[list[int]], config: BenchConfig, eos: frozenset[int]
 ) -> RunResult:
-    from hf2q.runtime.dflash import RoundDone, Summary, dflash_generate
+    from hf2q.runtime.dflash import Summary, dflash_generate, pooled_acceptance, run
 
-    sums: list[Summary] = []
-    sum_a = drafted = 0
-    for p in prompts:
-        for ev in dflash_generate(
-            target,
-            drafter,
-            p,
-            max_tokens=config.gen_tokens,
-            block_size=config.block_size,
-            eos_token_ids=eos,
-        ):
-            if isinstance(ev, RoundDone):
-                sum_a += ev.accepted
-                drafted += ev.drafted
-            elif isinstance(ev, Summary):
-                sums.append(ev)
+    sums: list[Summary] = [
+        run(
+            dflash_generate(
+                target,
+                drafter,
+                p,
+                max_tokens=config.gen_tokens,
+                block_size=config.block_size,
+                eos_token_ids=eos,
+            )
+        )
+        for p in prompts
+    ]
+    sum_a = sum(s.accepted or 0 for s in sums)
+    drafted = sum(s.drafted or 0 for s in sums)
     decode = sum(s.decode_time for s in sums)
     prefill = sum(s.prefill_time for s in sums)
     rounds = sum(s.rounds or 0 for s in sums)
     r = max(rounds, 1)
+    tau, rate, _ = pooled_acceptance(sum_a, rounds, drafted)
     return RunResult(
         tokens_per_s=sum(s.generation_tokens - 1 for s in sums) / decode if decode > 0 else 0.0,
         per_slot_tokens_per_s=[s.generation_tps for s in sums],
@@ -261,10 +261,10 @@ def _run_sequential(
         rounds=rounds,
         generation_tokens=sum(s.generation_tokens for s in sums),
         peak_memory_gb=max(s.peak_memory_gb for s in sums),
-        tau=(sum_a + rounds) / rounds if rounds else None,
+        tau=tau,
         tau_per_slot=[s.tau for s in sums],
         accepted_histogram_per_slot=[list(s.accepted_histogram or []) for s in sums],
-        acceptance_rate=sum_a / drafted if drafted else None,
+        acceptance_rate=rate,
         tokens=[s.tokens for s in sums],
     )
 

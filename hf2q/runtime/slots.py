@@ -42,7 +42,7 @@ import mlx.core as mx
 
 from hf2q.errors import UsageError
 from hf2q.runtime.cache import make_target_cache
-from hf2q.runtime.dflash import PREFILL_STEP_SIZE, Summary, prefill
+from hf2q.runtime.dflash import PREFILL_STEP_SIZE, Summary, pooled_acceptance, prefill
 from hf2q.runtime.drafter import DFlashDraftModel
 from hf2q.runtime.sampling import KeyStream, SamplingParams, accept_rejection, choose, probs
 from hf2q.runtime.slot_cache import (
@@ -195,6 +195,7 @@ class _Live:
         n = len(self.tokens)
         dflash = mode == "dflash"
         r = self.rounds
+        tau, rate, share = pooled_acceptance(self.sum_a, r, self.drafted) if dflash else (None,) * 3
         return Summary(
             mode=mode,
             tokens=list(self.tokens),
@@ -209,9 +210,9 @@ class _Live:
             seed=self.keys.seed if self.keys else None,
             rounds=r if dflash else None,
             block_size=B if dflash else None,
-            tau=(self.sum_a + r) / r if dflash and r else None,
-            acceptance_rate=self.sum_a / self.drafted if dflash and self.drafted else None,
-            draft_share=self.sum_a / (self.sum_a + r) if dflash and r else None,
+            tau=tau,
+            acceptance_rate=rate,
+            draft_share=share,
             accepted_histogram=list(self.hist) if dflash else None,
             t_draft=self.t_draft if dflash else None,
             t_verify=self.t_verify if dflash else None,
@@ -292,6 +293,7 @@ class _Stats:
             sa = sum(x.sum_a for x in lives)
             dr = sum(x.drafted for x in lives)
             hist = [sum(x.hist[k] for x in lives) for k in range(B)] if dflash and B else None
+            tau, rate, _ = pooled_acceptance(sa, r, dr) if dflash else (None,) * 3
             per_slot.append(
                 SlotStats(
                     slot=s,
@@ -300,14 +302,17 @@ class _Stats:
                     decode_time=dt,
                     generation_tps=_tps(gen - len(lives), dt),
                     rounds=r,
-                    tau=(sa + r) / r if dflash and r else None,
-                    acceptance_rate=sa / dr if dflash and dr else None,
+                    tau=tau,
+                    acceptance_rate=rate,
                     accepted_histogram=hist,
                 )
             )
         gen = sum(s.generation_tokens for s in reqs)
         ptoks = sum(s.prompt_tokens for s in reqs)
         n = self.n_row_rounds
+        tau, rate, share = (
+            pooled_acceptance(self.sum_a, n, self.sum_drafted) if dflash else (None,) * 3
+        )
         return SlotsSummary(
             mode=mode,
             slots=slots,
@@ -323,9 +328,9 @@ class _Stats:
             peak_memory_gb=peak,
             round_times=list(self.round_times),
             block_size=B if dflash else None,
-            tau=(self.sum_a + n) / n if dflash and n else None,
-            acceptance_rate=self.sum_a / self.sum_drafted if dflash and self.sum_drafted else None,
-            draft_share=self.sum_a / (self.sum_a + n) if dflash and n else None,
+            tau=tau,
+            acceptance_rate=rate,
+            draft_share=share,
             accepted_histogram=list(self.hist) if dflash else None,
             t_draft=self.t_draft if dflash else None,
             t_verify=self.t_verify if dflash else None,
