@@ -337,18 +337,14 @@ def _dflash(
 
     decode_time = time.perf_counter() - t_first
     tau, rate, share = pooled_acceptance(sum_a, n_rounds, sum_drafted)
-    yield Summary(
-        mode="dflash",
-        tokens=tokens,
-        finish_reason=finish,
-        prompt_tokens=len(prompt),
-        generation_tokens=len(tokens),
-        prefill_time=prefill_time,
-        decode_time=decode_time,
-        prompt_tps=len(prompt) / prefill_time,
-        generation_tps=_tps(len(tokens) - 1, decode_time),
-        peak_memory_gb=_peak_gb(),
-        seed=keys.seed if keys else None,
+    yield _summary(
+        "dflash",
+        tokens,
+        finish,
+        len(prompt),
+        prefill_time,
+        decode_time,
+        keys,
         rounds=n_rounds,
         block_size=B,
         tau=tau,
@@ -361,6 +357,44 @@ def _dflash(
         t_verify=t_verify_sum,
         t_rollback=t_roll_sum,
     )
+
+
+def _summary(
+    mode: str,
+    tokens: list[int],
+    finish: str | None,
+    prompt_tokens: int,
+    prefill_time: float,
+    decode_time: float,
+    keys: KeyStream | None,
+    **dflash_fields: Any,
+) -> Summary:
+    """The run's :class:`Summary`: the fields both modes share, plus DFlash's own."""
+    return Summary(
+        mode=mode,
+        tokens=tokens,
+        finish_reason=finish,
+        prompt_tokens=prompt_tokens,
+        generation_tokens=len(tokens),
+        prefill_time=prefill_time,
+        decode_time=decode_time,
+        prompt_tps=prompt_tokens / prefill_time,
+        generation_tps=_tps(len(tokens) - 1, decode_time),
+        peak_memory_gb=_peak_gb(),
+        seed=keys.seed if keys else None,
+        **dflash_fields,
+    )
+
+
+def final_event(events: Iterable[Any], kind: type, what: str) -> Any:
+    """Consume ``events`` and return the last one of type ``kind`` (a run's summary)."""
+    last = None
+    for ev in events:
+        if isinstance(ev, kind):
+            last = ev
+    if last is None:
+        raise RuntimeError(f"the {what} ended without a summary")
+    return last
 
 
 def pooled_acceptance(
@@ -471,19 +505,7 @@ def _plain(
             mx.clear_cache()
 
     decode_time = time.perf_counter() - t_first
-    yield Summary(
-        mode="plain",
-        tokens=tokens,
-        finish_reason=finish,
-        prompt_tokens=len(prompt),
-        generation_tokens=len(tokens),
-        prefill_time=prefill_time,
-        decode_time=decode_time,
-        prompt_tps=len(prompt) / prefill_time,
-        generation_tps=_tps(len(tokens) - 1, decode_time),
-        peak_memory_gb=_peak_gb(),
-        seed=keys.seed if keys else None,
-    )
+    yield _summary("plain", tokens, finish, len(prompt), prefill_time, decode_time, keys)
 
 
 @dataclass(frozen=True)
@@ -555,13 +577,7 @@ def measure_acceptance(
 
 def run(events: Iterable[Event]) -> Summary:
     """Consume a generator of events and return its :class:`Summary`."""
-    summary = None
-    for ev in events:
-        if isinstance(ev, Summary):
-            summary = ev
-    if summary is None:
-        raise RuntimeError("the generation ended without a summary")
-    return summary
+    return final_event(events, Summary, "generation")
 
 
 __all__ = [

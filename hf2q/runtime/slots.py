@@ -42,7 +42,13 @@ import mlx.core as mx
 
 from hf2q.errors import UsageError
 from hf2q.runtime.cache import make_target_cache
-from hf2q.runtime.dflash import PREFILL_STEP_SIZE, Summary, pooled_acceptance, prefill
+from hf2q.runtime.dflash import (
+    PREFILL_STEP_SIZE,
+    Summary,
+    final_event,
+    pooled_acceptance,
+    prefill,
+)
 from hf2q.runtime.drafter import DFlashDraftModel
 from hf2q.runtime.sampling import KeyStream, SamplingParams, accept_rejection, choose, probs
 from hf2q.runtime.slot_cache import (
@@ -752,13 +758,7 @@ def _plain_slots(
 
 def run_slots(events: Iterable[SlotEvent]) -> SlotsSummary:
     """Consume a generator of slot events and return its :class:`SlotsSummary`."""
-    summary = None
-    for ev in events:
-        if isinstance(ev, SlotsSummary):
-            summary = ev
-    if summary is None:
-        raise RuntimeError("the batched generation ended without a summary")
-    return summary
+    return final_event(events, SlotsSummary, "batched generation")
 
 
 __all__ = [
