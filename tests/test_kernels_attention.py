@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import checkpoints as ck
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
@@ -14,18 +15,14 @@ from hf2q.kernels.gdn import concat_linears
 
 def attention_layer(quantized: bool = False, seed: int = 0):
     args = qwen3_5.TextModelArgs(
-        model_type="qwen3_5_text",
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=32,
-        linear_value_head_dim=32,
-        vocab_size=64,
+        **dict(
+            ck.TINY_TEXT_ARGS,
+            hidden_size=128,
+            intermediate_size=256,
+            head_dim=32,
+            linear_key_head_dim=32,
+            linear_value_head_dim=32,
+        )
     )
     mx.random.seed(seed)
     model = qwen3_5.TextModel(args)

@@ -6,6 +6,7 @@ in ``test_kernels_gated_delta.py``. Models are mlx-lm's own Qwen3.5 classes with
 
 from __future__ import annotations
 
+import checkpoints as ck
 import mlx.core as mx
 import pytest
 from mlx_lm.models import qwen3_5
@@ -24,20 +25,7 @@ from hf2q.kernels.gdn import (
 
 
 def tiny_model(dtype=mx.float32, seed=0) -> qwen3_5.TextModel:
-    args = qwen3_5.TextModelArgs(
-        model_type="qwen3_5_text",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        vocab_size=64,
-    )
+    args = qwen3_5.TextModelArgs(**ck.TINY_TEXT_ARGS)
     mx.random.seed(seed)
     model = qwen3_5.TextModel(args)
     if dtype != mx.float32:

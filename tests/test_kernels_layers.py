@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 
+import checkpoints as ck
 import mlx.core as mx
 import pytest
 from mlx_lm.models import qwen3, qwen3_5
@@ -12,20 +13,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from hf2q.kernels import layers
 from hf2q.runtime.target import TargetModel
 
-TEXT = dict(
-    model_type="qwen3_5_text",
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-    vocab_size=64,
-)
+TEXT = ck.TINY_TEXT_ARGS
 
 
 def qwen35(moe: bool = False, seed: int = 0) -> TargetModel:
