@@ -41,8 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from shapes import QWEN35_4B_DRAFTER, QWEN35_4B_TARGET  # noqa: E402
 
+from hf2q.platform import keep_float32_exact  # noqa: E402
+
 # As the CLI does: float32 products stay float32 on CUDA (children inherit it, z-lab's too).
-os.environ.setdefault("MLX_ENABLE_TF32", "0")
+keep_float32_exact()
 
 FIXTURE_TEXTS = (
     "def add(a, b):",

@@ -13,8 +13,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# On CUDA, float32 GEMMs are TF32 unless this is off (see hf2q.platform.keep_float32_exact).
-os.environ.setdefault("MLX_ENABLE_TF32", "0")
+
+from hf2q.platform import keep_float32_exact  # noqa: E402
+
+keep_float32_exact()  # as the CLI does: float32 products stay float32 on CUDA
 
 import checkpoints as ck  # noqa: E402
 
