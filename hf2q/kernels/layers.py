@@ -122,3 +122,17 @@ def fast_layer_fn(
         return layer(h, mask=mask, cache=cache)
 
     return run
+
+
+def decode_layer_fn() -> Callable[[int, nn.Module, mx.array, Any, Any], mx.array] | None:
+    """The plain decode step's layer function: the compiled runners on CUDA, else None.
+
+    On an NVIDIA GPU mlx-lm runs the Gated-DeltaNet recurrence as a loop of small ops (off Apple
+    GPUs); the compiled runners with the fused kernel decode the same model about 1.8x faster
+    (docs/BENCHMARKS.md, verify_cost on the H200), and verify uses the same kernel, so plain and
+    DFlash decoding compute alike. Elsewhere (``HF2Q_KERNELS=ops``, CPU, Apple GPUs) None: plain
+    decoding is mlx-lm's own model call.
+    """
+    if select.backend() != "cuda" or select.kernel_mode() == "ops":
+        return None
+    return fast_layer_fn()

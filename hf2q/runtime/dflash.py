@@ -33,6 +33,7 @@ from typing import Any
 import mlx.core as mx
 
 from hf2q.errors import UsageError
+from hf2q.kernels.layers import decode_layer_fn
 from hf2q.runtime.cache import TargetCache, make_target_cache
 from hf2q.runtime.drafter import DFlashDraftModel
 from hf2q.runtime.sampling import (
@@ -437,24 +438,6 @@ def plain_generate(
     )
 
 
-def _plain_layer_fn() -> Any:
-    """The decode step's layer function: hf2q's compiled layers with the CUDA kernels on CUDA.
-
-    On an NVIDIA GPU mlx-lm runs the Gated-DeltaNet recurrence as a loop of small ops (off Apple
-    GPUs); the compiled runners with the fused kernel decode the same model about 1.8x faster
-    (docs/BENCHMARKS.md, verify_cost on the H200), and verify uses the same kernel, so plain and
-    DFlash decoding compute alike. Elsewhere (``HF2Q_KERNELS=ops``, CPU, Apple GPUs) plain decoding
-    is mlx-lm's own model call, as before.
-    """
-    from hf2q.kernels import select
-
-    if select.backend() != "cuda" or select.kernel_mode() == "ops":
-        return None
-    from hf2q.kernels.layers import fast_layer_fn
-
-    return fast_layer_fn()
-
-
 def _plain(
     target: TargetModel,
     prompt: list[int],
@@ -472,7 +455,7 @@ def _plain(
     logits, _ = prefill(target, prompt, cache, step_size=step_size)
     y = choose(logits, sampling, keys)  # (1,)
 
-    layer_fn = _plain_layer_fn()
+    layer_fn = decode_layer_fn()
 
     def step(y: mx.array) -> mx.array:
         if layer_fn is None:
