@@ -56,48 +56,14 @@ def test_json_has_the_documented_keys_and_dflash_equals_plain(capsys, qwen35_dir
 
 
 def test_plain_output_streams_text_to_stdout_and_stats_to_stderr(capsys, qwen35_dir, drafter_dir):
-    code, out, err = _run(
-        capsys,
-        PROMPT,
-        "-m",
-        str(qwen35_dir),
-        "-d",
-        str(drafter_dir),
-        "--no-chat",
-        "-n",
-        "6",
-        "-b",
-        "3",
-    )
+    pair = (PROMPT, "-m", str(qwen35_dir), "-d", str(drafter_dir), "--no-chat", "-n", "6")
+    code, out, err = _run(capsys, *pair, "-b", "3")
     assert code == 0
-    text = _json(
-        capsys,
-        PROMPT,
-        "-m",
-        str(qwen35_dir),
-        "-d",
-        str(drafter_dir),
-        "--no-chat",
-        "-n",
-        "6",
-        "-b",
-        "3",
-    )["text"]
+    text = _json(capsys, *pair, "-b", "3")["text"]
     assert out == text + "\n"
     assert "round 1: drafted 2 accepted" in err
     assert "tau (mean a+1):" in err and "accepted histogram: 0:" in err
-    code, out, err = _run(
-        capsys,
-        PROMPT,
-        "-m",
-        str(qwen35_dir),
-        "-d",
-        str(drafter_dir),
-        "--no-chat",
-        "-n",
-        "6",
-        "--no-stats",
-    )
+    code, out, err = _run(capsys, *pair, "--no-stats")
     assert code == 0 and "round" not in err and out == text + "\n"
 
 
