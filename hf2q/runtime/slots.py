@@ -285,6 +285,25 @@ class _Stats:
         self.by_slot[live.slot].append(live)
         return s
 
+    def started(
+        self, live: _Live, tic: float, free_slots: list[int], mode: str, B: int | None
+    ) -> Iterator[SlotEvent]:
+        """A request's prefill is done: count its time, announce it, and finish it at once when
+        its first token already ends it (its slot goes back to ``free_slots``)."""
+        live.prefill_time = time.perf_counter() - tic
+        self.prefill += live.prefill_time
+        yield SlotStarted(
+            live.slot,
+            live.index,
+            live.prompt_tokens,
+            live.prefill_time,
+            live.tokens[0],
+            live.finish,
+        )
+        if live.finish is not None:
+            free_slots.append(live.slot)
+            yield SlotFinished(live.slot, live.index, self.finish(live, mode, B))
+
     def summary(
         self, mode: str, slots: int, n_requests: int, B: int | None, peak: float
     ) -> SlotsSummary:
@@ -472,14 +491,7 @@ def _dflash_slots(
                     ctx_len[r] = 1
                     mx.eval(tcache.state, [c.state for c in dcache], ctx)
                     rows[r] = live
-                live.prefill_time = time.perf_counter() - tic
-                st.prefill += live.prefill_time
-                yield SlotStarted(
-                    slot, index, len(req.prompt), live.prefill_time, live.tokens[0], live.finish
-                )
-                if live.finish is not None:
-                    free_slots.append(slot)
-                    yield SlotFinished(slot, index, st.finish(live, "dflash", B))
+                yield from st.started(live, tic, free_slots, "dflash", B)
         busy = [r for r, live in enumerate(rows) if live is not None]
         if not busy:
             break
@@ -678,14 +690,7 @@ def _plain_slots(
                         cur[r] = live.tokens[0]
                     fresh.add(r)
                     rows[r] = live
-                live.prefill_time = time.perf_counter() - tic
-                st.prefill += live.prefill_time
-                yield SlotStarted(
-                    slot, index, len(req.prompt), live.prefill_time, live.tokens[0], live.finish
-                )
-                if live.finish is not None:
-                    free_slots.append(slot)
-                    yield SlotFinished(slot, index, st.finish(live, "plain", None))
+                yield from st.started(live, tic, free_slots, "plain", None)
 
     yield from fill()
     t_prev = time.perf_counter()
