@@ -279,38 +279,12 @@ def main() -> None:
         py = sys.executable
         like_for_like = "hf2q convert --q-bits 4 --no-eval"
         baseline = "mlx_lm.convert -q --q-bits 4"
+        hf2q = [py, "-m", "hf2q", "convert", str(src), "--q-bits", "4", "--no-eval", "-o"]
         tools = {  # label -> (short name, command for an output folder)
-            like_for_like: (
-                "hf2q",
-                lambda out: [
-                    py,
-                    "-m",
-                    "hf2q",
-                    "convert",
-                    str(src),
-                    "-o",
-                    str(out),
-                    "--q-bits",
-                    "4",
-                    "--no-eval",
-                ],
-            ),
+            like_for_like: ("hf2q", lambda out: [*hf2q, str(out)]),
             "hf2q convert --q-bits 4 --no-eval --workers 0": (
                 "hf2q-w0",
-                lambda out: [
-                    py,
-                    "-m",
-                    "hf2q",
-                    "convert",
-                    str(src),
-                    "-o",
-                    str(out),
-                    "--q-bits",
-                    "4",
-                    "--no-eval",
-                    "--workers",
-                    "0",
-                ],
+                lambda out: [*hf2q, str(out), "--workers", "0"],
             ),
             baseline: (
                 "mlx_lm",
