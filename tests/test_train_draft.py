@@ -18,7 +18,15 @@ import pytest
 from zlab_check import assert_zlab_loads_like_hf2q
 
 from hf2q.cli.app import main
-from hf2q.train.trainer import Evaluated, Finished, StepDone, TrainDraftConfig, train_draft
+from hf2q.train import data as D
+from hf2q.train.trainer import (
+    Evaluated,
+    Finished,
+    Stage,
+    StepDone,
+    TrainDraftConfig,
+    train_draft,
+)
 
 FAST = dict(
     layers=1,
@@ -304,6 +312,7 @@ def test_unwritable_or_occupied_out_is_refused(qwen35_dir, text_dir, tmp_path, c
         (["--target-layer-ids", "1,9"], "outside the target's layers 0..3"),
         (["--mask-token-id", "512"], "outside the target's embedding (0..511)"),
         (["--max-minutes", "0"], "--max-minutes must be positive"),
+        (["--dtype", "float8"], "--dtype must be one of auto, native"),
     ],
 )
 def test_bad_options_fail_with_one_line(qwen35_dir, text_dir, tmp_path, capsys, extra, needle):
@@ -329,3 +338,48 @@ def test_a_time_budget_ends_training_early_and_still_writes_the_drafter(
     log = json.loads((out / "train_log.json").read_text())
     assert log["stopped_by_time"] == {"step": 1, "planned_steps": 10_000}
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+
+
+# ---- a run's prepared (regenerated) data reused by another run -----------------------------------
+def test_a_runs_regenerated_data_set_trains_another_run_as_it_is(
+    trained, qwen35_dir, text_dir, tmp_path
+):
+    """OUT/checkpoint/dataset.npz passed as --data: no tokenizing, no second regeneration."""
+    dataset = trained.out / "checkpoint" / "dataset.npz"
+    seqs, _ = D.load_dataset(dataset)
+    assert seqs and all(s.prompt_len == FAST["regen_prompt_tokens"] for s in seqs)
+    cfg = TrainDraftConfig(
+        target=str(qwen35_dir),
+        data=[str(dataset)],
+        eval_data=[str(text_dir)],
+        out=tmp_path / "again",
+        steps=2,
+        **dict(FAST, eval_prompts=1),  # regenerate=True: it must not apply to a prepared set
+    )
+    events = list(train_draft(cfg))
+    assert "regenerate" not in [e.name for e in events if isinstance(e, Stage)]
+    fin = events[-1]
+    assert isinstance(fin, Finished)
+    assert fin.log["data"]["sequences"] == len(D.usable(seqs, FAST["block_size"]))
+    again, _ = D.load_dataset(tmp_path / "again" / "checkpoint" / "dataset.npz")
+    assert [s.tokens.tolist() for s in again] == [s.tokens.tolist() for s in seqs]
+    assert [s.loss_mask.tolist() for s in again] == [s.loss_mask.tolist() for s in seqs]
+
+
+def test_a_data_set_that_does_not_fit_the_target_or_seq_len_is_refused(
+    trained, qwen35_dir, tmp_path, capsys
+):
+    seqs, prompts = D.load_dataset(trained.out / "checkpoint" / "dataset.npz")
+    far = [D.TokenSeq(s.tokens + 10_000, s.loss_mask, s.prompt_len, s.chat) for s in seqs]
+    D.save_dataset(tmp_path / "other.npz", far, prompts)
+    code, err = _cli(_base(qwen35_dir, tmp_path / "other.npz", tmp_path / "o1"), capsys)
+    assert code != 0 and "made for another target" in err, err
+    args = _base(qwen35_dir, trained.out / "checkpoint" / "dataset.npz", tmp_path / "o2")
+    code, err = _cli([*args, "--seq-len", "20", "--block-size", "8"], capsys)
+    assert code != 0 and "pass --seq-len 48 or more" in err, err
+    code, err = _cli(_base(qwen35_dir, tmp_path / "missing.npz", tmp_path / "o3"), capsys)
+    assert code != 0 and "does not exist" in err and "dataset.npz" in err, err
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    code, err = _cli(_base(qwen35_dir, tmp_path / "bad.npz", tmp_path / "o4"), capsys)
+    assert code != 0 and "cannot read" in err, err
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 5))

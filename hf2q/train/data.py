@@ -310,6 +310,78 @@ def eval_prompts(seqs: Sequence[TokenSeq], n: int, prompt_tokens: int) -> list[l
     return out
 
 
+# ---- prepared data sets (.npz) -------------------------------------------------------------------
+#: Arrays of a prepared data set: what ``save_dataset`` writes and ``load_dataset`` needs.
+DATASET_KEYS = ("tokens", "mask", "lengths", "prompt_lens", "chat", "eval_prompts")
+
+
+def is_dataset(path: str | Path) -> bool:
+    """Whether a ``--data`` path names a prepared data set (a ``.npz`` file)."""
+    return Path(path).suffix == ".npz"
+
+
+def save_dataset(path: Path, seqs: Sequence[TokenSeq], prompts: Sequence[Sequence[int]]) -> None:
+    """Write tokenized (and regenerated) sequences and eval prompts as one ``.npz`` file.
+
+    A run writes its own as ``OUT/checkpoint/dataset.npz``; passing that file as ``--data`` to
+    another run reuses the data without tokenizing or regenerating it again.
+    """
+    lengths = np.array([len(s) for s in seqs], dtype=np.int64)
+    np.savez(
+        path,
+        tokens=np.concatenate([s.tokens for s in seqs]) if seqs else np.zeros(0, np.int32),
+        mask=np.concatenate([s.loss_mask for s in seqs]) if seqs else np.zeros(0, bool),
+        lengths=lengths,
+        prompt_lens=np.array([s.prompt_len for s in seqs], dtype=np.int64),
+        chat=np.array([s.chat for s in seqs], dtype=bool),
+        eval_prompts=np.array(json.dumps([list(map(int, p)) for p in prompts])),
+    )
+
+
+def load_dataset(
+    path: str | Path, *, vocab_size: int | None = None, seq_len: int | None = None
+) -> tuple[list[TokenSeq], list[list[int]]]:
+    """Sequences and eval prompts of a data set written by :func:`save_dataset`.
+
+    Raises:
+        DataError: the file is not such a data set, holds token ids outside ``vocab_size`` (made
+            with another tokenizer) or sequences longer than ``seq_len``.
+    """
+    path = Path(path)
+    fix = "pass a dataset.npz that hf2q train-draft wrote (OUT/checkpoint/dataset.npz)"
+    if not path.is_file():
+        raise DataError(f"data set {path} does not exist: {fix}")
+    try:
+        # Read each array once: indexing an NpzFile decompresses the whole member every time.
+        with np.load(path) as z:
+            missing = [k for k in DATASET_KEYS if k not in z.files]
+            if missing:
+                raise DataError(f"{path} lacks {', '.join(missing)}: {fix}")
+            tokens, mask = z["tokens"], z["mask"]
+            lengths, prompt_lens, chat = z["lengths"], z["prompt_lens"], z["chat"]
+            prompts = json.loads(str(z["eval_prompts"]))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read {path} as a data set ({exc}): {fix}") from exc
+    if int(lengths.sum()) != tokens.size or mask.size != tokens.size:
+        raise DataError(f"{path} is inconsistent (lengths do not add up): {fix}")
+    if vocab_size is not None and tokens.size and int(tokens.max()) >= vocab_size:
+        raise DataError(
+            f"{path} holds token id {int(tokens.max())}, beyond the target's {vocab_size} "
+            "embeddings: it was made for another target; prepare it again with this --target"
+        )
+    if seq_len is not None and lengths.size and int(lengths.max()) > seq_len:
+        raise DataError(
+            f"{path} holds sequences of {int(lengths.max())} tokens, longer than --seq-len "
+            f"{seq_len}: pass --seq-len {int(lengths.max())} or more"
+        )
+    seqs, start = [], 0
+    for n, p, c in zip(lengths, prompt_lens, chat):
+        n = int(n)
+        seqs.append(TokenSeq(tokens[start : start + n], mask[start : start + n], int(p), bool(c)))
+        start += n
+    return seqs, prompts
+
+
 # ---- regeneration -------------------------------------------------------------------------------
 def regenerate(
     target: Any,

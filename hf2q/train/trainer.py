@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from hf2q.errors import DataError, DrafterError, OutputError, UsageError
+from hf2q.runtime.pair import DTYPE_CHOICES
 
 CHECKPOINT_DIR = "checkpoint"
 LOG_FILE = "train_log.json"
@@ -81,6 +82,7 @@ class TrainDraftConfig:
     log_every: int = 10
     feature_cache_gb: float = 2.0
     max_minutes: float | None = None  # stop training once this much training time has passed
+    dtype: str | None = None  # the target's compute dtype, as `hf2q generate --dtype` (None: auto)
 
 
 # ---- events -------------------------------------------------------------------------------------
@@ -185,6 +187,8 @@ def validate(cfg: TrainDraftConfig) -> None:
         raise UsageError(f"--clip must be positive, got {cfg.clip}")
     if cfg.gamma is not None and not cfg.gamma > 0:
         raise UsageError(f"--gamma must be positive, got {cfg.gamma}")
+    if cfg.dtype is not None and cfg.dtype not in DTYPE_CHOICES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {cfg.dtype!r}")
     if cfg.init not in ("target", "random"):
         raise UsageError(f"--init must be 'target' or 'random', got {cfg.init!r}")
     if cfg.save_dtype not in ("bfloat16", "float16", "float32"):
@@ -372,32 +376,6 @@ def _save_checkpoint(folder: Path, drafter: Any, optimizer: Any, state: dict[str
         shutil.rmtree(old)
 
 
-def _save_dataset(path: Path, seqs: list[Any], prompts: list[list[int]]) -> None:
-    lengths = np.array([len(s) for s in seqs], dtype=np.int64)
-    np.savez(
-        path,
-        tokens=np.concatenate([s.tokens for s in seqs]) if seqs else np.zeros(0, np.int32),
-        mask=np.concatenate([s.loss_mask for s in seqs]) if seqs else np.zeros(0, bool),
-        lengths=lengths,
-        prompt_lens=np.array([s.prompt_len for s in seqs], dtype=np.int64),
-        chat=np.array([s.chat for s in seqs], dtype=bool),
-        eval_prompts=np.array(json.dumps(prompts)),
-    )
-
-
-def _load_dataset(path: Path) -> tuple[list[Any], list[list[int]]]:
-    from hf2q.train.data import TokenSeq
-
-    z = np.load(path)
-    seqs, start = [], 0
-    for n, p, c in zip(z["lengths"], z["prompt_lens"], z["chat"]):
-        seqs.append(
-            TokenSeq(z["tokens"][start : start + n], z["mask"][start : start + n], int(p), bool(c))
-        )
-        start += int(n)
-    return seqs, json.loads(str(z["eval_prompts"]))
-
-
 # ---- the loop -----------------------------------------------------------------------------------
 def train_draft(cfg: TrainDraftConfig) -> Iterator[Event]:
     """Train a drafter; yield :data:`Event` s; the last one is :class:`Finished`.
@@ -410,7 +388,14 @@ def train_draft(cfg: TrainDraftConfig) -> Iterator[Event]:
     validate(cfg)
     out = Path(cfg.out)
     # Read the data first: a missing or malformed file fails before anything is written or loaded.
-    records = D.read_records(cfg.data)
+    text_paths = [p for p in cfg.data if not D.is_dataset(p)]
+    for p in cfg.data:
+        if D.is_dataset(p) and not Path(p).is_file():
+            raise DataError(
+                f"data set {p} does not exist: pass a dataset.npz that hf2q train-draft wrote "
+                "(OUT/checkpoint/dataset.npz)"
+            )
+    records = D.read_records(text_paths) if text_paths else []
     eval_records = D.read_records(cfg.eval_data) if cfg.eval_data else []
     created = not out.exists()
     prepare_out(out, resume=cfg.resume, force=cfg.force)
@@ -432,6 +417,7 @@ def _train(
 
     from hf2q.loading import load_model
     from hf2q.runtime.drafter import DFlashConfig, DFlashDraftModel, save_drafter
+    from hf2q.runtime.pair import apply_dtype
     from hf2q.runtime.target import TargetModel
     from hf2q.train import data as D
     from hf2q.train.evaluate import inference_copy, measure_tau, target_dtype
@@ -450,6 +436,8 @@ def _train(
     loaded = load_model(cfg.target)
     target = TargetModel(loaded.model, loaded.tokenizer)
     target.model.freeze()
+    # The dtype the target computes in, as `hf2q generate --dtype` (auto: float32 on a CPU).
+    compute_dtype = apply_dtype(target, None, cfg.dtype)
     tok = loaded.tokenizer
     eos_ids = sorted(int(i) for i in (getattr(tok, "eos_token_ids", None) or ()))
 
@@ -478,9 +466,15 @@ def _train(
     yield Stage("data", ", ".join(str(p) for p in cfg.data))
     chat_kwargs = {} if cfg.thinking is None else {"enable_thinking": bool(cfg.thinking)}
     if resumed is not None and (ck_dir / "dataset.npz").is_file():
-        seqs, prompts = _load_dataset(ck_dir / "dataset.npz")
+        seqs, prompts = D.load_dataset(ck_dir / "dataset.npz")
     else:
-        seqs = D.tokenize(records, tok, cfg.seq_len, chat_kwargs=chat_kwargs)
+        # Prepared data sets (.npz from an earlier run) are used as they are: not tokenized,
+        # sampled by --max-seqs or regenerated again.
+        prepared: list[Any] = []
+        for p in cfg.data:
+            if D.is_dataset(p):
+                prepared += D.load_dataset(p, vocab_size=target.vocab_size, seq_len=cfg.seq_len)[0]
+        seqs = D.tokenize(records, tok, cfg.seq_len, chat_kwargs=chat_kwargs) if records else []
         if cfg.eval_data:
             ev = D.tokenize(eval_records, tok, cfg.seq_len, chat_kwargs=chat_kwargs)
             prompts = D.eval_prompts(ev, cfg.eval_prompts, cfg.eval_prompt_tokens)
@@ -490,14 +484,18 @@ def _train(
                     f"--eval-prompt-tokens ({cfg.eval_prompt_tokens}) tokens, chats a user turn "
                     "before an assistant turn"
                 )
-        else:
+        elif seqs:
             seqs, prompts = D.split_eval(seqs, cfg.eval_prompts, cfg.eval_prompt_tokens, cfg.seed)
+        else:
+            prepared, prompts = D.split_eval(
+                prepared, cfg.eval_prompts, cfg.eval_prompt_tokens, cfg.seed
+            )
         if cfg.max_seqs is not None and len(seqs) > cfg.max_seqs:
             pick = np.random.default_rng([cfg.seed, 3]).choice(
                 len(seqs), cfg.max_seqs, replace=False
             )
             seqs = [seqs[i] for i in sorted(pick)]
-        if cfg.regenerate:
+        if cfg.regenerate and seqs:
             yield Stage("regenerate", f"{len(seqs)} sequences with the target")
             regen = D.regenerate(
                 target,
@@ -516,7 +514,7 @@ def _train(
                     seqs = stop.value
                     break
                 yield Preparing("regenerate", done, of)
-        seqs = D.usable(seqs, B)
+        seqs = D.usable(seqs + prepared, B)
     n_seq = len(seqs)
     per_epoch = D.steps_per_epoch(n_seq, cfg.batch_size)
     if resumed is not None:
@@ -531,6 +529,7 @@ def _train(
         "response_tokens": int(sum(int(s.loss_mask.sum()) for s in seqs)),
         "eval_prompts": len(prompts),
         "regenerated": cfg.regenerate,
+        "target_compute_dtype": compute_dtype,
         "steps_per_epoch": per_epoch,
     }
 
@@ -590,7 +589,7 @@ def _train(
         log["resumed_at"] = log.get("resumed_at", []) + [start]
     else:
         ck_dir.mkdir(parents=True, exist_ok=True)
-        _save_dataset(ck_dir / "dataset.npz", seqs, prompts)
+        D.save_dataset(ck_dir / "dataset.npz", seqs, prompts)
     mx.eval(drafter.parameters())
 
     weights = mx.array(loss_weights(B, gamma))
