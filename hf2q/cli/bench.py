@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from hf2q.cli.options import DraftOption, ModelOption
+from hf2q.cli.options import DraftOption, DtypeOption, ModelOption
 from hf2q.errors import OutputError, UsageError
 
 
@@ -67,14 +67,7 @@ def bench(
             help="Slots left without work: 'compact' (drop their rows) or 'keep' (compute masked rows).",
         ),
     ] = "compact",
-    dtype: Annotated[
-        str | None,
-        typer.Option(
-            "--dtype",
-            help="Compute dtype: auto (float32 for half-precision weights on a CPU, else as loaded), "
-            "native (as loaded), float32, bfloat16 or float16.",
-        ),
-    ] = None,
+    dtype: DtypeOption = None,
     chat: Annotated[
         bool | None,
         typer.Option(

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from hf2q.cli.options import DraftOption, ModelOption
+from hf2q.cli.options import DraftOption, DtypeOption, ModelOption
 from hf2q.errors import UsageError
 
 
@@ -67,14 +67,7 @@ def generate(
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (last line) instead of text.")
     ] = False,
-    dtype: Annotated[
-        str | None,
-        typer.Option(
-            "--dtype",
-            help="Compute dtype: auto (float32 for half-precision weights on a CPU, else as "
-            "loaded), native (as loaded), float32, bfloat16 or float16.",
-        ),
-    ] = None,
+    dtype: DtypeOption = None,
     revision: Annotated[
         str | None, typer.Option("--revision", help="Hub revision of --model.")
     ] = None,

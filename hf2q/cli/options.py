@@ -26,3 +26,13 @@ DraftOption = Annotated[
         help="DFlash drafter folder or Hub repo id (default: the registry entry for --model).",
     ),
 ]
+
+#: ``--dtype``: the dtype the models compute in (None means auto).
+DtypeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--dtype",
+        help="Compute dtype: auto (float32 for half-precision weights on a CPU, else as loaded), "
+        "native (as loaded), float32, bfloat16 or float16.",
+    ),
+]

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from hf2q.cli.options import DtypeOption
 from hf2q.errors import UsageError
 
 
@@ -158,6 +159,7 @@ def train_draft(
         bool, typer.Option("--resume", help="Continue from OUT's checkpoint.")
     ] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty OUT.")] = False,
+    dtype: DtypeOption = None,
     save_dtype: Annotated[
         str, typer.Option("--save-dtype", help="bfloat16 (z-lab's), float16 or float32.")
     ] = "bfloat16",
@@ -209,8 +211,17 @@ def train_draft(
         resume=resume,
         force=force,
         save_dtype=save_dtype,
+        dtype=dtype,
     )
     validate(cfg)  # cheap checks before MLX is imported
+    from hf2q.cli import app as app_module
+    from hf2q.cli.console import warn
+    from hf2q.platform import blas_hint, ensure_fast_blas
+
+    # May re-execute this process with OpenBLAS preloaded: the CPU's matmuls are ~38x faster.
+    plan = ensure_fast_blas(allow_reexec=app_module.STANDALONE)
+    if plan.action == "hint" and not json_out:
+        warn(blas_hint(plan))
     _run(cfg, json_out)
 
 
