@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-ppl", action="store_true")
     ap.add_argument(
+        "--dtype", default="auto", help="as hf2q generate --dtype (auto: float32 on a CPU)"
+    )
+    ap.add_argument(
         "--demo-only", action="store_true", help="measure the default demo only (4. above)"
     )
     args = ap.parse_args(argv)
@@ -100,13 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from hf2q.runtime.dflash import dflash_generate, plain_generate, run
-    from hf2q.runtime.pair import encode_prompt, load_pair, read_registry
+    from hf2q.runtime.pair import apply_dtype, encode_prompt, load_pair, read_registry
     from hf2q.runtime.sampling import SamplingParams
     from hf2q.train.evaluate import measure_tau
 
     t0 = time.time()
     pair = load_pair(args.target, args.draft)
     tok, target, drafter = pair.tokenizer, pair.target, pair.drafter
+    compute_dtype = apply_dtype(target, drafter, args.dtype)  # as `hf2q generate --dtype`
     eos = pair.eos_token_ids
     manifest = json.loads((args.data / "manifest.json").read_text())
     result: dict[str, Any] = {
@@ -114,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         "draft": args.draft,
         "environment": plat.describe(),
         "HF2Q_COMPILE": os.environ.get("HF2Q_COMPILE", "1 (default)"),
+        "compute_dtype": compute_dtype,
         "block_size": drafter.block_size,
         "drafter": drafter.config.to_dict(),
     }
