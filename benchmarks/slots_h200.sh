@@ -6,9 +6,13 @@
 #   bash .device/s2/install.sh && bash benchmarks/slots_h200.sh
 # Budget: about 4-5 minutes on an H200 (build about 20 s, kernels compile during the warm-up).
 # SHAPE=small runs the same on a CPU in a few minutes (a check of this script, not a result).
+# PARTS=demo runs part 2 only; PAIR="-m TARGET -d DRAFT" measures that pair instead of the
+# embedded one (e.g. a drafter just trained, before it is installed in the package).
 set -uo pipefail
 : "${OUT:?set OUT to the folder for the reports}"
 SHAPE=${SHAPE:-4b}
+PARTS=${PARTS:-synthetic,demo}
+PAIR=${PAIR:-}
 DTYPE=${DTYPE:-bfloat16}
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
@@ -16,6 +20,7 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1 || true
 
 # 1. Costs: round time and its split, E and slot scaling (random weights: tau about 1).
+if [[ $PARTS == *synthetic* ]]; then
 timeout 420 python3 benchmarks/slots_synthetic.py --shape "$SHAPE" --dtype "$DTYPE" \
   --slots 1,2,4,8 --gen-tokens 32 --prompt-tokens 64 --trials 3 --warmup 1 \
   --out "$OUT/slots-$SHAPE.json" > "$OUT/slots-$SHAPE.log" 2>&1
@@ -29,10 +34,14 @@ for x in r["results"]:
           f"  split {x['draft_ms']}/{x['verify_ms']}/{x['rollback_ms']}  E {x['E']}"
           f"  x1slot {x['scaling_vs_1_slot']}  xplain {x['speedup_vs_plain']}  = {x['matches_plain']}")
 EOF
+fi
 
-# 2. Tau on the embedded demo pair (skipped when this tree has none).
-if [ -f hf2q/demo/target/config.json ] && [ -f hf2q/demo/draft/config.json ]; then
-  timeout 150 python3 -m hf2q bench --slots 1,2,4,8 --gen-tokens 128 --trials 3 --warmup 1 \
+# 2. Tau on the embedded demo pair (skipped when this tree has none) or on $PAIR.
+if [[ $PARTS != *demo* ]]; then
+  :
+elif [ -n "$PAIR" ] || { [ -f hf2q/demo/target/config.json ] && [ -f hf2q/demo/draft/config.json ]; }; then
+  # shellcheck disable=SC2086  # PAIR is a list of arguments
+  timeout 150 python3 -m hf2q bench $PAIR --slots 1,2,4,8 --gen-tokens 128 --trials 3 --warmup 1 \
     --json --out "$OUT/slots-demo.json" > "$OUT/slots-demo.log" 2>&1
   echo "demo pair: exit $?"
   tail -c 1500 "$OUT/slots-demo.log"

@@ -1,48 +1,68 @@
 #!/usr/bin/env bash
 # Step 3 of make_demo.sh on an NVIDIA GPU (MLX CUDA): train the demo drafter with `hf2q train-draft`
-# against the demo target, within a wall-time budget, then measure the pair with `hf2q bench`.
+# against the demo target, in one or more calls of a time-limited machine.
 #
 # Inputs (relative to the repository root): $DATA/target (the demo target), $DATA/train.jsonl.xz and
-# $DATA/heldout.jsonl (runs/demo/text/*.jsonl from prepare_data.py). Outputs in $OUT: draft/ (the
-# drafter, z-lab format, with train_log.json), probe.json, train.log, bench-demo.json/.log.
-#
-# A 30-step probe measures seconds per step on this machine first; the real run then gets as many
-# steps as fit in TRAIN_MINUTES (so the learning-rate schedule completes), with --max-minutes as
-# a guard.
+# $DATA/heldout.jsonl (runs/demo/text/*.jsonl from prepare_data.py).
+# State: $RUN, the train-draft output folder. It should outlive one call (a folder the machine keeps
+# while warm): when $RUN holds a checkpoint the run resumes it (the regenerated data set is in the
+# checkpoint, so it is not regenerated again). TOTAL_MINUTES is the run's whole training-time budget
+# (--max-minutes counts the time of earlier calls too); the learning-rate schedule spans STEPS.
+# PREPARED="a.npz b.npz": train on data sets an earlier run prepared (OUT/checkpoint/dataset.npz,
+# e.g. regenerated on another machine) instead of tokenizing and regenerating the text again.
+# LAYERS, BATCH, LR and EVAL_PROMPTS set the drafter's depth, sequences per step, peak learning
+# rate and the held-out prompts of each tau measurement (0: measure afterwards, elsewhere).
+# Outputs in $OUT: probe.log (which batch MLX's backend takes), train.log, and draft/ (the drafter,
+# z-lab format, with train_log.json, without the optimizer checkpoint).
 set -uo pipefail
 : "${OUT:?set OUT}"
 DATA=${DATA:-runs/gputrain}
-TRAIN_MINUTES=${TRAIN_MINUTES:-3.5}
+RUN=${RUN:-/root/hf2q-stash/draft-run}
+TOTAL_MINUTES=${TOTAL_MINUTES:-8}
+STEPS=${STEPS:-24000}
+MAX_SEQS=${MAX_SEQS:-16384}
+PREPARED=${PREPARED:-}
+LAYERS=${LAYERS:-2}
+BATCH=${BATCH:-32}
+LR=${LR:-1e-3}
+EVAL_PROMPTS=${EVAL_PROMPTS:-16}
 export PYTHONUNBUFFERED=1
-W=$(mktemp -d)
-[ -f "$DATA/train.jsonl" ] || xz -dkc "$DATA/train.jsonl.xz" > "$W/train.jsonl"
-TRAIN=${TRAIN:-$W/train.jsonl}
-COMMON=(-t "$DATA/target" --data "$TRAIN" --eval-data "$DATA/heldout.jsonl"
-  --layers 2 --target-layer-ids 1,3,5 --block-size 16 --seq-len 256
-  --batch-size 32 --anchors-per-seq 32 --lr 1e-3 --seed 0 --feature-cache-gb 40)
 t0=$(date +%s)
-python3 -m hf2q train-draft "${COMMON[@]}" -o "$W/probe" --max-seqs 512 --no-regenerate \
-  --steps 30 --eval-prompts 0 --json > "$OUT/probe.log" 2>&1
-tail -n 1 "$OUT/probe.log" > "$OUT/probe.json"
-STEPS=$(python3 - "$OUT/probe.json" "$TRAIN_MINUTES" <<'PY'
-import json, sys
-log = json.loads(open(sys.argv[1]).read())
-per_step = log["train_s"] / log["steps"]
-print(max(100, int(float(sys.argv[2]) * 60 / per_step * 0.92)))
-PY
-) || { echo "probe failed"; tail -n 20 "$OUT/probe.log"; exit 1; }
-echo "[$(( $(date +%s) - t0 ))s] probe done: $STEPS steps fit in $TRAIN_MINUTES minutes"
-python3 -m hf2q train-draft "${COMMON[@]}" -o "$OUT/draft" --max-seqs 16384 \
-  --regenerate --regen-prompt-tokens 64 --regen-batch 1024 \
-  --steps "$STEPS" --max-minutes "$TRAIN_MINUTES" --eval-every 100000 \
-  --eval-prompts 16 --eval-max-tokens 128 > "$OUT/train.log" 2>&1
-echo "[$(( $(date +%s) - t0 ))s] train-draft exit $?"
-grep -E "^(eval|train|regenerate 1|saved|features target)" "$OUT/train.log" | tail -n 8
-rm -rf "$OUT/draft/checkpoint"  # the optimizer state: not needed to use or ship the drafter
-if [ -f "$OUT/draft/config.json" ]; then
-  timeout "${BENCH_S:-150}" python3 -m hf2q bench -m "$DATA/target" -d "$OUT/draft" \
-    --slots 1,2,4,8 --gen-tokens 128 --trials 3 --warmup 1 --json --out "$OUT/bench-demo.json" \
-    > "$OUT/bench-demo.log" 2>&1
-  echo "[$(( $(date +%s) - t0 ))s] bench exit $?"
-  tail -c 2500 "$OUT/bench-demo.log"
+W=$(mktemp -d)
+if [ -f "$RUN/checkpoint/state.json" ]; then
+  MODE=(--resume)
+  REGEN_BATCH=${REGEN_BATCH:-64}
+  echo "resuming $RUN"
+elif [ -n "$PREPARED" ]; then
+  MODE=()
+  REGEN_BATCH=64
+else
+  MODE=()
+  # The widest batch that MLX's backend runs here (regeneration and feature capture).
+  REGEN_BATCH=$(python3 scripts/demo/probe_batch.py "$DATA/target" 512 256 128 64 32 2> "$OUT/probe.log" | tail -n 1)
+  cat "$OUT/probe.log"
+  [ "${REGEN_BATCH:-0}" -gt 0 ] || { echo "no batch size works"; exit 1; }
+  echo "[$(( $(date +%s) - t0 ))s] regeneration batch $REGEN_BATCH"
 fi
+if [ -n "$PREPARED" ]; then
+  # shellcheck disable=SC2206  # a list of paths
+  SOURCE=(--data $PREPARED --no-regenerate)
+else
+  [ -f "$DATA/train.jsonl" ] && TRAIN=$DATA/train.jsonl || { xz -dkc "$DATA/train.jsonl.xz" > "$W/train.jsonl"; TRAIN=$W/train.jsonl; }
+  SOURCE=(--data "$TRAIN" --max-seqs "$MAX_SEQS" --regenerate --regen-prompt-tokens 64)
+fi
+python3 -m hf2q train-draft -t "$DATA/target" "${SOURCE[@]}" --eval-data "$DATA/heldout.jsonl" \
+  --layers "$LAYERS" --target-layer-ids 1,3,5 --block-size 16 --seq-len 256 \
+  --batch-size "$BATCH" --anchors-per-seq 32 --lr "$LR" --seed 0 --feature-cache-gb 40 \
+  -o "$RUN" "${MODE[@]}" --regen-batch "$REGEN_BATCH" \
+  --steps "$STEPS" --max-minutes "$TOTAL_MINUTES" --eval-every "${EVAL_EVERY:-4000}" \
+  --eval-prompts "$EVAL_PROMPTS" --eval-max-tokens 128 >> "$OUT/train.log" 2>&1
+rc=$?
+echo "[$(( $(date +%s) - t0 ))s] train-draft exit $rc"
+grep -E "^(eval|regenerate [0-9]+/|features|time|saved|train )" "$OUT/train.log" | tail -n 12
+grep -E "^step" "$OUT/train.log" | tail -n 2
+if [ -f "$RUN/config.json" ]; then
+  mkdir -p "$OUT/draft"
+  cp "$RUN"/*.json "$RUN"/*.safetensors "$OUT/draft/"
+fi
+exit $rc
