@@ -3,7 +3,7 @@
 #
 #   1. corpus + tokenizer from this machine's Python stdlib      (CPU, ~20 s)
 #   2. the target, trained from scratch with torch                (GPU: ~6 min; CPU: hours)
-#   3. its DFlash drafter, trained with `hf2q train-draft` on MLX (CPU or GPU)
+#   3. its DFlash drafter, trained with `hf2q train-draft` on MLX (GPU; a CPU takes hours)
 #   4. install both into the package, 5. measure the quality bars (CPU, the machine that matters)
 #
 # Everything generated goes to runs/demo/ (git-ignored); the logs that are committed go to
@@ -25,19 +25,30 @@ if [ -z "${SKIP_TARGET:-}" ]; then
     --device "${DEVICE:-auto}" --minutes "${TARGET_MINUTES:-5}"
 fi
 
-# The drafter trains against a float32 copy of the target: on a CPU, regeneration and the feature
-# pass run ~5x faster in float32 than in bfloat16; the shipped target stays bfloat16.
-$PY -m hf2q convert runs/demo/target --no-quantize --dtype float32 --no-eval \
-  -o runs/demo/target-f32 --force
-# 2048 distinct sequences, ~3.5 passes of 32 anchors each: a first run that saw 626 sequences 7.7 times
-# memorised them (real-loop tau 8-10 on its training prompts, 1.65 on held-out ones).
-$PY -m hf2q train-draft -t runs/demo/target-f32 -o runs/demo/draft --force \
-  --data runs/demo/text/train.jsonl --eval-data runs/demo/text/heldout.jsonl \
-  --layers 2 --target-layer-ids 1,3,5 --block-size 16 \
-  --seq-len 256 --batch-size 8 --anchors-per-seq 32 --max-seqs "${DRAFT_SEQS:-2048}" \
-  --regenerate --regen-prompt-tokens 64 --regen-batch 128 \
-  --steps "${DRAFT_STEPS:-900}" --lr 1e-3 --seed 0 \
-  --eval-every 300 --eval-prompts 2 --eval-max-tokens 64
+# 3. The drafter. The shipped one (docs/BENCHMARKS.md, "The embedded demo pair") was trained on
+# two data sets of the target's own greedy continuations and one training run:
+#   a. 16384 sampled 256-token chunks of the training files, 64-token prompts (regenerated on the
+#      H200 at batch 64: scripts/demo/train_draft_gpu.sh, its first call),
+#   b. 10240 chunks sampled with seed 1, 48-token prompts (regenerated on this CPU, float32),
+#   c. 3 drafter layers trained on a + b (H200: scripts/demo/h200_pair.sh, ~3.4 min of steps).
+# This script runs the same recipe on whatever MLX device it has (on a CPU, c takes hours:
+# DRAFT_STEPS scales it down). A data set is prepared by a one-step run: its OUT/checkpoint/
+# dataset.npz is what later runs take as --data.
+prep() {  # prep NAME SEED PROMPT_TOKENS MAX_SEQS
+  $PY -m hf2q train-draft -t runs/demo/target -o "runs/demo/prep-$1" --force \
+    --data runs/demo/text/train.jsonl --eval-data runs/demo/text/heldout.jsonl --eval-prompts 0 \
+    --layers 3 --target-layer-ids 1,3,5 --block-size 16 --seq-len 256 --batch-size 8 \
+    --seed "$2" --max-seqs "$4" --regenerate --regen-prompt-tokens "$3" \
+    --regen-batch "${REGEN_BATCH:-64}" --steps 1
+}
+prep a 0 64 16384
+prep b 1 48 10240
+$PY -m hf2q train-draft -t runs/demo/target -o runs/demo/draft --force \
+  --data runs/demo/prep-a/checkpoint/dataset.npz runs/demo/prep-b/checkpoint/dataset.npz \
+  --eval-data runs/demo/text/heldout.jsonl --eval-prompts 0 \
+  --layers 3 --target-layer-ids 1,3,5 --block-size 16 --seq-len 256 \
+  --batch-size 32 --anchors-per-seq 32 --lr 1e-3 --seed 0 --feature-cache-gb 40 \
+  --steps "${DRAFT_STEPS:-10000}"
 
 $PY scripts/demo/install_pair.py --target runs/demo/target --draft runs/demo/draft
 $PY scripts/demo/eval_pair.py --target hf2q/demo/target --draft hf2q/demo/draft \

@@ -45,8 +45,8 @@ else
   echo "[$(( $(date +%s) - t0 ))s] regeneration batch $REGEN_BATCH"
 fi
 if [ -n "$PREPARED" ]; then
-  # shellcheck disable=SC2206  # a list of paths
-  SOURCE=(--data $PREPARED --no-regenerate)
+  SOURCE=(--no-regenerate)
+  for f in $PREPARED; do SOURCE+=(--data "$f"); done
 else
   [ -f "$DATA/train.jsonl" ] && TRAIN=$DATA/train.jsonl || { xz -dkc "$DATA/train.jsonl.xz" > "$W/train.jsonl"; TRAIN=$W/train.jsonl; }
   SOURCE=(--data "$TRAIN" --max-seqs "$MAX_SEQS" --regenerate --regen-prompt-tokens 64)
