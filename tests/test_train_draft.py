@@ -25,6 +25,7 @@ from hf2q.train.trainer import (
     Stage,
     StepDone,
     TrainDraftConfig,
+    backend_failure,
     train_draft,
 )
 
@@ -383,3 +384,17 @@ def test_a_data_set_that_does_not_fit_the_target_or_seq_len_is_refused(
     code, err = _cli(_base(qwen35_dir, tmp_path / "bad.npz", tmp_path / "o4"), capsys)
     assert code != 0 and "cannot read" in err, err
     assert not any((tmp_path / f"o{i}").exists() for i in range(1, 5))
+
+
+def test_a_cuda_launch_failure_in_a_wide_pass_names_the_option_to_lower():
+    """The error MLX 0.32.4 CUDA raised at --regen-batch 128 on the H200, as train-draft reports it."""
+    from hf2q.errors import ModelError
+
+    raw = RuntimeError(
+        "cudaGraphAddKernelNode(&node, graph_, NULL, 0, &params) failed: invalid argument"
+    )
+    err = backend_failure(raw, "regeneration", "--regen-batch", 128)
+    assert isinstance(err, ModelError)
+    assert "pass a smaller --regen-batch (e.g. 64" in str(err) and "invalid argument" in str(err)
+    other = RuntimeError("[matmul] Last dimension of first input with shape (1,2) must match")
+    assert backend_failure(other, "the feature pass", "--batch-size", 32) is None

@@ -128,7 +128,10 @@ def train_draft(
         float, typer.Option("--regen-temp", help="Temperature of regeneration (0 = greedy).")
     ] = 0.0,
     regen_batch: Annotated[
-        int, typer.Option("--regen-batch", help="Prompts regenerated together (GPUs: hundreds).")
+        int,
+        typer.Option(
+            "--regen-batch", help="Prompts regenerated together (MLX CUDA 0.32: 64 or fewer)."
+        ),
     ] = 32,
     init: Annotated[
         str,

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from hf2q.errors import DataError, DrafterError, OutputError, UsageError
+from hf2q.errors import DataError, DrafterError, ModelError, OutputError, UsageError
 from hf2q.runtime.pair import DTYPE_CHOICES
 
 CHECKPOINT_DIR = "checkpoint"
@@ -376,6 +376,23 @@ def _save_checkpoint(folder: Path, drafter: Any, optimizer: Any, state: dict[str
         shutil.rmtree(old)
 
 
+def backend_failure(exc: RuntimeError, what: str, option: str, value: int) -> ModelError | None:
+    """The error to raise for a failure of MLX's backend in a wide batched pass.
+
+    MLX 0.32.4's CUDA backend rejects some launches of wide batches (regenerating the demo target
+    failed at 128 prompts and more with ``cudaGraphAddKernelNode(...) failed: invalid argument``
+    and worked at 64; ``scripts/demo/probe_batch.py`` finds the widest that works). Such a CUDA
+    error becomes one line naming the option to lower; for anything else None (re-raise it).
+    """
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "cuda" not in msg.lower():
+        return None
+    return ModelError(
+        f"MLX's CUDA backend failed in {what} at {option} {value} ({msg}): pass a smaller "
+        f"{option} (e.g. {max(1, value // 2)}; scripts/demo/probe_batch.py finds the widest that works)"
+    )
+
+
 # ---- the loop -----------------------------------------------------------------------------------
 def train_draft(cfg: TrainDraftConfig) -> Iterator[Event]:
     """Train a drafter; yield :data:`Event` s; the last one is :class:`Finished`.
@@ -513,6 +530,11 @@ def _train(
                 except StopIteration as stop:
                     seqs = stop.value
                     break
+                except RuntimeError as exc:
+                    err = backend_failure(exc, "regeneration", "--regen-batch", cfg.regen_batch)
+                    if err is None:
+                        raise
+                    raise err from exc
                 yield Preparing("regenerate", done, of)
         seqs = D.usable(seqs + prepared, B)
     n_seq = len(seqs)
@@ -664,8 +686,15 @@ def _train(
         fb = max(cfg.batch_size, cfg.regen_batch)  # a forward only: as wide as regeneration
         for i in range(0, n_seq, fb):
             chunk = D.make_batch(seqs[i : i + fb], cfg.seq_len, pad_id)
-            _, f = target.forward(mx.array(chunk.tokens), capture=ids)
-            mx.eval(f)
+            try:
+                _, f = target.forward(mx.array(chunk.tokens), capture=ids)
+                mx.eval(f)
+            except RuntimeError as exc:
+                opt = "--regen-batch" if fb == cfg.regen_batch else "--batch-size"
+                err = backend_failure(exc, "the feature pass", opt, fb)
+                if err is None:
+                    raise
+                raise err from exc
             parts.append(f)
             yield Preparing("features", min(n_seq, i + fb), n_seq)
         feature_cache = mx.concatenate(parts, axis=0)  # (n_seq, seq_len, n_ids*H)
