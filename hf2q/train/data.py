@@ -338,6 +338,17 @@ def save_dataset(path: Path, seqs: Sequence[TokenSeq], prompts: Sequence[Sequenc
     )
 
 
+_DATASET_FIX = "pass a dataset.npz that hf2q train-draft wrote (OUT/checkpoint/dataset.npz)"
+
+
+def require_dataset(path: str | Path) -> Path:
+    """``path`` as a Path; raises :class:`DataError` naming the fix when no such file exists."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data set {path} does not exist: {_DATASET_FIX}")
+    return path
+
+
 def load_dataset(
     path: str | Path, *, vocab_size: int | None = None, seq_len: int | None = None
 ) -> tuple[list[TokenSeq], list[list[int]]]:
@@ -347,10 +358,8 @@ def load_dataset(
         DataError: the file is not such a data set, holds token ids outside ``vocab_size`` (made
             with another tokenizer) or sequences longer than ``seq_len``.
     """
-    path = Path(path)
-    fix = "pass a dataset.npz that hf2q train-draft wrote (OUT/checkpoint/dataset.npz)"
-    if not path.is_file():
-        raise DataError(f"data set {path} does not exist: {fix}")
+    path = require_dataset(path)
+    fix = _DATASET_FIX
     try:
         # Read each array once: indexing an NpzFile decompresses the whole member every time.
         with np.load(path) as z:
