@@ -26,6 +26,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -367,13 +368,30 @@ def _save_checkpoint(folder: Path, drafter: Any, optimizer: Any, state: dict[str
     mx.save_safetensors(str(tmp / "optimizer.safetensors"), opt_state)
     (tmp / "state.json").write_text(json.dumps(state, indent=1) + "\n")
     if (folder / "dataset.npz").exists():
-        shutil.copy(folder / "dataset.npz", tmp / "dataset.npz")
+        # The data set never changes within a run: link it into the new checkpoint (no copy of
+        # tens of MB at every checkpoint); copy only where the filesystem has no hard links.
+        try:
+            os.link(folder / "dataset.npz", tmp / "dataset.npz")
+        except OSError:
+            shutil.copy(folder / "dataset.npz", tmp / "dataset.npz")
     old = folder.with_name(folder.name + ".old")
     if folder.exists():
         folder.rename(old)
     tmp.rename(folder)
     if old.exists():
         shutil.rmtree(old)
+
+
+@contextmanager
+def _wide_pass(what: str, option: str, value: int) -> Iterator[None]:
+    """Run a wide batched pass; a CUDA launch failure in it becomes :func:`backend_failure`'s error."""
+    try:
+        yield
+    except RuntimeError as exc:
+        err = backend_failure(exc, what, option, value)
+        if err is None:
+            raise
+        raise err from exc
 
 
 def backend_failure(exc: RuntimeError, what: str, option: str, value: int) -> ModelError | None:
@@ -407,11 +425,8 @@ def train_draft(cfg: TrainDraftConfig) -> Iterator[Event]:
     # Read the data first: a missing or malformed file fails before anything is written or loaded.
     text_paths = [p for p in cfg.data if not D.is_dataset(p)]
     for p in cfg.data:
-        if D.is_dataset(p) and not Path(p).is_file():
-            raise DataError(
-                f"data set {p} does not exist: pass a dataset.npz that hf2q train-draft wrote "
-                "(OUT/checkpoint/dataset.npz)"
-            )
+        if D.is_dataset(p):
+            D.require_dataset(p)
     records = D.read_records(text_paths) if text_paths else []
     eval_records = D.read_records(cfg.eval_data) if cfg.eval_data else []
     created = not out.exists()
@@ -524,18 +539,14 @@ def _train(
                 seed=cfg.seed,
                 batch_size=cfg.regen_batch,
             )
-            while True:
-                try:
-                    done, of = next(regen)
-                except StopIteration as stop:
-                    seqs = stop.value
-                    break
-                except RuntimeError as exc:
-                    err = backend_failure(exc, "regeneration", "--regen-batch", cfg.regen_batch)
-                    if err is None:
-                        raise
-                    raise err from exc
-                yield Preparing("regenerate", done, of)
+            with _wide_pass("regeneration", "--regen-batch", cfg.regen_batch):
+                while True:
+                    try:
+                        done, of = next(regen)
+                    except StopIteration as stop:
+                        seqs = stop.value
+                        break
+                    yield Preparing("regenerate", done, of)
         seqs = D.usable(seqs + prepared, B)
     n_seq = len(seqs)
     per_epoch = D.steps_per_epoch(n_seq, cfg.batch_size)
@@ -684,19 +695,14 @@ def _train(
         yield Stage("features", f"target features of {n_seq} sequences, {cache_bytes / 1e9:.2f} GB")
         parts = []
         fb = max(cfg.batch_size, cfg.regen_batch)  # a forward only: as wide as regeneration
-        for i in range(0, n_seq, fb):
-            chunk = D.make_batch(seqs[i : i + fb], cfg.seq_len, pad_id)
-            try:
+        width_option = "--regen-batch" if fb == cfg.regen_batch else "--batch-size"
+        with _wide_pass("the feature pass", width_option, fb):
+            for i in range(0, n_seq, fb):
+                chunk = D.make_batch(seqs[i : i + fb], cfg.seq_len, pad_id)
                 _, f = target.forward(mx.array(chunk.tokens), capture=ids)
                 mx.eval(f)
-            except RuntimeError as exc:
-                opt = "--regen-batch" if fb == cfg.regen_batch else "--batch-size"
-                err = backend_failure(exc, "the feature pass", opt, fb)
-                if err is None:
-                    raise
-                raise err from exc
-            parts.append(f)
-            yield Preparing("features", min(n_seq, i + fb), n_seq)
+                parts.append(f)
+                yield Preparing("features", min(n_seq, i + fb), n_seq)
         feature_cache = mx.concatenate(parts, axis=0)  # (n_seq, seq_len, n_ids*H)
         del parts
     log["feature_cache_bytes"] = cache_bytes if feature_cache is not None else 0
