@@ -40,7 +40,7 @@ since "generate done"
 
 # 3. Batched DFlash on the pair.
 mkdir -p "$OUT/bench"
-OUT=$OUT/bench PARTS=demo PAIR=$PAIR DEMO_BENCH_S=${DEMO_BENCH_S:-300} bash benchmarks/slots_h200.sh
+OUT=$OUT/bench PARTS=demo PAIR=$PAIR bash benchmarks/slots_h200.sh
 since "bench done"
 
 # 4. CUDA-only kernel tests not yet run on the H200 in full (stops where the call's time ends).

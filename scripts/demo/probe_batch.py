@@ -34,12 +34,8 @@ def attempt(target: str, batch: int, seq_len: int) -> None:
         TokenSeq(rng.integers(1, vocab, 72).astype(np.int32), np.ones(72, bool), 0, False)
         for _ in range(batch)
     ]
-    gen = regenerate(tgt, seqs, seq_len=72, prompt_tokens=64, eos_ids=[], batch_size=batch)
-    while True:
-        try:
-            next(gen)
-        except StopIteration:
-            break
+    for _ in regenerate(tgt, seqs, seq_len=72, prompt_tokens=64, eos_ids=[], batch_size=batch):
+        pass  # batch by batch, as train-draft drives it
     toks = mx.array(rng.integers(1, vocab, (batch, seq_len)).astype(np.int32))
     ids = [1, tgt.num_layers // 2, tgt.num_layers - 2]
     _, feats = tgt.forward(toks, capture=ids)
