@@ -122,6 +122,7 @@ def bench(
     # May re-execute this process with OpenBLAS preloaded.
     plan = ensure_fast_blas(allow_reexec=app_module.STANDALONE)
 
+    from hf2q.kernels import select
     from hf2q.runtime.bench import run_bench
     from hf2q.runtime.pair import load_pair
 
@@ -157,7 +158,7 @@ def bench(
         "model": pair.target_source,
         "draft": pair.draft_source,
         **report,
-        "platform": describe(),
+        "platform": {**describe(), "kernels": select.summary(pair.target)},
     }
     if out_file is not None:
         _write_json(out_file, report)

@@ -152,10 +152,13 @@ def generate(
 
     terminal = is_terminal() and not json_out
     summary = None
+    from hf2q.kernels import select
+
     extra = {
         "model": pair.target_source,
         **({"draft": pair.draft_source} if dflash else {}),
         "dtype": compute_dtype,
+        "kernels": select.summary(pair.target),
         **blas_summary(),
     }
     view = GenerateView(

@@ -11,7 +11,8 @@ layer, and pick
 
 ``HF2Q_KERNELS=ops`` forces the portable ops everywhere (to compare or to rule the kernels out);
 ``HF2Q_KERNELS=cuda`` insists on the CUDA kernels and fails loudly where they cannot run;
-``HF2Q_COMPILE=0`` turns ``mx.compile`` of the layer runners off.
+``HF2Q_COMPILE=0`` turns ``mx.compile`` of the layer runners off. :func:`sdpa_bucket` says whether
+multi-token attention pads its keys to a bucket length (``HF2Q_SDPA_BUCKET``; on CUDA by default).
 :func:`describe` returns what is active, for ``--stats``.
 
 What it does not do: run anything itself beyond a dispatch in :func:`gated_delta_steps`.
@@ -31,6 +32,10 @@ MODES = ("auto", "ops", "cuda")
 RECORD_ENV = "HF2Q_GDN_RECORD"
 #: HF2Q_COMPILE=0 runs the layer runners without mx.compile (same math, more launches).
 COMPILE_ENV = "HF2Q_COMPILE"
+#: HF2Q_SDPA_BUCKET=N pads the keys of multi-token attention to a multiple of N (0: never).
+SDPA_BUCKET_ENV = "HF2Q_SDPA_BUCKET"
+#: The default bucket on CUDA: mlx-lm's KV cache step, so padded keys stay inside the buffer.
+SDPA_BUCKET_CUDA = 256
 
 
 def compile_enabled() -> bool:
@@ -39,6 +44,37 @@ def compile_enabled() -> bool:
     if value not in ("0", "1", "false", "true", "off", "on", ""):
         raise UsageError(f"{COMPILE_ENV}={value!r} must be 0 or 1: unset it or fix it")
     return value not in ("0", "false", "off")
+
+
+def sdpa_bucket() -> int | None:
+    """Key-length bucket for attention over more than one query (verify, drafting), or None.
+
+    On MLX's CUDA backend a half-precision ``scaled_dot_product_attention`` with several queries
+    runs cuDNN, which builds and caches one execution graph per (query length, key length): a
+    DFlash round attends over a context one round longer than the last, so every round built new
+    graphs (about 40 ms a round on an H200, far more than the round's compute) and the cache's
+    256 entries thrash under several slots. Padding the keys to a multiple of this bucket (the
+    padding masked out) keeps the key length, hence the graph, the same for a bucket's worth of
+    rounds. ``HF2Q_SDPA_BUCKET``: a positive multiple to force it anywhere, 0 to turn it off;
+    default 256 on CUDA, off elsewhere (CPUs and Apple GPUs build nothing per shape).
+    """
+    raw = os.environ.get(SDPA_BUCKET_ENV, "").strip()
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise UsageError(
+                f"{SDPA_BUCKET_ENV}={raw!r} must be 0 (off) or a positive bucket length: fix or unset it"
+            )
+        return value or None
+    return SDPA_BUCKET_CUDA if backend() == "cuda" else None
+
+
+def bucketed(n: int, bucket: int | None) -> int:
+    """``n`` rounded up to a multiple of ``bucket`` (``n`` itself without a bucket)."""
+    return n if not bucket else -(-n // bucket) * bucket
 
 
 def kernel_mode() -> str:
@@ -168,4 +204,25 @@ def describe(attn: object | None = None) -> dict[str, str]:
         "CUDA kernel" if info["backend"] == "cuda" and info["mode"] != "ops" else "ops"
     )
     info["compile"] = "on" if compile_enabled() else "off"
+    bucket = sdpa_bucket()
+    info["sdpa_keys"] = f"padded to a multiple of {bucket}" if bucket else "exact length"
     return info
+
+
+def summary(model: object | None = None) -> str:
+    """:func:`describe` as one line for ``--stats`` (``model``: an mlx-lm model or TargetModel)."""
+    attn = None
+    layers = getattr(model, "layers", None) or []
+    for layer in layers:
+        if getattr(layer, "is_linear", False):
+            attn = layer.linear_attn
+            break
+    info = describe(attn)
+    parts = [info["backend"]]
+    if "gdn_mixer" in info:
+        parts.append(f"Gated-DeltaNet {info['gdn_mixer']}, rollback {info['gdn_record']}")
+    parts.append(f"compile {info['compile']}")
+    parts.append(f"attention keys {info['sdpa_keys']}")
+    if info["mode"] != "auto":
+        parts.append(f"{ENV}={info['mode']}")
+    return "; ".join(parts)

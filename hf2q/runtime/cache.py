@@ -7,6 +7,9 @@ verified position) and restore the state after any accepted prefix with :meth:`r
 :class:`TargetCache` is the per-layer cache list of a target (a ``list``, so mlx-lm's own forward
 and ``generate_step`` accept it) with one :meth:`TargetCache.rollback` over all layers: attention
 KV caches are trimmed, Gated-DeltaNet caches restored from their record. Nothing is re-run.
+:class:`BucketedKVCache` is mlx-lm's ``KVCache`` whose multi-token attention sees keys padded to
+a bucket length (masked), so MLX's CUDA backend reuses one attention graph across rounds
+(``hf2q.kernels.select.sdpa_bucket``).
 
 What it does not do: run any layer (the verify forward that fills the records lives in
 ``hf2q.runtime.verify``) or decide how many tokens are accepted.
@@ -23,7 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache
+from mlx_lm.models.cache import ArraysCache, KVCache
+
+from hf2q.kernels.select import bucketed, sdpa_bucket
 
 
 @dataclass
@@ -108,6 +113,55 @@ class GDNRollbackCache(ArraysCache):
         return cache
 
 
+class BucketedKVCache(KVCache):
+    """mlx-lm's ``KVCache`` whose attention over several new positions sees bucket-padded keys.
+
+    For ``N > 1`` new positions, :meth:`make_mask` returns a boolean mask (N, K) and
+    :meth:`update_and_fetch` returns keys/values (B, H, K, D) with ``K = offset + N`` rounded up
+    to a multiple of ``bucket``: the positions past the sequence (zeros or stale rolled-back
+    entries) are masked out, so the attention equals the unpadded one while its shapes stay the
+    same for a bucket's worth of positions (see ``hf2q.kernels.select.sdpa_bucket`` for why).
+    One new position (plain decoding) is exactly mlx-lm's. Every layer of a forward shares the
+    mask made from the first layer's cache, which holds because all layers hold the same
+    positions; callers must take the mask from ``make_mask`` (mlx-lm's models do).
+    """
+
+    def __init__(self, bucket: int) -> None:
+        super().__init__()
+        if bucket < 1:
+            raise ValueError(f"bucket must be positive, got {bucket}")
+        self.bucket = int(bucket)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        k, v = super().update_and_fetch(keys, values)
+        L = keys.shape[2]
+        if L == 1:
+            return k, v
+        K = bucketed(self.offset, self.bucket)
+        have = self.keys.shape[2]
+        if have < K:  # mlx-lm regrows from a trimmed length: top the buffer up to the bucket
+            B, H, _, Dk = self.keys.shape
+            Dv = self.values.shape[3]
+            self.keys = mx.concatenate([self.keys, mx.zeros((B, H, K - have, Dk), k.dtype)], 2)
+            self.values = mx.concatenate([self.values, mx.zeros((B, H, K - have, Dv), v.dtype)], 2)
+        return self.keys[..., :K, :], self.values[..., :K, :]
+
+    def make_mask(
+        self, N: int, return_array: bool = False, window_size: int | None = None, **kwargs: Any
+    ) -> Any:
+        if N == 1:
+            return super().make_mask(
+                N, return_array=return_array, window_size=window_size, **kwargs
+            )
+        K = bucketed(self.offset + N, self.bucket)
+        q = self.offset + mx.arange(N)[:, None]  # (N, 1) absolute positions of the new rows
+        k = mx.arange(K)[None]  # (1, K)
+        mask = k <= q
+        if window_size is not None:
+            mask = mask & (k > q - window_size)
+        return mask
+
+
 class TargetCache(list):
     """The per-layer caches of a target (``GDNRollbackCache`` / ``KVCache``) with one rollback.
 
@@ -169,14 +223,21 @@ class TargetCache(list):
 def make_target_cache(model: Any) -> TargetCache:
     """The target's mlx-lm cache list with Gated-DeltaNet layers as :class:`GDNRollbackCache`.
 
+    Attention layers get a :class:`BucketedKVCache` where ``sdpa_bucket()`` asks for one (CUDA).
+
     Args:
         model: an mlx-lm model (``model.make_cache()``), or a ``TargetModel``.
     """
     from mlx_lm.models.cache import make_prompt_cache
 
     base = model.make_cache() if hasattr(model, "make_cache") else make_prompt_cache(model)
-    caches = [
-        GDNRollbackCache(len(c.cache)) if type(c) is ArraysCache else c  # exact type: no subclasses
-        for c in base
-    ]
-    return TargetCache(caches)
+    bucket = sdpa_bucket()
+
+    def convert(c: Any) -> Any:  # exact types: subclasses keep their own behaviour
+        if type(c) is ArraysCache:
+            return GDNRollbackCache(len(c.cache))
+        if type(c) is KVCache and bucket:
+            return BucketedKVCache(bucket)
+        return c
+
+    return TargetCache(convert(c) for c in base)

@@ -24,6 +24,7 @@ from mlx_lm.models.qwen3 import MLP
 from mlx_lm.models.rope_utils import initialize_rope
 
 from hf2q.errors import DrafterError
+from hf2q.kernels.select import bucketed, sdpa_bucket
 
 DRAFTER_ARCHITECTURE = "DFlashDraftModel"
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -290,7 +291,23 @@ class DFlashAttention(nn.Module):
         return k, self._heads(self.v_proj(x), self.n_kv_heads)
 
     def attend(self, q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None) -> mx.array:
-        """Scaled dot-product attention and output projection; returns (B, L, H)."""
+        """Scaled dot-product attention and output projection; returns (B, L, H).
+
+        Where ``sdpa_bucket()`` asks for it (CUDA), the keys are zero-padded to a multiple of the
+        bucket and the padding masked out: same attention, one shape for many rounds.
+        """
+        n = k.shape[2]
+        K = bucketed(n, sdpa_bucket())
+        if n != K:
+            L, pad = q.shape[2], K - n
+            k = mx.concatenate([k, mx.zeros((*k.shape[:2], pad, k.shape[3]), k.dtype)], axis=2)
+            v = mx.concatenate([v, mx.zeros((*v.shape[:2], pad, v.shape[3]), v.dtype)], axis=2)
+            if mask is None:
+                mask = mx.broadcast_to(mx.arange(K) < n, (L, K))
+            else:
+                mask = mx.concatenate(
+                    [mask, mx.zeros((*mask.shape[:-1], pad), dtype=mx.bool_)], axis=-1
+                )
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         B, _, L, _ = out.shape
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))

@@ -32,6 +32,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, _BaseCache
 
+from hf2q.kernels.select import bucketed, sdpa_bucket
 from hf2q.runtime.cache import GDNRollbackCache, TargetCache
 
 
@@ -56,9 +57,12 @@ class SlotKVCache(_BaseCache):
 
     step = 256
 
-    def __init__(self, rows: int) -> None:
+    def __init__(self, rows: int, bucket: int | None = None) -> None:
         if rows < 1:
             raise ValueError(f"a slot cache needs at least one row, got {rows}")
+        #: Pad the keys of multi-position writes to a multiple of this (masked; see
+        #: ``hf2q.runtime.cache.BucketedKVCache``), or None.
+        self.bucket = bucket
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
         self.lengths: list[int] = [0] * rows
@@ -121,7 +125,8 @@ class SlotKVCache(_BaseCache):
         if self.rows != N:
             raise ValueError(f"this cache has {self.rows} rows, got keys for {N}")
         used = max(self.lengths) + L
-        self._reserve(used, keys, values)
+        view = bucketed(used, self.bucket) if L > 1 else used  # what make_mask(L) covers
+        self._reserve(view, keys, values)
         if self.aligned:  # every row at the same position: a plain slice write
             n = self.lengths[0]
             self.keys[..., n : n + L, :] = keys
@@ -140,7 +145,7 @@ class SlotKVCache(_BaseCache):
             raise ValueError(f"prepared lengths must be in 0..{L}, got {adv}")
         self.lengths = [n + a for n, a in zip(self.lengths, adv)]
         self.offset = self.offset + (mx.array(adv, dtype=mx.int32) if len(set(adv)) > 1 else adv[0])
-        return self.keys[..., :used, :], self.values[..., :used, :]
+        return self.keys[..., :view, :], self.values[..., :view, :]
 
     def keys_and_values(self) -> tuple[mx.array, mx.array] | tuple[None, None]:
         """The used buffer (N, H, max(lengths), D); row i's valid entries are ``[0, offset[i])``."""
@@ -164,10 +169,15 @@ class SlotKVCache(_BaseCache):
         end (other rows' longer histories, stale tails) are never visible. When the rows are
         aligned this is plain causal attention, returned as mlx-lm does for ``KVCache``
         (None for one position, ``"causal"`` otherwise) so the fused attention path is used.
+        With a ``bucket`` and N > 1, K is rounded up to the bucket and the mask is always an
+        array (the keys :meth:`update_and_fetch` returns have that length).
         """
-        if self.aligned and window_size is None and not return_array:
+        padded = N > 1 and self.bucket is not None
+        if self.aligned and window_size is None and not return_array and not padded:
             return None if N == 1 else "causal"
         K = max(self.lengths) + N
+        if padded:
+            K = bucketed(K, self.bucket)
         q = self.offset[:, None] + mx.arange(N, dtype=mx.int32)[None]  # (rows, N)
         k = mx.arange(K, dtype=mx.int32)  # (K,)
         mask = k[None, None, :] <= q[:, :, None]  # (rows, N, K)
@@ -316,11 +326,12 @@ def make_slot_target_cache(target: Any, rows: int) -> SlotTargetCache:
     from mlx_lm.models.cache import KVCache
 
     caches: list[Any] = []
+    bucket = sdpa_bucket()
     for c in target.make_cache():
         if type(c) is ArraysCache:
             caches.append(GDNRollbackCache(len(c.cache)))
         elif type(c) is KVCache:
-            caches.append(SlotKVCache(rows))
+            caches.append(SlotKVCache(rows, bucket))
         else:
             raise ValueError(f"slots do not support {type(c).__name__} layers")
     return SlotTargetCache(caches, rows)

@@ -1,0 +1,139 @@
+"""Bucket-padded attention keys (``HF2Q_SDPA_BUCKET``; on by default on CUDA) change no result.
+
+On MLX's CUDA backend every new (query length, key length) of a half-precision multi-token
+attention builds a cuDNN graph; padding the keys of verify and drafting to a bucket keeps that
+shape fixed. These tests force a small bucket on this CPU and check that the padded caches and
+the padded drafter attention compute what the exact-length ones compute, and that greedy DFlash,
+single and batched, still equals plain greedy decoding.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from conftest import FIT_TEXTS
+from mlx_lm.models.cache import KVCache
+
+from hf2q.errors import UsageError
+from hf2q.kernels import select
+from hf2q.loading import load_model
+from hf2q.runtime.cache import BucketedKVCache, make_target_cache
+from hf2q.runtime.dflash import dflash_generate, plain_generate, run
+from hf2q.runtime.drafter import load_drafter
+from hf2q.runtime.slot_cache import SlotKVCache, make_slot_target_cache
+from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
+from hf2q.runtime.target import TargetModel
+
+
+def _attend(q, cache, k_new, v_new):
+    mask = cache.make_mask(q.shape[2], return_array=False, window_size=None)
+    k, v = cache.update_and_fetch(k_new, v_new)
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask), k.shape[2]
+
+
+def test_sdpa_bucket_reads_the_environment(monkeypatch):
+    monkeypatch.delenv(select.SDPA_BUCKET_ENV, raising=False)
+    assert select.sdpa_bucket() is None  # a CPU: nothing is built per shape, no padding
+    monkeypatch.setenv(select.SDPA_BUCKET_ENV, "32")
+    assert select.sdpa_bucket() == 32
+    monkeypatch.setenv(select.SDPA_BUCKET_ENV, "0")
+    assert select.sdpa_bucket() is None
+    for bad in ("-4", "many"):
+        monkeypatch.setenv(select.SDPA_BUCKET_ENV, bad)
+        with pytest.raises(UsageError, match="HF2Q_SDPA_BUCKET=.*must be 0 .* fix or unset it"):
+            select.sdpa_bucket()
+    assert [select.bucketed(n, 16) for n in (1, 16, 17, 40)] == [16, 16, 32, 48]
+    assert select.bucketed(17, None) == 17
+
+
+def test_bucketed_kv_cache_attends_exactly_like_mlx_lm_kv_cache():
+    mx.random.seed(0)
+    H, D = 2, 16
+    plain, padded = KVCache(), BucketedKVCache(8)
+    # Prefill, verify blocks, single decode steps and rollbacks (trim), crossing buckets and
+    # mlx-lm's 256-position buffer step (a trimmed regrowth leaves a non-multiple capacity).
+    schedule = [(5, 0), (4, 2), (1, 0), (16, 9), (1, 0), (230, 0), (16, 3), (16, 0), (3, 1)]
+    for step, (L, trim) in enumerate(schedule):
+        q = mx.random.normal((1, H, L, D))
+        k = mx.random.normal((1, H, L, D))
+        v = mx.random.normal((1, H, L, D))
+        want, n_keys = _attend(q, plain, k, v)
+        got, n_padded = _attend(q, padded, k, v)
+        assert mx.allclose(got, want, atol=1e-5).item(), f"step {step}"
+        if L > 1:
+            assert n_padded % 8 == 0 and n_keys <= n_padded < n_keys + 8
+        else:
+            assert n_padded == n_keys  # plain decoding is mlx-lm's own path
+        assert padded.offset == plain.offset
+        plain.trim(trim)
+        padded.trim(trim)
+
+
+def test_slot_kv_cache_with_a_bucket_attends_like_without():
+    mx.random.seed(1)
+    H, D, rows = 2, 8, 3
+    exact, padded = SlotKVCache(rows), SlotKVCache(rows, bucket=16)
+    for cache in (exact, padded):
+        for r, n in enumerate((3, 11, 6)):  # ragged rows
+            k = mx.random.normal((1, H, n, D), key=mx.random.key(r))
+            cache.insert(r, k, -k, n)
+    for step, (L, drop) in enumerate([(4, [1, 0, 3]), (16, [15, 2, 0]), (1, [0, 0, 0])]):
+        q = mx.random.normal((rows, H, L, D))
+        k = mx.random.normal((rows, H, L, D))
+        v = mx.random.normal((rows, H, L, D))
+        want, _ = _attend(q, exact, k, v)
+        got, n_keys = _attend(q, padded, k, v)
+        assert mx.allclose(got, want, atol=1e-5).item(), f"step {step}"
+        if L > 1:
+            assert n_keys % 16 == 0
+        exact.rollback(drop)
+        padded.rollback(drop)
+        assert exact.lengths == padded.lengths
+
+
+@pytest.fixture
+def bucket16(monkeypatch):
+    monkeypatch.setenv(select.SDPA_BUCKET_ENV, "16")
+
+
+def test_drafter_logits_with_padded_keys_equal_exact_ones(fitted_pairs, monkeypatch):
+    target_dir, draft_dir = fitted_pairs["qwen35"]
+    lm = load_model(target_dir)
+    target = TargetModel(lm.model, lm.tokenizer)
+    drafter = load_drafter(draft_dir).bind(target.embed, target.head)
+    feats = mx.random.normal((1, 21, len(drafter.config.target_layer_ids) * target.hidden_size))
+    block = mx.array([[5] + [drafter.mask_token_id] * 15])
+    outs = []
+    for bucket in ("0", "16"):
+        monkeypatch.setenv(select.SDPA_BUCKET_ENV, bucket)
+        cache = drafter.make_cache()
+        drafter.add_context(feats[:, :20], cache)
+        outs.append(drafter(block, feats[:, 20:], cache))
+    assert mx.allclose(outs[0], outs[1], atol=1e-4).item()
+
+
+@pytest.mark.parametrize("name", ["qwen35", "qwen35_causal"])
+def test_greedy_dflash_with_padded_keys_equals_plain(name, fitted_pairs, bucket16):
+    target_dir, draft_dir = fitted_pairs[name]
+    lm = load_model(target_dir)
+    target = TargetModel(lm.model, lm.tokenizer)
+    drafter = load_drafter(draft_dir).bind(target.embed, target.head)
+    assert any(isinstance(c, BucketedKVCache) for c in make_target_cache(target))
+    assert all(c.bucket == 16 for c in make_slot_target_cache(target, 2) if hasattr(c, "bucket"))
+    eos = lm.tokenizer.eos_token_ids
+    prompts = [lm.tokenizer.encode(t)[:4] for t in FIT_TEXTS[:3]] + [
+        lm.tokenizer.encode(FIT_TEXTS[0] + " " + FIT_TEXTS[3])
+    ]
+    want = []
+    for i, prompt in enumerate(prompts):
+        n = 40 - 5 * i
+        plain = run(plain_generate(target, prompt, max_tokens=n, eos_token_ids=eos))
+        want.append(plain.tokens)
+        for B in (4, 16):
+            events = dflash_generate(
+                target, drafter, prompt, max_tokens=n, block_size=B, eos_token_ids=eos
+            )
+            assert run(events).tokens == plain.tokens, f"prompt {i} block {B}"
+    reqs = [Request(p, max_tokens=40 - 5 * i) for i, p in enumerate(prompts)]
+    batched = run_slots(slots_dflash_generate(target, drafter, reqs, slots=3, eos_token_ids=eos))
+    assert [s.tokens for s in batched.requests] == want
