@@ -74,7 +74,7 @@ class RoundDone:
     bonus: int  # the target's token after the accepted drafts
     rolled_back: int  # B - 1 - a
     committed: tuple[int, ...]  # d_1..d_a, bonus; truncated at EOS / max_tokens
-    t_draft: float  # seconds the loop waited for the draft (it runs while the event is consumed)
+    t_draft: float  # seconds: host time queuing the draft + the wait for it
     t_verify: float  # seconds, includes acceptance
     t_rollback: float  # seconds
     generated: int  # tokens generated so far, the first one included
@@ -276,11 +276,14 @@ def _dflash(
     hist = [0] * B
     n_rounds = sum_a = sum_drafted = 0
     t_draft_sum = t_verify_sum = t_roll_sum = 0.0
+    tq = time.perf_counter()
     pending = submit_draft(tokens[-1], ctx) if finish is None else None
+    t_queue = time.perf_counter() - tq  # host time spent building and queuing the draft
     while finish is None:
         # The round's draft was queued before the previous event was handed out, so it ran on
-        # the device meanwhile; t_draft is the part of it the loop still had to wait for. The
-        # verify graph is built while the draft may still be running (it cannot start earlier).
+        # the device meanwhile; t_draft is the host time spent queuing it plus the part of it
+        # the loop still had to wait for. The verify graph is built while the draft may still
+        # be running (it cannot start earlier).
         t0 = time.perf_counter()
         draft, q, bs = pending
         last = tokens[-1]
@@ -308,18 +311,23 @@ def _dflash(
             if finish is not None:
                 break
         tokens.extend(kept)
+        t_draft = t1 - t0 + t_queue
+        t_roll = t3 - t2
         if finish is None:
             # Queue the next draft (and the restored states) before handing the event out.
+            tq = time.perf_counter()
             pending = submit_draft(bonus, ctx)
+            t_queue = time.perf_counter() - tq
             mx.async_eval(tcache.state)
+            t_roll += time.perf_counter() - tq - t_queue
 
         n_rounds += 1
         sum_a += a
         sum_drafted += bs - 1
         hist[a] += 1
-        t_draft_sum += t1 - t0
+        t_draft_sum += t_draft
         t_verify_sum += t2 - t1
-        t_roll_sum += t3 - t2
+        t_roll_sum += t_roll
         yield RoundDone(
             index=n_rounds,
             block_size=bs,
@@ -328,9 +336,9 @@ def _dflash(
             bonus=bonus,
             rolled_back=bs - 1 - a,
             committed=tuple(kept),
-            t_draft=t1 - t0,
+            t_draft=t_draft,
             t_verify=t2 - t1,
-            t_rollback=t3 - t2,
+            t_rollback=t_roll,
             generated=len(tokens),
             elapsed=time.perf_counter() - t_first,
             finish_reason=finish,
