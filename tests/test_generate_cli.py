@@ -44,8 +44,11 @@ def test_json_has_the_documented_keys_and_dflash_equals_plain(capsys, qwen35_dir
         "peak_memory_gb",
         "blas",
         "blas_kind",
+        "kernels",
     ):
         assert key in dfl, key
+    # On this CPU: portable ops, exact-length attention keys (the CUDA choices are H200-tested).
+    assert dfl["kernels"].startswith("cpu; Gated-DeltaNet ops") and "exact length" in dfl["kernels"]
     assert dfl["mode"] == "dflash" and len(dfl["tokens"]) == 12 and dfl["block_size"] == 5
     assert len(dfl["accepted_histogram"]) == 5 and sum(dfl["accepted_histogram"]) == dfl["rounds"]
     plain = _json(capsys, *base, "--no-dflash")
