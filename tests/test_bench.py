@@ -33,6 +33,7 @@ ROW_KEYS = {
     "scaling_vs_1_slot",
     "peak_memory_gb",
     "rounds",
+    "busy_rows",
     "generation_tokens",
     "block_size",
     "matches_plain",
@@ -87,6 +88,8 @@ def test_bench_runs_end_to_end_and_reports_documented_json(fitted_pairs, tmp_pat
             assert r["tau"] is None and r["E"] is None and r["matches_plain"] is None
             # One step per token after the first, rows in lockstep.
             assert r["rounds"] >= (r["generation_tokens"] - n) / n
+            # Each busy row commits one token per step.
+            assert r["busy_rows"] == pytest.approx((r["generation_tokens"] - n) / r["rounds"], 0.01)
             continue
         # DFlash rows: lossless at T = 0 (float32), tau within 1..B, a histogram per slot.
         assert r["matches_plain"] == 1.0
@@ -95,9 +98,10 @@ def test_bench_runs_end_to_end_and_reports_documented_json(fitted_pairs, tmp_pat
         assert len(hists) == n and all(len(h) == 8 for h in hists)
         row_rounds = sum(map(sum, hists))  # rounds each slot took part in
         if r["mode"] == "dflash-seq":
-            assert row_rounds == r["rounds"]
+            assert row_rounds == r["rounds"] and r["busy_rows"] == 1.0
         else:
             assert r["rounds"] <= row_rounds <= n * r["rounds"]
+            assert r["busy_rows"] == pytest.approx(row_rounds / r["rounds"], abs=0.005)
         assert r["draft_ms"] > 0 and r["verify_ms"] > 0 and r["rollback_ms"] >= 0
         assert r["draft_ms"] + r["verify_ms"] + r["rollback_ms"] <= r["round_ms"] * 1.05
         assert r["E"] > 0 and r["speedup_vs_plain"] > 0

@@ -170,6 +170,7 @@ class RunResult:
     verify_s: float | None
     rollback_s: float | None
     rounds: int
+    busy_rows: float  # mean requests decoding per round (1 for single-sequence runs)
     generation_tokens: int
     peak_memory_gb: float
     tau: float | None
@@ -215,6 +216,7 @@ def _run_slots_mode(
         verify_s=s.t_verify / rounds if dflash else None,
         rollback_s=s.t_rollback / rounds if dflash else None,
         rounds=s.rounds,
+        busy_rows=s.row_rounds / rounds,
         generation_tokens=s.generation_tokens,
         peak_memory_gb=s.peak_memory_gb,
         tau=s.tau,
@@ -259,6 +261,7 @@ def _run_sequential(
         verify_s=sum(s.t_verify or 0 for s in sums) / r,
         rollback_s=sum(s.t_rollback or 0 for s in sums) / r,
         rounds=rounds,
+        busy_rows=1.0,
         generation_tokens=sum(s.generation_tokens for s in sums),
         peak_memory_gb=max(s.peak_memory_gb for s in sums),
         tau=tau,
@@ -309,7 +312,9 @@ def run_bench(
         ``prefill_tokens_per_s``, ``tau``, ``tau_per_slot``, ``accepted_histogram_per_slot``,
         ``round_ms`` (median; ``_min`` / ``_max``), ``draft_ms``, ``verify_ms``, ``rollback_ms``,
         ``E``, ``speedup_vs_plain``, ``scaling_vs_1_slot``, ``peak_memory_gb``, ``rounds``,
-        ``generation_tokens``, ``matches_plain`` and ``trials``.
+        ``busy_rows`` (mean requests decoding per round: below ``slots`` when some requests
+        finish early and the batch runs on for the rest), ``generation_tokens``,
+        ``matches_plain`` and ``trials``.
     """
     config.validate()
     B = config.block_size or drafter.block_size
@@ -398,6 +403,7 @@ def _rows_for(N: int, runs: dict[str, list[RunResult]], B: int) -> list[dict[str
             "scaling_vs_1_slot": None,
             "peak_memory_gb": _rnd(max(r.peak_memory_gb for r in results), 4),
             "rounds": last.rounds,
+            "busy_rows": _rnd(last.busy_rows, 2),
             "generation_tokens": last.generation_tokens,
             "block_size": None if mode == "plain" else B,
             "matches_plain": None,

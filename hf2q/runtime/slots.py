@@ -150,6 +150,7 @@ class SlotsSummary:
     generation_tps: float  # aggregate: sum over requests of tokens after the first / decode_time
     peak_memory_gb: float
     round_times: list[float] = field(default_factory=list)  # seconds per round
+    row_rounds: int = 0  # sum over rounds of the requests decoding in it (busy rows)
     block_size: int | None = None
     tau: float | None = None
     acceptance_rate: float | None = None
@@ -352,6 +353,7 @@ class _Stats:
             generation_tps=_tps(gen - len(reqs), self.decode),
             peak_memory_gb=peak,
             round_times=list(self.round_times),
+            row_rounds=self.n_row_rounds,
             block_size=B if dflash else None,
             tau=tau,
             acceptance_rate=rate,
