@@ -172,3 +172,38 @@ def test_workloads_and_slot_lists_parse_as_documented():
     assert a == make_prompts(cfg, 3, vocab_size=50, avoid=[0, 1, 2])  # seeded
     assert all(len(p) == 7 and not {0, 1, 2} & set(p) for p in a)
     assert len({tuple(p) for p in a}) == 3  # different prompts per slot
+
+
+def test_requests_per_slot_queues_work_on_the_slots(fitted_pairs, capsys):
+    """--requests-per-slot 3 on 2 slots: 6 requests, continuous batching, same tokens as plain."""
+    target, draft = fitted_pairs["qwen35"]
+    argv = ["bench", "-m", str(target), "-d", str(draft), "--slots", "2", "--gen-tokens", "10"]
+    argv += ["--requests-per-slot", "3", "--trials", "1", "--warmup", "0", "--block-size", "6"]
+    assert main([*argv, "--no-chat", "--dtype", "float32", "--json"]) == 0
+    report = _json_line(capsys)
+    assert report["config"]["requests_per_slot"] == 3
+    by = {r["mode"]: r for r in report["results"]}
+    assert {r["slots"] for r in report["results"]} == {2}
+    for mode, r in by.items():
+        # 6 requests of at most 10 tokens; the two slots' figures aggregate their queued requests.
+        assert 6 * 2 <= r["generation_tokens"] <= 6 * 10
+        assert len(r["per_slot_tokens_per_s"]) == 2
+        if mode != "plain":
+            assert r["matches_plain"] == 1.0
+            hists = r["accepted_histogram_per_slot"]
+            assert len(hists) == 2 and len(r["tau_per_slot"]) == 2
+            if mode == "dflash":
+                assert sum(map(sum, hists)) == pytest.approx(
+                    r["busy_rows"] * r["rounds"], abs=0.01 * r["rounds"]
+                )
+                assert 1.0 <= r["busy_rows"] <= 2.0
+    # Every mode decoded the same six requests to the same tokens.
+    assert len({r["generation_tokens"] for r in by.values()}) == 1
+    # More requests than slots: the batched runs took more rounds than one request needs alone.
+    assert by["plain"]["rounds"] > 10
+
+
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_requests_per_slot_must_be_positive(value, capsys):
+    assert main(["bench", "--requests-per-slot", value]) != 0
+    assert "--requests-per-slot must be at least 1" in capsys.readouterr().err

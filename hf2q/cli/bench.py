@@ -59,6 +59,14 @@ def bench(
             help="Also measure plain batched decoding and sequential single-slot DFlash.",
         ),
     ] = True,
+    requests_per_slot: Annotated[
+        int,
+        typer.Option(
+            "--requests-per-slot",
+            help="K: N slots decode K x N requests; K > 1 queues them (continuous batching: a "
+            "slot whose request ends takes the next one).",
+        ),
+    ] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random workload.")] = 0,
     idle: Annotated[
         str,
@@ -93,6 +101,7 @@ def bench(
       [bold]hf2q bench[/bold]   (the embedded demo pair, slots 1,2,4,8)
       [bold]hf2q bench -m ./qwen -d ./qwen-dflash --slots 1,4 --workload random --gen-tokens 64[/bold]
       [bold]hf2q bench --slots 8 --trials 5 --json --out bench.json[/bold]
+      [bold]hf2q bench --slots 4 --requests-per-slot 4[/bold]   (16 requests queued on 4 slots)
     """
     from hf2q.cli import app as app_module
     from hf2q.runtime.bench import BenchConfig, parse_slots
@@ -110,6 +119,7 @@ def bench(
         baseline=baseline,
         seed=seed,
         idle=idle,
+        requests_per_slot=requests_per_slot,
     ).validate()
     if dtype is not None and dtype not in DTYPE_CHOICES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")

@@ -104,7 +104,8 @@ def print_report(report: dict[str, Any], *, terminal: bool) -> None:
     cfg = report["config"]
     about = (
         f"{report.get('model')} + {report.get('draft')}; workload {cfg['workload']}, "
-        f"{cfg['gen_tokens']} tokens per request, block size {cfg['block_size']}, "
+        f"{cfg['gen_tokens']} tokens per request, "
+        f"{cfg.get('requests_per_slot', 1)} request(s) per slot, block size {cfg['block_size']}, "
         f"median of {cfg['trials']} trial(s) after {cfg['warmup']} warm-up; "
         f"{report.get('platform', {}).get('backend', '?')}, BLAS {report.get('platform', {}).get('blas_kind', '?')}"
     )

@@ -62,6 +62,7 @@ class BenchConfig:
     baseline: bool = True
     seed: int = 0
     idle: str = "compact"
+    requests_per_slot: int = 1  # K: N slots decode K x N requests (K > 1: continuous batching)
 
     def validate(self) -> BenchConfig:
         """Raise :class:`UsageError` naming the bad option; return self."""
@@ -93,6 +94,10 @@ class BenchConfig:
 
         if self.idle not in IDLE_POLICIES:
             raise UsageError(f"--idle must be one of {', '.join(IDLE_POLICIES)}, got {self.idle!r}")
+        if self.requests_per_slot < 1:
+            raise UsageError(
+                f"--requests-per-slot must be at least 1, got {self.requests_per_slot}"
+            )
         return self
 
 
@@ -187,11 +192,11 @@ def _run_slots_mode(
     prompts: list[list[int]],
     config: BenchConfig,
     eos: frozenset[int],
+    n: int,
 ) -> RunResult:
     from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate, slots_plain_generate
 
     reqs = [Request(p, max_tokens=config.gen_tokens) for p in prompts]
-    n = len(prompts)
     if mode == "plain":
         events = slots_plain_generate(target, reqs, slots=n, eos_token_ids=eos, idle=config.idle)
     else:
@@ -228,7 +233,12 @@ def _run_slots_mode(
 
 
 def _run_sequential(
-    target: Any, drafter: Any, prompts: list[list[int]], config: BenchConfig, eos: frozenset[int]
+    target: Any,
+    drafter: Any,
+    prompts: list[list[int]],
+    config: BenchConfig,
+    eos: frozenset[int],
+    n: int,
 ) -> RunResult:
     from hf2q.runtime.dflash import Summary, dflash_generate, pooled_acceptance, run
 
@@ -252,9 +262,15 @@ def _run_sequential(
     rounds = sum(s.rounds or 0 for s in sums)
     r = max(rounds, 1)
     tau, rate, _ = pooled_acceptance(sum_a, rounds, drafted)
+    # "Slot" j of the sequential baseline: the requests the batched runs start in slot j first
+    # (j, j + n, ...; with one request per slot, request j).
+    groups = [sums[j::n] for j in range(n)]
     return RunResult(
         tokens_per_s=sum(s.generation_tokens - 1 for s in sums) / decode if decode > 0 else 0.0,
-        per_slot_tokens_per_s=[s.generation_tps for s in sums],
+        per_slot_tokens_per_s=[
+            _tps_of(sum(s.generation_tokens - 1 for s in g), sum(s.decode_time for s in g))
+            for g in groups
+        ],
         prefill_tokens_per_s=sum(s.prompt_tokens for s in sums) / prefill if prefill else 0.0,
         round_s=decode / r,
         draft_s=sum(s.t_draft or 0 for s in sums) / r,
@@ -265,11 +281,24 @@ def _run_sequential(
         generation_tokens=sum(s.generation_tokens for s in sums),
         peak_memory_gb=max(s.peak_memory_gb for s in sums),
         tau=tau,
-        tau_per_slot=[s.tau for s in sums],
-        accepted_histogram_per_slot=[list(s.accepted_histogram or []) for s in sums],
+        tau_per_slot=[
+            pooled_acceptance(
+                sum(s.accepted or 0 for s in g),
+                sum(s.rounds or 0 for s in g),
+                sum(s.drafted or 0 for s in g),
+            )[0]
+            for g in groups
+        ],
+        accepted_histogram_per_slot=[
+            [sum(h) for h in zip(*(s.accepted_histogram or [] for s in g))] for g in groups
+        ],
         acceptance_rate=rate,
         tokens=[s.tokens for s in sums],
     )
+
+
+def _tps_of(tokens: int, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else 0.0
 
 
 # ---- the whole bench ----------------------------------------------------------------------------
@@ -332,7 +361,7 @@ def run_bench(
     for N in config.slots:
         prompts = make_prompts(
             config,
-            N,
+            N * config.requests_per_slot,
             tokenizer=tokenizer,
             chat=chat,
             vocab_size=target.vocab_size,
@@ -349,9 +378,9 @@ def run_bench(
                     progress(f"{N} slot{'s' if N > 1 else ''}, {mode}, {what}")
                 mx.clear_cache()
                 if mode == "dflash-seq":
-                    res = _run_sequential(target, drafter, prompts, config, eos)
+                    res = _run_sequential(target, drafter, prompts, config, eos, N)
                 else:
-                    res = _run_slots_mode(mode, target, drafter, prompts, config, eos)
+                    res = _run_slots_mode(mode, target, drafter, prompts, config, eos, N)
                 if not warm:
                     runs[mode].append(res)
         rows.extend(_rows_for(N, runs, B))
