@@ -240,6 +240,15 @@ def test_blas_plan_honours_an_explicit_library(tmp_path):
     assert plan.action == "reexec" and plan.library == str(lib)
 
 
+def test_blas_kind_says_when_the_gpu_makes_it_irrelevant():
+    from hf2q.platform import blas_role
+
+    # The H200 stats used to read "reference (slow)" although MLX computed on the GPU.
+    assert blas_role("reference (slow)", "cpu") == "reference (slow)"
+    role = blas_role("reference (slow)", "cuda")
+    assert role.startswith("reference (slow)") and "not used: MLX computes on cuda" in role
+
+
 def test_in_process_calls_never_reexec(capsys, qwen35_dir):
     # Called from Python (argv given), hf2q must not replace the caller's process.
     rec = _json(capsys, PROMPT, "-m", str(qwen35_dir), "--no-dflash", "-n", "2")
