@@ -103,6 +103,7 @@ def generate(
     plan = ensure_fast_blas(allow_reexec=app_module.STANDALONE)
     text = _read_prompt(prompt, prompt_file)
 
+    from hf2q.kernels import select
     from hf2q.runtime.dflash import (
         PrefillDone,
         RoundDone,
@@ -152,8 +153,6 @@ def generate(
 
     terminal = is_terminal() and not json_out
     summary = None
-    from hf2q.kernels import select
-
     extra = {
         "model": pair.target_source,
         **({"draft": pair.draft_source} if dflash else {}),

@@ -262,8 +262,9 @@ def _run_sequential(
     rounds = sum(s.rounds or 0 for s in sums)
     r = max(rounds, 1)
     tau, rate, _ = pooled_acceptance(sum_a, rounds, drafted)
-    # "Slot" j of the sequential baseline: the requests the batched runs start in slot j first
-    # (j, j + n, ...; with one request per slot, request j).
+    # Nominal "slot" j of the sequential baseline: requests j, j + n, ... (with one request per
+    # slot, request j; with a queue the batched runs give a queued request to whichever slot
+    # frees first, so per-slot figures compare across modes only with one request per slot).
     groups = [sums[j::n] for j in range(n)]
     return RunResult(
         tokens_per_s=sum(s.generation_tokens - 1 for s in sums) / decode if decode > 0 else 0.0,
