@@ -70,19 +70,11 @@ def blas_role(kind: str, backend: str) -> str:
     return kind if backend == "cpu" else f"{kind}; not used: MLX computes on {backend}"
 
 
-def _backend() -> str:
-    import mlx.core as mx
-
-    if mx.default_device() != mx.gpu:
-        return "cpu"
-    if getattr(mx, "cuda", None) is not None and mx.cuda.is_available():
-        return "cuda"
-    return "metal" if mx.metal.is_available() else "cpu"
-
-
 def describe() -> dict[str, str]:
     """Versions, default device and BLAS, for ``hf2q info`` and benchmark records."""
     import mlx.core as mx
+
+    from hf2q.kernels.select import backend
 
     try:
         import mlx_lm
@@ -102,7 +94,7 @@ def describe() -> dict[str, str]:
         "device": str(device),
         "backend": "cuda" if cuda else "metal" if metal else "cpu",
         "blas": blas or "-",
-        "blas_kind": blas_role(blas_kind(blas), _backend()),
+        "blas_kind": blas_role(blas_kind(blas), backend()),
     }
     if (
         info["backend"] == "cpu"
@@ -222,5 +214,7 @@ def ensure_fast_blas(*, allow_reexec: bool) -> BlasPlan:
 
 def blas_summary() -> dict[str, str]:
     """``{"blas": path or "-", "blas_kind": ...}`` of this process, for stats and JSON."""
+    from hf2q.kernels.select import backend
+
     path = loaded_blas()
-    return {"blas": path or "-", "blas_kind": blas_role(blas_kind(path), _backend())}
+    return {"blas": path or "-", "blas_kind": blas_role(blas_kind(path), backend())}

@@ -456,19 +456,7 @@ def add_to_hf_cache(
     return commit
 
 
-#: mlx-lm ``qwen3_5.TextModelArgs`` of a tiny hybrid text model (3 Gated-DeltaNet layers and one
-#: attention layer) for kernel tests that build mlx-lm models directly, without a checkpoint.
-TINY_TEXT_ARGS = dict(
-    model_type="qwen3_5_text",
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-    vocab_size=64,
-)
+#: mlx-lm ``qwen3_5.TextModelArgs`` of the tiny hybrid text model of :func:`qwen35_text_config`
+#: (3 Gated-DeltaNet layers and one attention layer, vocabulary 64) for kernel tests that build
+#: mlx-lm models directly, without a checkpoint.
+TINY_TEXT_ARGS = dict(model_type="qwen3_5_text", **qwen35_text_config(vocab_size=64))

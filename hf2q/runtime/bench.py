@@ -240,7 +240,13 @@ def _run_sequential(
     eos: frozenset[int],
     n: int,
 ) -> RunResult:
-    from hf2q.runtime.dflash import Summary, dflash_generate, pooled_acceptance, run
+    from hf2q.runtime.dflash import (
+        Summary,
+        dflash_generate,
+        pooled_acceptance,
+        run,
+        tokens_per_s,
+    )
 
     sums: list[Summary] = [
         run(
@@ -269,7 +275,7 @@ def _run_sequential(
     return RunResult(
         tokens_per_s=sum(s.generation_tokens - 1 for s in sums) / decode if decode > 0 else 0.0,
         per_slot_tokens_per_s=[
-            _tps_of(sum(s.generation_tokens - 1 for s in g), sum(s.decode_time for s in g))
+            tokens_per_s(sum(s.generation_tokens - 1 for s in g), sum(s.decode_time for s in g))
             for g in groups
         ],
         prefill_tokens_per_s=sum(s.prompt_tokens for s in sums) / prefill if prefill else 0.0,
@@ -296,10 +302,6 @@ def _run_sequential(
         acceptance_rate=rate,
         tokens=[s.tokens for s in sums],
     )
-
-
-def _tps_of(tokens: int, seconds: float) -> float:
-    return tokens / seconds if seconds > 0 else 0.0
 
 
 # ---- the whole bench ----------------------------------------------------------------------------
@@ -386,13 +388,10 @@ def run_bench(
                     runs[mode].append(res)
         rows.extend(_rows_for(N, runs, B))
     _relate(rows)
-    emb = target.inner.embed_tokens
-    weights = getattr(emb, "scales", None)
-    dtype = (weights if weights is not None else emb.weight).dtype
     return {
         "schema": SCHEMA,
         "config": {**asdict(config), "slots": list(config.slots), "block_size": B},
-        "dtype": str(dtype).removeprefix("mlx.core."),
+        "dtype": str(target.dtype).removeprefix("mlx.core."),
         "results": rows,
     }
 

@@ -388,7 +388,7 @@ def _summary(
         prefill_time=prefill_time,
         decode_time=decode_time,
         prompt_tps=prompt_tokens / prefill_time,
-        generation_tps=_tps(len(tokens) - 1, decode_time),
+        generation_tps=tokens_per_s(len(tokens) - 1, decode_time),
         peak_memory_gb=_peak_gb(),
         seed=keys.seed if keys else None,
         **dflash_fields,
@@ -420,7 +420,8 @@ def pooled_acceptance(
     return tau, rate, share
 
 
-def _tps(n: int, seconds: float) -> float:
+def tokens_per_s(n: int, seconds: float) -> float:
+    """``n / seconds``, 0 when either is not positive (a run with nothing to time)."""
     return n / seconds if seconds > 0 and n > 0 else 0.0
 
 
@@ -585,4 +586,5 @@ __all__ = [
     "AcceptanceStats",
     "measure_acceptance",
     "pooled_acceptance",
+    "tokens_per_s",
 ]

@@ -146,7 +146,7 @@ def load_pair(
         folder = resolve_source(draft)
         cfg = load_drafter_config(folder)
         validate_pair(target, cfg, where=f"drafter {draft}")
-        drafter = load_drafter(folder, dtype=_dtype_of(target))
+        drafter = load_drafter(folder, dtype=target.dtype)
         drafter.bind(target.embed, target.head)
     has_template = bool(getattr(loaded.tokenizer, "chat_template", None))
     chat_default = bool(entry.get("chat", True)) and has_template
@@ -159,12 +159,6 @@ def load_pair(
         chat_default,
         entry.get("prompt") if is_demo else None,
     )
-
-
-def _dtype_of(target: Any) -> Any:
-    emb = target.inner.embed_tokens
-    scales = getattr(emb, "scales", None)
-    return (scales if scales is not None else emb.weight).dtype
 
 
 def encode_prompt(
@@ -278,6 +272,4 @@ def apply_dtype(target: Any, drafter: Any | None, choice: str | None) -> str:
     )
     if dtype is not None:
         cast_models(target, drafter, dtype)
-    emb = target.inner.embed_tokens
-    scales = getattr(emb, "scales", None)
-    return str((scales if scales is not None else emb.weight).dtype).removeprefix("mlx.core.")
+    return str(target.dtype).removeprefix("mlx.core.")

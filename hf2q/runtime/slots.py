@@ -48,6 +48,7 @@ from hf2q.runtime.dflash import (
     final_event,
     pooled_acceptance,
     prefill,
+    tokens_per_s,
 )
 from hf2q.runtime.drafter import DFlashDraftModel
 from hf2q.runtime.sampling import KeyStream, SamplingParams, accept_rejection, choose, probs
@@ -212,7 +213,7 @@ class _Live:
             prefill_time=self.prefill_time,
             decode_time=self.decode_time,
             prompt_tps=self.prompt_tokens / self.prefill_time if self.prefill_time > 0 else 0.0,
-            generation_tps=_tps(n - 1, self.decode_time),
+            generation_tps=tokens_per_s(n - 1, self.decode_time),
             peak_memory_gb=mx.get_peak_memory() / 1e9,
             seed=self.keys.seed if self.keys else None,
             rounds=r if dflash else None,
@@ -233,10 +234,6 @@ def _finish(token: int, generated: int, max_tokens: int, eos: frozenset[int]) ->
     if generated >= max_tokens:
         return "length"
     return None
-
-
-def _tps(n: int, seconds: float) -> float:
-    return n / seconds if seconds > 0 and n > 0 else 0.0
 
 
 def _check(
@@ -326,7 +323,7 @@ class _Stats:
                     requests=tuple(x.index for x in lives),
                     generation_tokens=gen,
                     decode_time=dt,
-                    generation_tps=_tps(gen - len(lives), dt),
+                    generation_tps=tokens_per_s(gen - len(lives), dt),
                     rounds=r,
                     tau=tau,
                     acceptance_rate=rate,
@@ -350,7 +347,7 @@ class _Stats:
             prefill_time=self.prefill,
             decode_time=self.decode,
             prompt_tps=ptoks / self.prefill if self.prefill > 0 else 0.0,
-            generation_tps=_tps(gen - len(reqs), self.decode),
+            generation_tps=tokens_per_s(gen - len(reqs), self.decode),
             peak_memory_gb=peak,
             round_times=list(self.round_times),
             row_rounds=self.n_row_rounds,

@@ -64,6 +64,13 @@ class TargetModel:
         return int(self.args.hidden_size)
 
     @property
+    def dtype(self) -> mx.Dtype:
+        """The dtype the target computes in: its embedding's (its scales' when quantized)."""
+        emb = self.inner.embed_tokens
+        scales = getattr(emb, "scales", None)
+        return (scales if scales is not None else emb.weight).dtype
+
+    @property
     def vocab_size(self) -> int:
         """Rows of the embedding (what drafter token ids and the mask id index into)."""
         emb = self.inner.embed_tokens

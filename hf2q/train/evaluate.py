@@ -35,18 +35,11 @@ class TauResult:
     outputs: list[list[int]] = field(default_factory=list)
 
 
-def target_dtype(target: Any) -> mx.Dtype:
-    """The dtype the target computes in (its embedding's, or its scales' when quantized)."""
-    emb = target.inner.embed_tokens
-    scales = getattr(emb, "scales", None)
-    return (scales if scales is not None else emb.weight).dtype
-
-
 def inference_copy(drafter: DFlashDraftModel, target: Any) -> DFlashDraftModel:
     """A copy of ``drafter`` in the target's dtype, bound to the target, in eval mode."""
     from mlx.utils import tree_flatten
 
-    dtype = target_dtype(target)
+    dtype = target.dtype
     copy = DFlashDraftModel(drafter.config)
     copy.load_weights([(k, v.astype(dtype)) for k, v in tree_flatten(drafter.parameters())])
     copy.eval()

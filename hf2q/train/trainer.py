@@ -452,7 +452,7 @@ def _train(
     from hf2q.runtime.pair import apply_dtype
     from hf2q.runtime.target import TargetModel
     from hf2q.train import data as D
-    from hf2q.train.evaluate import inference_copy, measure_tau, target_dtype
+    from hf2q.train.evaluate import inference_copy, measure_tau
     from hf2q.train.objective import (
         batch_loss,
         default_gamma,
@@ -688,7 +688,7 @@ def _train(
     # The target is frozen, so a sequence's features never change: when they fit in
     # --feature-cache-gb, compute them once (in the target's dtype) instead of once per visit.
     feat_dim = len(ids) * target.hidden_size
-    itemsize = 2 if target_dtype(target) in (mx.bfloat16, mx.float16) else 4
+    itemsize = 2 if target.dtype in (mx.bfloat16, mx.float16) else 4
     cache_bytes = n_seq * cfg.seq_len * feat_dim * itemsize
     feature_cache = None
     if total * cfg.batch_size > n_seq and cache_bytes <= cfg.feature_cache_gb * 1e9:
