@@ -113,6 +113,20 @@ class GDNRollbackCache(ArraysCache):
         return cache
 
 
+def key_mask(q_pos: mx.array, K: int, window_size: int | None = None) -> mx.array:
+    """Which of keys ``0..K-1`` each query sees: boolean (..., N, K) for positions ``q_pos`` (..., N).
+
+    Causal (key position <= query position) and, with ``window_size``, within the window; keys
+    past a query's own position (padding, stale rolled-back entries) are never visible.
+    """
+    k = mx.arange(K, dtype=mx.int32)
+    q = q_pos[..., None]
+    mask = k <= q
+    if window_size is not None:
+        mask = mask & (k > q - window_size)
+    return mask
+
+
 class BucketedKVCache(KVCache):
     """mlx-lm's ``KVCache`` whose attention over several new positions sees bucket-padded keys.
 
@@ -154,12 +168,7 @@ class BucketedKVCache(KVCache):
                 N, return_array=return_array, window_size=window_size, **kwargs
             )
         K = bucketed(self.offset + N, self.bucket)
-        q = self.offset + mx.arange(N)[:, None]  # (N, 1) absolute positions of the new rows
-        k = mx.arange(K)[None]  # (1, K)
-        mask = k <= q
-        if window_size is not None:
-            mask = mask & (k > q - window_size)
-        return mask
+        return key_mask(self.offset + mx.arange(N, dtype=mx.int32), K, window_size)  # (N, K)
 
 
 class TargetCache(list):

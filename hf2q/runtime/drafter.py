@@ -290,24 +290,29 @@ class DFlashAttention(nn.Module):
         k = self.rope(self.k_norm(self._heads(self.k_proj(x), self.n_kv_heads)), offset=offset)
         return k, self._heads(self.v_proj(x), self.n_kv_heads)
 
-    def attend(self, q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None) -> mx.array:
-        """Scaled dot-product attention and output projection; returns (B, L, H).
+    def attend(
+        self, q: mx.array, ks: list[mx.array], vs: list[mx.array], mask: mx.array | None
+    ) -> mx.array:
+        """Scaled dot-product attention over the keys/values ``ks``/``vs`` joined on the position
+        axis (context, then block), and the output projection; returns (B, L, H).
 
-        Where ``sdpa_bucket()`` asks for it (CUDA), the keys are zero-padded to a multiple of the
-        bucket and the padding masked out: same attention, one shape for many rounds.
+        Where ``sdpa_bucket()`` asks for it (CUDA), the join also zero-pads the keys to a multiple
+        of the bucket and the padding is masked out: same attention, one shape for many rounds.
         """
-        n = k.shape[2]
+        n = sum(k.shape[2] for k in ks)
         K = bucketed(n, sdpa_bucket())
         if n != K:
             L, pad = q.shape[2], K - n
-            k = mx.concatenate([k, mx.zeros((*k.shape[:2], pad, k.shape[3]), k.dtype)], axis=2)
-            v = mx.concatenate([v, mx.zeros((*v.shape[:2], pad, v.shape[3]), v.dtype)], axis=2)
+            ks = [*ks, mx.zeros((*ks[0].shape[:2], pad, ks[0].shape[3]), ks[0].dtype)]
+            vs = [*vs, mx.zeros((*vs[0].shape[:2], pad, vs[0].shape[3]), vs[0].dtype)]
             if mask is None:
                 mask = mx.broadcast_to(mx.arange(K) < n, (L, K))
             else:
                 mask = mx.concatenate(
                     [mask, mx.zeros((*mask.shape[:-1], pad), dtype=mx.bool_)], axis=-1
                 )
+        k = ks[0] if len(ks) == 1 else mx.concatenate(ks, axis=2)
+        v = vs[0] if len(vs) == 1 else mx.concatenate(vs, axis=2)
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         B, _, L, _ = out.shape
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
@@ -369,14 +374,12 @@ class DFlashAttention(nn.Module):
         q = self.queries(x, n_ctx)
         k_blk, v_blk = self.keys_values(x, n_ctx)
         n_keys = 0 if keys is None else keys.shape[2]
-        if n_keys:
-            k_blk = mx.concatenate([keys, k_blk], axis=2)
-            v_blk = mx.concatenate([values, v_blk], axis=2)
+        ks, vs = ([keys, k_blk], [values, v_blk]) if n_keys else ([k_blk], [v_blk])
         if len(set(cache.lengths)) == 1:  # aligned rows: the single-sequence mask (often none)
             mask = self.block_mask(n_keys, L, 0)
         else:
             mask = self.rows_mask(n_ctx, n_keys, L)
-        return self.attend(q, k_blk, v_blk, mask)
+        return self.attend(q, ks, vs, mask)
 
     def __call__(self, x: mx.array, ctx: mx.array, cache: KVCache) -> mx.array:
         # x: (B, L, H) block rows; ctx: (B, S, H) new verified context rows (S may be 0).
@@ -393,12 +396,12 @@ class DFlashAttention(nn.Module):
             # Keys older than the window are invisible to every block row: drop them early.
             first = max(0, n_ctx - (self.sliding_window - 1))
         if keys is not None and n_ctx > first:
-            k_all = mx.concatenate([keys[..., first:n_ctx, :], k_blk], axis=2)
-            v_all = mx.concatenate([values[..., first:n_ctx, :], v_blk], axis=2)
+            ks = [keys[..., first:n_ctx, :], k_blk]
+            vs = [values[..., first:n_ctx, :], v_blk]
         else:
-            k_all, v_all = k_blk, v_blk
+            ks, vs = [k_blk], [v_blk]
         mask = self.block_mask(n_ctx - first, L, first)
-        return self.attend(q, k_all, v_all, mask)
+        return self.attend(q, ks, vs, mask)
 
 
 class DFlashDecoderLayer(nn.Module):

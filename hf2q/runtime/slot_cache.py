@@ -33,7 +33,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, _BaseCache
 
 from hf2q.kernels.select import bucketed, sdpa_bucket
-from hf2q.runtime.cache import GDNRollbackCache, TargetCache
+from hf2q.runtime.cache import GDNRollbackCache, TargetCache, key_mask
 
 
 def _per_row(value: int | Sequence[int] | mx.array, rows: int, what: str) -> list[int]:
@@ -179,11 +179,7 @@ class SlotKVCache(_BaseCache):
         if padded:
             K = bucketed(K, self.bucket)
         q = self.offset[:, None] + mx.arange(N, dtype=mx.int32)[None]  # (rows, N)
-        k = mx.arange(K, dtype=mx.int32)  # (K,)
-        mask = k[None, None, :] <= q[:, :, None]  # (rows, N, K)
-        if window_size is not None:
-            mask = mask & (k[None, None, :] > q[:, :, None] - window_size)
-        return mask[:, None]
+        return key_mask(q, K, window_size)[:, None]  # (rows, 1, N, K)
 
     def is_trimmable(self) -> bool:
         return True
