@@ -71,6 +71,49 @@ def heldout_ppl(target: Any, stream: Any, window: int, windows: int, batch: int)
     }
 
 
+def heldout_tau_and_fidelity(args: Any, pair: Any) -> dict[str, Any]:
+    """Tau on prefixes of held-out files (real DFlash loop) and greedy DFlash == plain on some."""
+    from hf2q.runtime.dflash import plain_generate, run
+    from hf2q.train.evaluate import measure_tau
+
+    tok, target, drafter, eos = pair.tokenizer, pair.target, pair.drafter, pair.eos_token_ids
+    result: dict[str, Any] = {}
+    # Prompts: prefixes of held-out files, in manifest order.
+    prompts, files = [], []
+    for line in (args.text / "heldout.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        ids = list(tok.encode(rec["text"], add_special_tokens=False))
+        if len(ids) > args.prompt_tokens:
+            prompts.append(ids[: args.prompt_tokens])
+            files.append(rec["path"])
+        if len(prompts) >= args.prompts:
+            break
+    res = measure_tau(target, drafter, prompts, max_tokens=args.max_tokens, eos_token_ids=eos)
+    result["tau"] = {
+        "prompts": len(prompts),
+        "prompt_tokens": args.prompt_tokens,
+        "max_tokens": args.max_tokens,
+        "files": files,
+        "tau": res.tau,
+        "acceptance_rate": res.acceptance_rate,
+        "rounds": res.rounds,
+        "generated_tokens": res.generated_tokens,
+        "per_prompt_tau_min": min(res.per_prompt_tau),
+        "per_prompt_tau_median": statistics.median(res.per_prompt_tau),
+        "per_prompt_tau_max": max(res.per_prompt_tau),
+        "seconds": round(res.seconds, 1),
+    }
+    print(f"tau {res.tau:.3f} on {len(prompts)} held-out prompts", flush=True)
+
+    same = 0
+    for p, dflash_out in zip(prompts[: args.fidelity], res.outputs):
+        plain = run(plain_generate(target, p, max_tokens=args.max_tokens, eos_token_ids=eos))
+        same += plain.tokens == dflash_out
+    result["fidelity"] = {"prompts": min(args.fidelity, len(prompts)), "identical": same}
+    print(f"greedy DFlash == plain on {same}/{result['fidelity']['prompts']} prompts", flush=True)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", required=True)
@@ -105,7 +148,6 @@ def main(argv: list[str] | None = None) -> int:
     from hf2q.runtime.dflash import dflash_generate, plain_generate, run
     from hf2q.runtime.pair import apply_dtype, encode_prompt, load_pair, read_registry
     from hf2q.runtime.sampling import SamplingParams
-    from hf2q.train.evaluate import measure_tau
 
     t0 = time.time()
     pair = load_pair(args.target, args.draft)
@@ -136,41 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     if not args.demo_only:
-        # Prompts: prefixes of held-out files, in manifest order.
-        prompts, files = [], []
-        for line in (args.text / "heldout.jsonl").read_text().splitlines():
-            rec = json.loads(line)
-            ids = list(tok.encode(rec["text"], add_special_tokens=False))
-            if len(ids) > args.prompt_tokens:
-                prompts.append(ids[: args.prompt_tokens])
-                files.append(rec["path"])
-            if len(prompts) >= args.prompts:
-                break
-        res = measure_tau(target, drafter, prompts, max_tokens=args.max_tokens, eos_token_ids=eos)
-        result["tau"] = {
-            "prompts": len(prompts),
-            "prompt_tokens": args.prompt_tokens,
-            "max_tokens": args.max_tokens,
-            "files": files,
-            "tau": res.tau,
-            "acceptance_rate": res.acceptance_rate,
-            "rounds": res.rounds,
-            "generated_tokens": res.generated_tokens,
-            "per_prompt_tau_min": min(res.per_prompt_tau),
-            "per_prompt_tau_median": statistics.median(res.per_prompt_tau),
-            "per_prompt_tau_max": max(res.per_prompt_tau),
-            "seconds": round(res.seconds, 1),
-        }
-        print(f"tau {res.tau:.3f} on {len(prompts)} held-out prompts", flush=True)
-
-        same = 0
-        for p, dflash_out in zip(prompts[: args.fidelity], res.outputs):
-            plain = run(plain_generate(target, p, max_tokens=args.max_tokens, eos_token_ids=eos))
-            same += plain.tokens == dflash_out
-        result["fidelity"] = {"prompts": min(args.fidelity, len(prompts)), "identical": same}
-        print(
-            f"greedy DFlash == plain on {same}/{result['fidelity']['prompts']} prompts", flush=True
-        )
+        result.update(heldout_tau_and_fidelity(args, pair))
 
     demo = read_registry().get("demo") or {}
     text = demo.get("prompt", "")
