@@ -192,6 +192,28 @@ def test_batched_rows_roll_back_to_their_own_counts(request):
     assert mx.array_equal(cache[0][1], rec.conv_input[1, 5 : 5 + K1])
 
 
+def test_stacked_record_rolls_back_like_the_list_record(request):
+    # The fused CUDA verify keeps its per-step states as one (B, T, ...) array; rolling back from
+    # it (uniform or ragged, one gather) must restore exactly what the per-step list restores.
+    target, ids = _target(request, "qwen35_dir")
+    attn = target.layers[target.linear_layers[0]].linear_attn
+    x = target.embed(mx.array([ids[:6], ids[6:12], ids[12:18]]))  # three rows, T = 6
+    from hf2q.runtime.verify import gdn_verify
+
+    for keep in ([2, 5, 6], [4, 4, 4], 3, 6):
+        listed = GDNRollbackCache()
+        gdn_verify(attn, x, None, listed)
+        stacked = GDNRollbackCache()
+        stacked[0], stacked[1] = listed[0], listed[1]  # what the verify left: the state after T
+        stacked.set_record(listed.record.conv_input, mx.stack(listed.record.states, axis=1))
+        assert stacked.record.length == listed.record.length == 6
+        assert mx.array_equal(stacked.record.after(6), listed[1])
+        listed.rollback(keep)
+        stacked.rollback(keep)
+        assert mx.array_equal(stacked[1], listed[1])
+        assert mx.array_equal(stacked[0], listed[0])
+
+
 def test_rollback_misuse_is_refused(request):
     target, ids = _target(request, "qwen35_dir")
     cache = make_target_cache(target)

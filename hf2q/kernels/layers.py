@@ -20,7 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.cache import ArraysCache
 from mlx_lm.models.qwen3_next import Qwen3NextAttention
 
 from hf2q.kernels import select
@@ -115,9 +115,9 @@ def fast_layer_fn(
             cache[0], cache[1] = rec.final_conv_state, rec.final_state
             cache.advance(h.shape[1])
             return out
-        if isinstance(getattr(layer, "self_attn", None), Qwen3NextAttention) and isinstance(
-            cache, KVCache
-        ):
+        if isinstance(getattr(layer, "self_attn", None), Qwen3NextAttention) and hasattr(
+            cache, "update_and_fetch"
+        ):  # mlx-lm's KVCache or any cache with its protocol (hf2q's slot caches)
             return attention_runner(layer, fuse_proj=fuse_proj)(h, mask, cache)
         return layer(h, mask=mask, cache=cache)
 

@@ -38,16 +38,32 @@ class GDNRecord:
     Attributes:
         conv_input: (B, K-1+T, C) the conv state before the verify followed by the T new conv
             inputs; the conv state after n positions is ``conv_input[:, n : n + K - 1]``.
-        states: T float32 arrays (B, Hv, Dv, Dk), the recurrent state after each verified
-            position (``states[n - 1]`` after n positions).
+        states: the float32 recurrent state after each verified position: T arrays
+            (B, Hv, Dv, Dk), or one array (B, T, Hv, Dv, Dk) (what the fused CUDA kernel writes),
+            from which a ragged rollback is a single gather.
     """
 
     conv_input: mx.array
-    states: list[mx.array]
+    states: list[mx.array] | mx.array
+
+    @property
+    def stacked(self) -> bool:
+        return isinstance(self.states, mx.array)
 
     @property
     def length(self) -> int:
-        return len(self.states)
+        return int(self.states.shape[1]) if self.stacked else len(self.states)
+
+    def after(self, n: int) -> mx.array:
+        """The state (B, Hv, Dv, Dk) after the first ``n`` positions (``1 <= n <= T``)."""
+        return self.states[:, n - 1] if self.stacked else self.states[n - 1]
+
+    def rows_after(self, keep: mx.array, keep_list: Sequence[int]) -> mx.array:
+        """Row b's state after its own first ``keep[b]`` positions: (B, Hv, Dv, Dk)."""
+        if self.stacked:
+            idx = (keep - 1).reshape(-1, 1, 1, 1, 1)
+            return mx.take_along_axis(self.states, idx, axis=1)[:, 0]
+        return mx.stack([self.states[x - 1][b] for b, x in enumerate(keep_list)])
 
 
 class GDNRollbackCache(ArraysCache):
@@ -62,7 +78,7 @@ class GDNRollbackCache(ArraysCache):
         super().__init__(size, left_padding)
         self.record: GDNRecord | None = None
 
-    def set_record(self, conv_input: mx.array, states: list[mx.array]) -> None:
+    def set_record(self, conv_input: mx.array, states: list[mx.array] | mx.array) -> None:
         """Keep the record of a verify forward (called by the verify layer function)."""
         self.record = GDNRecord(conv_input, states)
 
@@ -83,7 +99,7 @@ class GDNRollbackCache(ArraysCache):
                 raise ValueError(f"n_keep must be in 1..{T}, got {n_keep}")
             if n_keep < T:
                 self[0] = mx.contiguous(rec.conv_input[:, n_keep : n_keep + K1])
-                self[1] = rec.states[n_keep - 1]
+                self[1] = rec.after(n_keep)
             back = T - n_keep
         else:
             keep_list = [
@@ -94,7 +110,7 @@ class GDNRollbackCache(ArraysCache):
             keep = mx.array(keep_list, dtype=mx.int32)  # (B,)
             pos = (keep[:, None] + mx.arange(K1))[..., None]  # (B, K-1, 1)
             self[0] = mx.take_along_axis(rec.conv_input, pos, axis=1)
-            self[1] = mx.stack([rec.states[x - 1][b] for b, x in enumerate(keep_list)])
+            self[1] = rec.rows_after(keep, keep_list)
             back = T - keep
         # Undo the part of ``advance(T)`` that covered the dropped positions (batched padding).
         if self.lengths is not None:

@@ -291,26 +291,44 @@ class DFlashAttention(nn.Module):
         return k, self._heads(self.v_proj(x), self.n_kv_heads)
 
     def attend(
-        self, q: mx.array, ks: list[mx.array], vs: list[mx.array], mask: mx.array | None
+        self,
+        q: mx.array,
+        ks: list[mx.array],
+        vs: list[mx.array],
+        make_mask: Callable[[], mx.array | None],
+        memo: dict[Any, mx.array | None] | None = None,
     ) -> mx.array:
         """Scaled dot-product attention over the keys/values ``ks``/``vs`` joined on the position
         axis (context, then block), and the output projection; returns (B, L, H).
 
         Where ``sdpa_bucket()`` asks for it (CUDA), the join also zero-pads the keys to a multiple
         of the bucket and the padding is masked out: same attention, one shape for many rounds.
+        ``make_mask()`` gives the mask over the unpadded keys; with ``memo`` (one dict per drafter
+        forward, whose layers all see the same positions) it runs once per kind of layer and the
+        other layers reuse its (padded) result.
         """
         n = sum(k.shape[2] for k in ks)
         K = bucketed(n, sdpa_bucket())
+        L = q.shape[2]
+        key = (self.is_causal, self.sliding_window, n, L)
+        if memo is not None and key in memo:
+            mask = memo[key]
+        else:
+            mask = make_mask()
+            if n != K:
+                pad = K - n
+                if mask is None:
+                    mask = mx.broadcast_to(mx.arange(K) < n, (L, K))
+                else:
+                    mask = mx.concatenate(
+                        [mask, mx.zeros((*mask.shape[:-1], pad), dtype=mx.bool_)], axis=-1
+                    )
+            if memo is not None:
+                memo[key] = mask
         if n != K:
-            L, pad = q.shape[2], K - n
+            pad = K - n
             ks = [*ks, mx.zeros((*ks[0].shape[:2], pad, ks[0].shape[3]), ks[0].dtype)]
             vs = [*vs, mx.zeros((*vs[0].shape[:2], pad, vs[0].shape[3]), vs[0].dtype)]
-            if mask is None:
-                mask = mx.broadcast_to(mx.arange(K) < n, (L, K))
-            else:
-                mask = mx.concatenate(
-                    [mask, mx.zeros((*mask.shape[:-1], pad), dtype=mx.bool_)], axis=-1
-                )
         k = ks[0] if len(ks) == 1 else mx.concatenate(ks, axis=2)
         v = vs[0] if len(vs) == 1 else mx.concatenate(vs, axis=2)
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
@@ -362,7 +380,7 @@ class DFlashAttention(nn.Module):
         blk_vis = mx.broadcast_to(blk_vis, (B, n_block, n_block))
         return mx.concatenate([ctx_vis, blk_vis], axis=-1)[:, None]
 
-    def _call_rows(self, x: mx.array, ctx: mx.array, cache: Any) -> mx.array:
+    def _call_rows(self, x: mx.array, ctx: mx.array, cache: Any, memo: dict | None) -> mx.array:
         # Per-row offsets (hf2q.runtime.slot_cache.SlotKVCache, host copy in ``lengths``): row
         # b's context keys sit at buffer positions [0, offset[b]); each row appends its own count
         # of ``ctx`` rows (``cache.prepare(lengths=...)``) and its block starts right after its
@@ -376,15 +394,16 @@ class DFlashAttention(nn.Module):
         n_keys = 0 if keys is None else keys.shape[2]
         ks, vs = ([keys, k_blk], [values, v_blk]) if n_keys else ([k_blk], [v_blk])
         if len(set(cache.lengths)) == 1:  # aligned rows: the single-sequence mask (often none)
-            mask = self.block_mask(n_keys, L, 0)
-        else:
-            mask = self.rows_mask(n_ctx, n_keys, L)
-        return self.attend(q, ks, vs, mask)
+            return self.attend(q, ks, vs, lambda: self.block_mask(n_keys, L, 0), memo)
+        return self.attend(q, ks, vs, lambda: self.rows_mask(n_ctx, n_keys, L), memo)
 
-    def __call__(self, x: mx.array, ctx: mx.array, cache: KVCache) -> mx.array:
+    def __call__(
+        self, x: mx.array, ctx: mx.array, cache: KVCache, memo: dict | None = None
+    ) -> mx.array:
         # x: (B, L, H) block rows; ctx: (B, S, H) new verified context rows (S may be 0).
+        # memo: shared by the layers of one forward (see attend).
         if isinstance(cache.offset, mx.array):
-            return self._call_rows(x, ctx, cache)
+            return self._call_rows(x, ctx, cache, memo)
         L = x.shape[1]
         self.append_context(ctx, cache)
         keys, values = cache.keys_and_values() if cache.offset else (None, None)
@@ -400,8 +419,7 @@ class DFlashAttention(nn.Module):
             vs = [values[..., first:n_ctx, :], v_blk]
         else:
             ks, vs = [k_blk], [v_blk]
-        mask = self.block_mask(n_ctx - first, L, first)
-        return self.attend(q, ks, vs, mask)
+        return self.attend(q, ks, vs, lambda: self.block_mask(n_ctx - first, L, first), memo)
 
 
 class DFlashDecoderLayer(nn.Module):
@@ -414,8 +432,10 @@ class DFlashDecoderLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
-    def __call__(self, x: mx.array, ctx: mx.array, cache: KVCache) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), ctx, cache)
+    def __call__(
+        self, x: mx.array, ctx: mx.array, cache: KVCache, memo: dict | None = None
+    ) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), ctx, cache, memo)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -487,8 +507,9 @@ class DFlashDraftModel(nn.Module):
             raise RuntimeError("DFlashDraftModel.bind(embed, head) must be called before drafting")
         h = self._embed(block)
         ctx = self.context(features)
+        memo: dict = {}  # attention masks, made once for every layer of this forward
         for layer, c in zip(self.layers, cache, strict=True):
-            h = layer(h, ctx, c)
+            h = layer(h, ctx, c, memo)
         return self.norm(h)
 
     def __call__(self, block: mx.array, features: mx.array, cache: list[KVCache]) -> mx.array:

@@ -5,8 +5,9 @@ one batched drafter forward over N blocks and one batched target verify over N x
 row accepts its own count ``a_i``, so the rollback is ragged: attention KV per row
 (:class:`~hf2q.runtime.slot_cache.SlotKVCache` moves that row's offset back) and Gated-DeltaNet
 state per row (:class:`~hf2q.runtime.cache.GDNRollbackCache` restores row i after ``a_i + 1``
-positions). :func:`slots_plain_generate` is the baseline: N rows, one token each per step, through
-mlx-lm's own model call on the same caches. Both are generators of typed events
+positions). :func:`slots_plain_generate` is the baseline: N rows, one token each per step, on the
+same caches, computed as single-sequence plain decoding is (mlx-lm's own model call; on CUDA
+hf2q's compiled layers with the fused Gated-DeltaNet kernel, ``decode_layer_fn``). Both are generators of typed events
 (:class:`SlotStarted`, :class:`SlotRound`, :class:`SlotFinished`, one final :class:`SlotsSummary`).
 
 Scheduling (continuous batching): requests wait in a queue; a free slot takes the next one, which
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from hf2q.errors import UsageError
+from hf2q.kernels.layers import decode_layer_fn
 from hf2q.runtime.cache import make_target_cache
 from hf2q.runtime.dflash import (
     PREFILL_STEP_SIZE,
@@ -538,6 +540,9 @@ def _dflash_slots(
                 a_l.append(a)
                 b_l.append(b)
             a_arr, bonus_arr = mx.stack(a_l), mx.stack(b_l)
+        # Queue the verify behind the draft before waiting for the draft (its kernels are
+        # encoded while the draft runs; see hf2q.runtime.dflash).
+        mx.async_eval(a_arr, bonus_arr)
         mx.eval(draft)
         t1 = time.perf_counter()
         mx.eval(a_arr, bonus_arr)
@@ -622,7 +627,7 @@ def slots_plain_generate(
     """Decode ``requests`` one token per row per step, up to ``slots`` rows; yield events.
 
     The same scheduling, prefill, caches and stop rules as :func:`slots_dflash_generate`, with
-    mlx-lm's own model call as the step. Like ``hf2q.runtime.dflash.plain_generate`` the next
+    the single-sequence plain step's computation (mlx-lm's model call, or ``decode_layer_fn``). Like ``hf2q.runtime.dflash.plain_generate`` the next
     step is queued with ``mx.async_eval`` before the current tokens are read; rows that finish
     meanwhile are overwritten (new request) or dropped (compaction) before their garbage is used.
     """
@@ -654,8 +659,13 @@ def _plain_slots(
     cur: mx.array | None = None
     fresh: set[int] = set()
 
+    layer_fn = decode_layer_fn()  # hf2q's compiled layers on CUDA, as single-sequence decoding
+
     def step(y: mx.array) -> mx.array:
-        logits = model(y[:, None], cache=tcache)[:, -1]  # (R, V)
+        if layer_fn is None:
+            logits = model(y[:, None], cache=tcache)[:, -1]  # (R, V)
+        else:
+            logits = target.forward(y[:, None], tcache, layer_fn=layer_fn)[0][:, -1]
         if sampling.greedy:
             return mx.argmax(logits, axis=-1).astype(mx.int32)
         picks = [

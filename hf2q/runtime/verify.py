@@ -25,17 +25,25 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.gated_delta import compute_g, normalize_qk
+from mlx_lm.models.qwen3_next import Qwen3NextAttention
 
 from hf2q.kernels import select
 from hf2q.kernels.cuda_gated_delta import gdn_fused_cuda
 from hf2q.kernels.gated_delta import gated_delta_steps
+from hf2q.kernels.gdn import empty_states
+from hf2q.kernels.layers import attention_runner, decode_layer_fn, gdn_layer_runner
 from hf2q.runtime.cache import GDNRollbackCache, TargetCache
 from hf2q.runtime.target import TargetModel
 
 
+def _fused(attn: nn.Module, mask: Any) -> bool:
+    """Whether :func:`_gdn_math` runs the fused CUDA kernel (its states come as one array)."""
+    return mask is None and select.gdn_impl(attn) == "cuda"
+
+
 def _gdn_math(
     attn: nn.Module, x: mx.array, conv_state: mx.array, state: mx.array, mask: Any
-) -> tuple[mx.array, mx.array, list[mx.array]]:
+) -> tuple[mx.array, mx.array, list[mx.array] | mx.array]:
     """mlx-lm's ``GatedDeltaNet.__call__`` math for an unsharded layer, without cache writes.
 
     Args:
@@ -43,16 +51,17 @@ def _gdn_math(
 
     Returns:
         ``(out, conv_input, states)``: out (B, S, H) before the residual add; conv_input
-        (B, K-1+S, C); the S per-step recurrent states.
+        (B, K-1+S, C); the S per-step recurrent states, as a list, or with the fused CUDA kernel
+        (:func:`_fused`) as one array (B, S, Hv, Dv, Dk).
     """
     B, S, _ = x.shape
     qkv = attn.in_proj_qkv(x)  # (B, S, 2*key_dim + value_dim)
     z = attn.in_proj_z(x).reshape(B, S, attn.num_v_heads, attn.head_v_dim)
     b = attn.in_proj_b(x)  # (B, S, Hv)
     a = attn.in_proj_a(x)  # (B, S, Hv)
-    if mask is None and select.gdn_impl(attn) == "cuda":
+    if _fused(attn, mask):
         # One CUDA kernel for conv + SiLU + q/k norm + gates + recurrence (hf2q.kernels), writing
-        # the state after every position into one buffer; the list holds views of it.
+        # the state after every position into one buffer (the record keeps it whole).
         y, buf = gdn_fused_cuda(
             conv_state,
             qkv,
@@ -69,7 +78,7 @@ def _gdn_math(
             record="states",
         )
         out = attn.out_proj(attn.norm(y, z).reshape(B, S, -1))
-        return out, mx.concatenate([conv_state, qkv], axis=1), [buf[:, t] for t in range(S)]
+        return out, mx.concatenate([conv_state, qkv], axis=1), buf
     if mask is not None:
         qkv = mx.where(mask[..., None], qkv, 0)
     conv_input = mx.concatenate([conv_state, qkv], axis=1)  # (B, K-1+S, C)
@@ -101,7 +110,7 @@ def _compiled_gdn(attn: nn.Module) -> Callable[..., Any]:
 
         def flat(x: mx.array, conv_state: mx.array, state: mx.array) -> tuple[mx.array, ...]:
             out, conv_input, states = _gdn_math(attn, x, conv_state, state, None)
-            return (out, conv_input, *states)
+            return (out, conv_input, *([states] if isinstance(states, mx.array) else states))
 
         entry = (weakref.ref(attn), mx.compile(flat))
         _compiled_layers[id(attn)] = entry
@@ -137,14 +146,44 @@ def gdn_verify(
         state = mx.zeros((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim), dtype=mx.float32)
     if compiled and mask is None and select.compile_enabled():
         res = _compiled_gdn(attn)(x, conv_state, state)
-        out, conv_input, states = res[0], res[1], list(res[2:])
+        out, conv_input = res[0], res[1]
+        states = res[2] if _fused(attn, None) else list(res[2:])
     else:
         out, conv_input, states = _gdn_math(attn, x, conv_state, state, mask)
-    cache[0] = mx.contiguous(conv_input[:, -K1:])
-    cache[1] = states[-1]
-    cache.advance(S)
     cache.set_record(conv_input, states)
+    cache[0] = mx.contiguous(conv_input[:, -K1:])
+    cache[1] = cache.record.after(S)
+    cache.advance(S)
     return out
+
+
+def _runner_verify(layer: nn.Module, h: mx.array, cache: GDNRollbackCache) -> mx.array:
+    """A Gated-DeltaNet decoder layer over a verify block through its compiled whole-layer runner
+    (:func:`hf2q.kernels.layers.gdn_layer_runner`, per-step states recorded), as plain decoding
+    runs the same layer with :func:`hf2q.kernels.layers.decode_layer_fn`."""
+    attn = layer.linear_attn
+    conv, state = cache[0], cache[1]
+    if conv is None or state is None:
+        conv, state = empty_states(attn, h.shape[0], h.dtype)
+    out, rec = gdn_layer_runner(layer, impl=select.gdn_impl(attn), record="states")(h, conv, state)
+    cache.set_record(rec.conv_input, rec.rec)  # rec.rec: (B, T, Hv, Dv, Dk)
+    cache[0] = mx.contiguous(rec.final_conv_state)
+    cache[1] = rec.final_state
+    cache.advance(h.shape[1])
+    return out
+
+
+def _runnable(layer: nn.Module, cache: Any) -> bool:
+    """Whether a layer can go through the compiled runners (unsharded, no padded lengths)."""
+    if getattr(layer, "is_linear", False):
+        return (
+            isinstance(cache, GDNRollbackCache)
+            and cache.lengths is None
+            and getattr(layer.linear_attn, "sharding_group", None) is None
+        )
+    return isinstance(getattr(layer, "self_attn", None), Qwen3NextAttention) and hasattr(
+        cache, "update_and_fetch"
+    )
 
 
 def verify_layer(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any) -> mx.array:
@@ -161,18 +200,50 @@ def verify_layer(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: An
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
+def runner_verify_layer(
+    index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any
+) -> mx.array:
+    """:func:`verify_layer` with the compiled whole-layer runners of ``hf2q.kernels.layers``.
+
+    Gated-DeltaNet layers (no padding mask) run :func:`_runner_verify`, full-attention layers
+    :func:`~hf2q.kernels.layers.attention_runner` (over any cache with mlx-lm's protocol, e.g.
+    the slot and bucketed caches); anything else falls back to :func:`verify_layer`. Same math,
+    fewer graph nodes and far less host work per layer, which is what bounds a small model's
+    round on a GPU.
+    """
+    if not _runnable(layer, cache):
+        return verify_layer(index, layer, h, mask, cache)
+    if getattr(layer, "is_linear", False):
+        if mask is not None:
+            return verify_layer(index, layer, h, mask, cache)
+        return _runner_verify(layer, h, cache)
+    return attention_runner(layer)(h, mask, cache)
+
+
+def use_runners() -> bool:
+    """Whether verify runs the compiled layer runners here: where plain decoding does (CUDA,
+    ``HF2Q_KERNELS`` not ``ops``, ``HF2Q_COMPILE`` on), so that both compute alike."""
+    return decode_layer_fn() is not None and select.compile_enabled()
+
+
 def verify_forward(
     target: TargetModel,
     tokens: mx.array,
     cache: TargetCache,
     *,
     capture: Sequence[int] = (),
+    runners: bool | None = None,
 ) -> tuple[mx.array, mx.array | None]:
     """Run the target over ``tokens`` (B, T) so that ``cache.rollback(n_keep)`` can follow.
+
+    Args:
+        runners: use :func:`runner_verify_layer` (True) or :func:`verify_layer` (False);
+            None: :func:`use_runners`.
 
     Returns:
         ``(logits, features)`` as :meth:`TargetModel.forward`: logits (B, T, vocab) and the
         captured layer outputs (B, T, len(capture)*H) or None.
     """
     cache.begin_verify(tokens.shape[1])
-    return target.forward(tokens, cache, capture=capture, layer_fn=verify_layer)
+    fn = runner_verify_layer if (use_runners() if runners is None else runners) else verify_layer
+    return target.forward(tokens, cache, capture=capture, layer_fn=fn)

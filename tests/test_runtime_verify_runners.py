@@ -1,0 +1,140 @@
+"""The verify forward through the compiled whole-layer runners computes what the layer-call path does.
+
+On CUDA the verify runs each Gated-DeltaNet decoder layer through one compiled runner (fused
+kernel, per-step states kept as one buffer) and each attention layer through the compiled
+attention runner, as plain decoding does there. Here (CPU) the same runners run with the ops
+recurrence: logits, captured features and the caches after a rollback (uniform and ragged, one
+sequence and slots) must equal the layer-call path's, and greedy DFlash with the runners must
+still equal plain greedy decoding.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import FIT_TEXTS
+
+import hf2q.runtime.verify as verify
+from hf2q.loading import load_model
+from hf2q.runtime.cache import GDNRollbackCache, make_target_cache
+from hf2q.runtime.dflash import dflash_generate, plain_generate, run
+from hf2q.runtime.drafter import load_drafter
+from hf2q.runtime.slot_cache import make_slot_target_cache
+from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
+from hf2q.runtime.target import TargetModel
+
+
+def _close(a: mx.array, b: mx.array, what: str) -> None:
+    np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-5, atol=1e-5, err_msg=what)
+
+
+def _flat(state) -> list:
+    if isinstance(state, (list, tuple)):
+        return [a for s in state for a in _flat(s)]
+    return [state]
+
+
+def _caches_close(a, b) -> None:
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        for s, t in zip(_flat(x.state), _flat(y.state), strict=True):
+            if s is None or t is None:
+                assert s is None and t is None, f"layer {i}"
+                continue
+            _close(s, t, f"layer {i}")
+
+
+@pytest.fixture
+def target(qwen35_dir):
+    lm = load_model(qwen35_dir)
+    return TargetModel(lm.model, lm.tokenizer)
+
+
+def test_runner_verify_equals_layer_calls_and_rolls_back_alike(target):
+    ids = mx.array([[(7 * i + 3) % 97 + 2 for i in range(30)]])
+    capture = [0, target.num_layers - 1]
+    caches = [make_target_cache(target), make_target_cache(target)]
+    for c in caches:
+        target.forward(ids[:, :9], c)
+    pos = 9
+    for T, keep in [(6, 2), (16, 16), (4, 1)]:
+        block = ids[:, pos : pos + T]
+        (l0, f0), (l1, f1) = (
+            verify.verify_forward(target, block, c, capture=capture, runners=r)
+            for c, r in zip(caches, (False, True))
+        )
+        _close(l1, l0, f"logits T={T}")
+        _close(f1, f0, f"features T={T}")
+        gdn = [c for c in caches[1] if isinstance(c, GDNRollbackCache)]
+        assert gdn and all(c.record.stacked for c in gdn)  # the runner keeps one buffer
+        for c in caches:
+            c.rollback(keep)
+        _caches_close(caches[1], caches[0])
+        pos += keep
+
+
+def test_runner_verify_on_ragged_slot_rows(target):
+    prompts = [[5, 9, 13], [21, 4, 8, 30, 2, 17, 6], [11, 12, 13, 14, 15]]
+    caches = [make_slot_target_cache(target, 3), make_slot_target_cache(target, 3)]
+    for r, p in enumerate(prompts):
+        one = make_target_cache(target)
+        target.forward(mx.array([p]), one)
+        for c in caches:
+            c.insert(r, one)
+    block = mx.array([[3, 4, 5, 6, 7], [8, 9, 10, 11, 12], [13, 14, 15, 16, 17]])
+    outs = [
+        verify.verify_forward(target, block, c, capture=[1], runners=r)
+        for c, r in zip(caches, (False, True))
+    ]
+    _close(outs[1][0], outs[0][0], "logits")
+    _close(outs[1][1], outs[0][1], "features")
+    for c in caches:
+        c.rollback([2, 5, 1])
+    _caches_close(caches[1], caches[0])
+    assert caches[1].lengths == caches[0].lengths == [5, 12, 6]
+
+
+@pytest.mark.parametrize("name", ["qwen35", "qwen35_causal"])
+def test_greedy_dflash_with_runners_equals_plain(name, fitted_pairs, monkeypatch):
+    monkeypatch.setattr(verify, "use_runners", lambda: True)  # the CUDA choice, here on ops
+    target_dir, draft_dir = fitted_pairs[name]
+    lm = load_model(target_dir)
+    target = TargetModel(lm.model, lm.tokenizer)
+    drafter = load_drafter(draft_dir).bind(target.embed, target.head)
+    eos = lm.tokenizer.eos_token_ids
+    prompts = [lm.tokenizer.encode(t)[:5] for t in FIT_TEXTS[:3]]
+    want = []
+    for i, prompt in enumerate(prompts):
+        n = 36 - 6 * i
+        plain = run(plain_generate(target, prompt, max_tokens=n, eos_token_ids=eos))
+        want.append(plain.tokens)
+        for B in (3, 16):
+            got = run(
+                dflash_generate(
+                    target, drafter, prompt, max_tokens=n, block_size=B, eos_token_ids=eos
+                )
+            )
+            assert got.tokens == plain.tokens, f"prompt {i} block {B}"
+    reqs = [Request(p, max_tokens=36 - 6 * i) for i, p in enumerate(prompts)]
+    batched = run_slots(slots_dflash_generate(target, drafter, reqs, slots=2, eos_token_ids=eos))
+    assert [s.tokens for s in batched.requests] == want
+
+
+def test_batched_plain_with_runners_equals_single_plain(fitted_pairs, monkeypatch):
+    # On CUDA batched plain decoding steps through hf2q's compiled layers (decode_layer_fn), with
+    # the slot caches' ragged rows; here the same layer function runs on ops.
+    import hf2q.runtime.slots as slots
+    from hf2q.kernels.layers import fast_layer_fn
+    from hf2q.runtime.slots import slots_plain_generate
+
+    monkeypatch.setattr(slots, "decode_layer_fn", lambda: fast_layer_fn())
+    target_dir, _ = fitted_pairs["qwen35"]
+    lm = load_model(target_dir)
+    target = TargetModel(lm.model, lm.tokenizer)
+    prompts = [lm.tokenizer.encode(t)[: 3 + 2 * i] for i, t in enumerate(FIT_TEXTS[:4])]
+    want = [
+        run(plain_generate(target, p, max_tokens=20 + 3 * i)).tokens for i, p in enumerate(prompts)
+    ]
+    reqs = [Request(p, max_tokens=20 + 3 * i) for i, p in enumerate(prompts)]
+    got = run_slots(slots_plain_generate(target, reqs, slots=3))
+    assert [s.tokens for s in got.requests] == want
