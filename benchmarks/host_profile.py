@@ -1,0 +1,107 @@
+"""Where the host's time goes in hf2q's decoding loops (cProfile of a steady-state run).
+
+Why: on a GPU a small model's decoding is bound by the host (building the graph, encoding
+kernels, Python bookkeeping), so the profile of the host thread says what to cut. MLX's own
+functions are not Python functions: their time (graph building, and in ``mx.eval`` /
+``mx.async_eval`` the encoding of kernels and any wait for the device) counts in the *tottime*
+of the Python function that calls them.
+
+Usage (the embedded demo pair; a warm-up run first, then the profiled run):
+    python benchmarks/host_profile.py --loops dflash,plain,slots-dflash,slots-plain --slots 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hf2q.runtime.bench import BenchConfig, make_prompts  # noqa: E402
+from hf2q.runtime.dflash import dflash_generate, plain_generate, run  # noqa: E402
+from hf2q.runtime.pair import apply_dtype, load_pair  # noqa: E402
+from hf2q.runtime.slots import (  # noqa: E402
+    Request,
+    run_slots,
+    slots_dflash_generate,
+    slots_plain_generate,
+)
+
+LOOPS = ("dflash", "plain", "slots-dflash", "slots-plain")
+
+
+def _once(loop: str, pair, prompts: list[list[int]], slots: int, tokens: int):
+    if loop == "dflash":
+        return run(dflash_generate(pair.target, pair.drafter, prompts[0], max_tokens=tokens))
+    if loop == "plain":
+        return run(plain_generate(pair.target, prompts[0], max_tokens=tokens))
+    reqs = [Request(p, max_tokens=tokens) for p in prompts]
+    if loop == "slots-dflash":
+        return run_slots(slots_dflash_generate(pair.target, pair.drafter, reqs, slots=slots))
+    return run_slots(slots_plain_generate(pair.target, reqs, slots=slots))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-m", "--model", default=None)
+    ap.add_argument("-d", "--draft", default=None)
+    ap.add_argument("--loops", default="dflash,plain")
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--out", default=None, help="write a JSON summary here too")
+    args = ap.parse_args()
+
+    pair = load_pair(args.model, args.draft)
+    apply_dtype(pair.target, pair.drafter, args.dtype)
+    prompts = make_prompts(BenchConfig(), args.slots, tokenizer=pair.tokenizer)
+    summary = {}
+    for loop in args.loops.split(","):
+        if loop not in LOOPS:
+            raise SystemExit(f"unknown loop {loop!r}: choose from {', '.join(LOOPS)}")
+        _once(loop, pair, prompts, args.slots, args.tokens)  # warm-up (kernel compilation)
+        prof = cProfile.Profile()
+        tic = time.perf_counter()
+        prof.enable()
+        s = _once(loop, pair, prompts, args.slots, args.tokens)
+        prof.disable()
+        wall = time.perf_counter() - tic
+        steps = s.rounds or max(len(getattr(s, "round_times", []) or []), s.generation_tokens - 1)
+        buf = io.StringIO()
+        st = pstats.Stats(prof, stream=buf)
+        st.sort_stats("tottime").print_stats(args.top)
+        print(
+            f"== {loop}: {steps} steps, wall {wall:.3f} s (profiled), {wall / steps * 1e3:.3f} ms/step"
+        )
+        print("\n".join(buf.getvalue().splitlines()[6 : 8 + args.top]))
+        rows = []
+        for (file, line, fn), (_, ncalls, tt, ct, _) in st.stats.items():  # type: ignore[attr-defined]
+            rows.append((tt, ct, ncalls, f"{Path(file).name}:{line}({fn})"))
+        rows.sort(reverse=True)
+        summary[loop] = {
+            "steps": steps,
+            "wall_s": round(wall, 4),
+            "top": [
+                {
+                    "fn": f,
+                    "calls": n,
+                    "tottime_ms_per_step": round(tt / steps * 1e3, 4),
+                    "cumtime_ms_per_step": round(ct / steps * 1e3, 4),
+                }
+                for tt, ct, n, f in rows[: args.top]
+            ],
+        }
+    text = json.dumps(summary)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
