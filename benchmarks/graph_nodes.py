@@ -51,6 +51,8 @@ class _Counter:
         fd, self._dot = tempfile.mkstemp(suffix=".dot")
         os.close(fd)
         self.on = False
+        self.timing = False  # time each evaluation instead of counting its nodes
+        self.seconds: collections.Counter[str] = collections.Counter()
         self.calls: collections.Counter[str] = collections.Counter()
         self.nodes: collections.Counter[str] = collections.Counter()
         self.ops: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
@@ -58,11 +60,16 @@ class _Counter:
     def __getattr__(self, name: str) -> Any:
         return getattr(mx, name)
 
+    @staticmethod
+    def _site() -> str:
+        frame = traceback.extract_stack(limit=4)[0]
+        line = linecache.getline(frame.filename, frame.lineno).strip()
+        return f"{Path(frame.filename).name}:{frame.lineno} {line}"
+
     def _count(self, args: tuple[Any, ...]) -> None:
-        if not self.on:
+        if not self.on or self.timing:
             return
-        frame = traceback.extract_stack(limit=3)[0]
-        site = f"{Path(frame.filename).name}:{frame.lineno} {linecache.getline(frame.filename, frame.lineno).strip()}"
+        site = self._site()
         arrays: list[mx.array] = []
 
         def walk(a: Any) -> None:
@@ -83,13 +90,23 @@ class _Counter:
             self.nodes[site] += len(labels)
             self.ops[site].update(labels)
 
+    def _timed(self, fn: Any, args: tuple[Any, ...]) -> None:
+        if not (self.on and self.timing):
+            fn(*args)
+            return
+        site = self._site()
+        tic = time.perf_counter()
+        fn(*args)
+        self.seconds[site] += time.perf_counter() - tic
+        self.calls[site] += 1
+
     def eval(self, *args: Any) -> None:
         self._count(args)
-        mx.eval(*args)
+        self._timed(mx.eval, args)
 
     def async_eval(self, *args: Any) -> None:
         self._count(args)
-        mx.async_eval(*args)
+        self._timed(mx.async_eval, args)
 
 
 def _run(mode: str, pair: Any, prompts: list[list[int]], slots: int, tokens: int) -> Any:
@@ -116,6 +133,12 @@ def main() -> None:
     ap.add_argument("--gen-tokens", type=int, default=32)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--top", type=int, default=12, help="operations listed per call site")
+    ap.add_argument(
+        "--time",
+        action="store_true",
+        help="also run once more timing each evaluation call (eval: encoding + waiting for the "
+        "device; async_eval: encoding only), without counting",
+    )
     ap.add_argument("--out", default=None, help="write the JSON here too")
     args = ap.parse_args()
 
@@ -165,6 +188,22 @@ def main() -> None:
         for x in sites:
             print(f"  {x['calls']:4d} x {x['nodes_per_call']:7.1f}  {x['site'][:90]}")
             print("        " + ", ".join(f"{k} {v}" for k, v in x["top_ops"]))
+        if args.time:
+            counter.calls.clear(), counter.seconds.clear()
+            counter.on = counter.timing = True
+            tic = time.perf_counter()
+            _run(mode, pair, prompts, args.slots, args.gen_tokens)
+            wall = time.perf_counter() - tic
+            counter.on = counter.timing = False
+            timed = [
+                {"site": k, "calls": n, "ms_per_call": round(counter.seconds[k] / n * 1e3, 4)}
+                for k, n in counter.calls.most_common()
+            ]
+            report["modes"][mode]["timed_wall_s"] = round(wall, 4)
+            report["modes"][mode]["eval_ms"] = timed
+            print(f"  timed run: {wall / steps * 1e3:.3f} ms per step (wall incl. prefill)")
+            for x in timed:
+                print(f"  {x['calls']:4d} x {x['ms_per_call']:8.4f} ms  {x['site'][:90]}")
     text = json.dumps(report)
     if args.out:
         Path(args.out).write_text(text + "\n")
