@@ -15,6 +15,7 @@ import pytest
 from mlx_lm.models.gated_delta import gated_delta_ops
 
 from hf2q.kernels.gated_delta import gated_delta_steps, gated_delta_steps_reference
+from hf2q.kernels.select import recurrence_impl
 from hf2q.loading import load_model
 from hf2q.runtime.cache import GDNRollbackCache, TargetCache, make_target_cache
 from hf2q.runtime.target import TargetModel
@@ -46,20 +47,30 @@ def _inputs(B, T, Hk, Hv, Dk, Dv, seed=0):
 
 @pytest.mark.parametrize("shape", [(1, 16, 2, 4, 16, 8), (2, 5, 4, 4, 32, 16), (1, 1, 1, 2, 8, 8)])
 def test_recurrence_with_states_is_bit_identical_to_mlx_lm_ops(shape):
+    # Bit-identical where the ops run; on CUDA gated_delta_steps dispatches to hf2q's kernel,
+    # whose float32 contract is a relative error of at most 1e-5 (tests/test_kernels_*.py).
     q, k, v, g, beta, state = _inputs(*shape)
     y_ref, s_ref = gated_delta_ops(q, k, v, g, beta, state)
+    kernel = recurrence_impl(q, v, state) == "cuda"
+
+    def same(a: mx.array, b: mx.array, exact: bool) -> bool:
+        if exact:
+            return mx.array_equal(a, b).item()
+        return (mx.linalg.norm(a - b) / mx.linalg.norm(b)).item() <= 1e-5
+
     for fn in (gated_delta_steps_reference, gated_delta_steps):
+        exact = fn is gated_delta_steps_reference or not kernel
         y, states = fn(q, k, v, g, beta, state)
         assert len(states) == shape[1]
         assert all(s.shape == (shape[0], shape[3], shape[5], shape[4]) for s in states)
         assert all(s.dtype == mx.float32 for s in states)
-        assert mx.array_equal(y, y_ref) and mx.array_equal(states[-1], s_ref)
+        assert same(y, y_ref, exact) and same(states[-1], s_ref, exact)
     # Every intermediate state is the state after that many steps.
     for t in range(shape[1]):
         _, s_t = gated_delta_ops(
             q[:, : t + 1], k[:, : t + 1], v[:, : t + 1], g[:, : t + 1], beta[:, : t + 1], state
         )
-        assert mx.array_equal(states[t], s_t)
+        assert same(states[t], s_t, not kernel)
 
 
 def test_masked_steps_carry_the_state_over_like_mlx_lm():
