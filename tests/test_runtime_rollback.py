@@ -15,11 +15,35 @@ import pytest
 from mlx_lm.models.gated_delta import gated_delta_ops
 
 from hf2q.kernels.gated_delta import gated_delta_steps, gated_delta_steps_reference
-from hf2q.kernels.select import recurrence_impl
+from hf2q.kernels.select import backend, recurrence_impl
 from hf2q.loading import load_model
 from hf2q.runtime.cache import GDNRollbackCache, TargetCache, make_target_cache
 from hf2q.runtime.target import TargetModel
 from hf2q.runtime.verify import verify_forward, verify_layer
+
+#: On the CPU these paths agree bit for bit (or to 1e-6); on a GPU the verify, the fused kernels
+#: and plain forwards of other lengths run different kernels, whose float32 results agree to a
+#: relative error of 1e-5 (the kernels' contract, tests/test_kernels_*.py).
+ON_CPU = backend() == "cpu"
+
+
+def _assert_close(a, b, msg: str = "") -> None:
+    a, b = np.array(a), np.array(b)
+    if ON_CPU:
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, err_msg=msg)
+        return
+    assert a.shape == b.shape, msg
+    err = float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), 1e-30))
+    assert err <= 1e-5, f"{msg}: relative error {err:.2e}"
+
+
+def _assert_same(a: mx.array, b: mx.array) -> None:
+    """Bit-identical on the CPU; within the kernels' contract elsewhere."""
+    if ON_CPU:
+        assert mx.array_equal(a, b).item()
+    else:
+        _assert_close(a, b)
+
 
 TEXT = "def add(a, b):\n    return a + b\nclass Counter:\n    def __init__(self):"
 TARGETS = ["qwen35_dir", "qwen35_causal_dir", "qwen35_moe_dir", "qwen3_dir"]
@@ -51,10 +75,11 @@ def test_recurrence_with_states_is_bit_identical_to_mlx_lm_ops(shape):
     # whose float32 contract is a relative error of at most 1e-5 (tests/test_kernels_*.py).
     q, k, v, g, beta, state = _inputs(*shape)
     y_ref, s_ref = gated_delta_ops(q, k, v, g, beta, state)
+    # (On a GPU even the compiled ops round differently from mlx-lm's uncompiled ones.)
     kernel = recurrence_impl(q, v, state) == "cuda"
 
     def same(a: mx.array, b: mx.array, exact: bool) -> bool:
-        if exact:
+        if exact and ON_CPU:
             return mx.array_equal(a, b).item()
         return (mx.linalg.norm(a - b) / mx.linalg.norm(b)).item() <= 1e-5
 
@@ -99,9 +124,9 @@ def test_verify_layer_equals_mlx_lm_layer_call_on_same_input_and_state(name, req
         theirs.cache = list(ref[i].cache)
         out = verify_layer(i, layer, h, ssm_mask, mine)
         want = layer(h, mask=ssm_mask, cache=theirs)
-        np.testing.assert_allclose(np.array(out), np.array(want), rtol=0, atol=1e-6)
+        _assert_close(out, want)
         for a, b in zip(mine.cache, theirs.cache):
-            np.testing.assert_allclose(np.array(a), np.array(b), rtol=0, atol=1e-6)
+            _assert_close(a, b)
         assert mine.record is not None and mine.record.length == 7
         checked += 1
     assert checked == 3
@@ -117,17 +142,12 @@ def test_verify_logits_and_features_equal_a_plain_forward(name, request):
     target.forward(mx.array([ids[:P]]), c2)
     l1, f1 = verify_forward(target, mx.array([ids[P : P + 16]]), c1, capture=ids_cap)
     l2, f2 = target.forward(mx.array([ids[P : P + 16]]), c2, capture=ids_cap)
-    np.testing.assert_allclose(np.array(l1), np.array(l2), rtol=0, atol=1e-6)
-    np.testing.assert_allclose(np.array(f1), np.array(f2), rtol=0, atol=1e-6)
+    _assert_close(l1, l2)
+    _assert_close(f1, f2)
     # mlx-lm's own model call on the same tokens gives the same logits too.
     c3 = target.make_cache()
     target.model(mx.array([ids[:P]]), cache=c3)
-    np.testing.assert_allclose(
-        np.array(target.model(mx.array([ids[P : P + 16]]), cache=c3)),
-        np.array(l1),
-        rtol=0,
-        atol=1e-6,
-    )
+    _assert_close(target.model(mx.array([ids[P : P + 16]]), cache=c3), l1)
 
 
 def _assert_caches_equal(got: TargetCache, want: list) -> None:
@@ -141,9 +161,7 @@ def _assert_caches_equal(got: TargetCache, want: list) -> None:
             pairs = list(zip(a.cache, b.cache, strict=True))
         for x, y in pairs:
             assert x.shape == y.shape and x.dtype == y.dtype, f"layer {i}"
-            np.testing.assert_allclose(
-                np.array(x), np.array(y), rtol=0, atol=1e-6, err_msg=f"layer {i}"
-            )
+            _assert_close(x, y, f"layer {i}")
 
 
 @pytest.mark.parametrize("name", TARGETS)
@@ -163,12 +181,7 @@ def test_rollback_after_any_accepted_count_equals_a_fresh_run(name, request):
         _assert_caches_equal(cache, fresh)
         # And decoding continues identically from the restored caches.
         nxt = mx.array([[ids[P + n_keep]]])
-        np.testing.assert_allclose(
-            np.array(target.model(nxt, cache=cache)),
-            np.array(target.model(nxt, cache=fresh)),
-            rtol=0,
-            atol=1e-6,
-        )
+        _assert_close(target.model(nxt, cache=cache), target.model(nxt, cache=fresh))
 
 
 def test_repeated_verify_and_rollback_rounds_stay_exact(request):
@@ -197,8 +210,8 @@ def test_batched_rows_roll_back_to_their_own_counts(request):
     rec = cache.record
     cache.rollback([2, 5])
     K1 = attn.conv_kernel_size - 1
-    assert mx.array_equal(cache[1][0], rec.states[1][0])
-    assert mx.array_equal(cache[1][1], rec.states[4][1])
+    assert mx.array_equal(cache[1][0], rec.after(2)[0])
+    assert mx.array_equal(cache[1][1], rec.after(5)[1])
     assert mx.array_equal(cache[0][0], rec.conv_input[0, 2 : 2 + K1])
     assert mx.array_equal(cache[0][1], rec.conv_input[1, 5 : 5 + K1])
 
@@ -214,9 +227,12 @@ def test_stacked_record_rolls_back_like_the_list_record(request):
     for keep in ([2, 5, 6], [4, 4, 4], 3, 6):
         listed = GDNRollbackCache()
         gdn_verify(attn, x, None, listed)
+        rec = listed.record  # a list on the CPU, one buffer from the fused CUDA kernel
+        steps = [rec.after(t + 1) for t in range(rec.length)]
+        listed.set_record(rec.conv_input, steps)
         stacked = GDNRollbackCache()
         stacked[0], stacked[1] = listed[0], listed[1]  # what the verify left: the state after T
-        stacked.set_record(listed.record.conv_input, mx.stack(listed.record.states, axis=1))
+        stacked.set_record(rec.conv_input, mx.stack(steps, axis=1))
         assert stacked.record.length == listed.record.length == 6
         assert mx.array_equal(stacked.record.after(6), listed[1])
         listed.rollback(keep)
@@ -253,6 +269,7 @@ def test_compiled_verify_layer_equals_the_eager_one_bit_for_bit(request):
         a.cache, b.cache = list(ref[i].cache), list(ref[i].cache)
         out_c = gdn_verify(attn, x, None, a, compiled=True)
         out_e = gdn_verify(attn, x, None, b, compiled=False)
-        assert mx.array_equal(out_c, out_e)
-        assert all(mx.array_equal(s, t) for s, t in zip(a.record.states, b.record.states))
-        assert mx.array_equal(a.record.conv_input, b.record.conv_input)
+        _assert_same(out_c, out_e)
+        for t in range(a.record.length):
+            _assert_same(a.record.after(t + 1), b.record.after(t + 1))
+        _assert_same(a.record.conv_input, b.record.conv_input)
