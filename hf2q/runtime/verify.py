@@ -1,7 +1,9 @@
 """The verify forward: one target pass over ``[last, d_1 .. d_{B-1}]`` that records what rollback needs.
 
 What it does: :func:`verify_forward` runs the target through ``TargetModel.forward`` with
-:func:`verify_layer` as the layer function. Full-attention (and plain Qwen3) layers run their own
+:func:`verify_layer` as the layer function, or on CUDA (where plain decoding runs hf2q's compiled
+layers) :func:`runner_verify_layer`, the same computation through the compiled whole-layer runners
+of :mod:`hf2q.kernels.layers` with fewer graph nodes. Full-attention (and plain Qwen3) layers run their own
 mlx-lm ``__call__`` unchanged (their KV cache is trimmed on rollback). Gated-DeltaNet layers are
 computed from *that instance's* mlx-lm submodules (projections, conv1d, gated norm, MLP) and
 mlx-lm's public helpers (``normalize_qk``, ``compute_g``), with the recurrence from
@@ -214,7 +216,8 @@ def runner_verify_layer(
     if not _runnable(layer, cache):
         return verify_layer(index, layer, h, mask, cache)
     if getattr(layer, "is_linear", False):
-        if mask is not None:
+        if mask is not None or select.gdn_impl(layer.linear_attn) == "mlx":
+            # Padding masks, and Apple GPUs' mlx-lm kernel (final state only), keep the layer call.
             return verify_layer(index, layer, h, mask, cache)
         return _runner_verify(layer, h, cache)
     return attention_runner(layer)(h, mask, cache)
