@@ -7,8 +7,9 @@ row accepts its own count ``a_i``, so the rollback is ragged: attention KV per r
 state per row (:class:`~hf2q.runtime.cache.GDNRollbackCache` restores row i after ``a_i + 1``
 positions). :func:`slots_plain_generate` is the baseline: N rows, one token each per step, on the
 same caches, computed as single-sequence plain decoding is (mlx-lm's own model call; on CUDA
-hf2q's compiled layers with the fused Gated-DeltaNet kernel, ``decode_layer_fn``). Both are generators of typed events
-(:class:`SlotStarted`, :class:`SlotRound`, :class:`SlotFinished`, one final :class:`SlotsSummary`).
+hf2q's compiled layers with the fused Gated-DeltaNet kernel, ``decode_layer_fn``). Both are
+generators of typed events (:class:`SlotStarted`, :class:`SlotRound`, :class:`SlotFinished`, one
+final :class:`SlotsSummary`).
 
 Scheduling (continuous batching): requests wait in a queue; a free slot takes the next one, which
 is prefilled alone (``hf2q.runtime.dflash.prefill``, exactly as a single-sequence run) and copied
@@ -627,9 +628,10 @@ def slots_plain_generate(
     """Decode ``requests`` one token per row per step, up to ``slots`` rows; yield events.
 
     The same scheduling, prefill, caches and stop rules as :func:`slots_dflash_generate`, with
-    the single-sequence plain step's computation (mlx-lm's model call, or ``decode_layer_fn``). Like ``hf2q.runtime.dflash.plain_generate`` the next
-    step is queued with ``mx.async_eval`` before the current tokens are read; rows that finish
-    meanwhile are overwritten (new request) or dropped (compaction) before their garbage is used.
+    the single-sequence plain step's computation (mlx-lm's model call, or ``decode_layer_fn``).
+    Like ``hf2q.runtime.dflash.plain_generate`` the next step is queued with ``mx.async_eval``
+    before the current tokens are read; rows that finish meanwhile are overwritten (new request)
+    or dropped (compaction) before their garbage is used.
     """
     sampling = sampling or SamplingParams()
     reqs = _check(list(requests), slots, sampling, idle)

@@ -1,21 +1,23 @@
 """The verify forward: one target pass over ``[last, d_1 .. d_{B-1}]`` that records what rollback needs.
 
 What it does: :func:`verify_forward` runs the target through ``TargetModel.forward`` with
-:func:`verify_layer` as the layer function, or on CUDA (where plain decoding runs hf2q's compiled
-layers) :func:`runner_verify_layer`, the same computation through the compiled whole-layer runners
-of :mod:`hf2q.kernels.layers` with fewer graph nodes. Full-attention (and plain Qwen3) layers run their own
+:func:`verify_layer` as the layer function. Full-attention (and plain Qwen3) layers run their own
 mlx-lm ``__call__`` unchanged (their KV cache is trimmed on rollback). Gated-DeltaNet layers are
 computed from *that instance's* mlx-lm submodules (projections, conv1d, gated norm, MLP) and
 mlx-lm's public helpers (``normalize_qk``, ``compute_g``), with the recurrence from
 :func:`hf2q.kernels.gated_delta.gated_delta_steps`, which also returns the state after every step;
-the layer stores the conv input window and those states in its :class:`GDNRollbackCache`.
+the layer stores the conv input window and those states in its :class:`GDNRollbackCache`. On
+CUDA, where plain decoding runs hf2q's compiled layers, the verify runs
+:func:`runner_verify_layer` instead: the same computation through the compiled whole-layer
+runners of :mod:`hf2q.kernels.layers` (fewer graph nodes, less host work per layer).
 
 What it does not do: patch any mlx-lm class, decide acceptance, or roll back (see
 ``hf2q.runtime.cache``). Tensor parallel (sharded) Gated-DeltaNet layers are not supported here.
 
 Numerics: per layer the output equals mlx-lm's own ``DecoderLayer.__call__`` on the same input
-and cache (the recurrence is bit-identical to mlx-lm's ops path; tested), so verify logits equal a
-plain forward over the same tokens.
+and cache (on the CPU the recurrence is bit-identical to mlx-lm's ops path; on a GPU the kernels
+agree to a float32 relative error of 1e-5; tested), so verify logits equal a plain forward over
+the same tokens.
 """
 
 from __future__ import annotations
