@@ -148,3 +148,27 @@ def fitted_pairs(
             ),
         ),
     }
+
+
+def assert_greedy_dflash_equals_plain(
+    target, drafter, prompts, max_tokens, *, blocks, slots, eos=()
+) -> None:
+    """Greedy DFlash of every prompt (each block size in ``blocks``), then all prompts batched on
+    ``slots`` slots, give exactly plain greedy decoding's tokens; ``max_tokens[i]`` per prompt."""
+    from hf2q.runtime.dflash import dflash_generate, plain_generate, run
+    from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
+
+    want = []
+    for i, (prompt, n) in enumerate(zip(prompts, max_tokens, strict=True)):
+        plain = run(plain_generate(target, prompt, max_tokens=n, eos_token_ids=eos))
+        want.append(plain.tokens)
+        for B in blocks:
+            events = dflash_generate(
+                target, drafter, prompt, max_tokens=n, block_size=B, eos_token_ids=eos
+            )
+            assert run(events).tokens == plain.tokens, f"prompt {i} block {B}"
+    reqs = [Request(p, max_tokens=n) for p, n in zip(prompts, max_tokens, strict=True)]
+    batched = run_slots(
+        slots_dflash_generate(target, drafter, reqs, slots=slots, eos_token_ids=eos)
+    )
+    assert [s.tokens for s in batched.requests] == want

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from conftest import FIT_TEXTS
+from conftest import FIT_TEXTS, assert_greedy_dflash_equals_plain
 from mlx_lm.models.cache import KVCache
 
 from hf2q.errors import UsageError
 from hf2q.kernels import select
 from hf2q.loading import load_model
 from hf2q.runtime.cache import BucketedKVCache, make_target_cache
-from hf2q.runtime.dflash import dflash_generate, plain_generate, run
 from hf2q.runtime.drafter import load_drafter
 from hf2q.runtime.slot_cache import SlotKVCache, make_slot_target_cache
-from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
 from hf2q.runtime.target import TargetModel
 
 
@@ -122,20 +120,15 @@ def test_greedy_dflash_with_padded_keys_equals_plain(name, fitted_pairs, bucket1
     drafter = load_drafter(draft_dir).bind(target.embed, target.head)
     assert any(isinstance(c, BucketedKVCache) for c in make_target_cache(target))
     assert all(c.bucket == 16 for c in make_slot_target_cache(target, 2) if hasattr(c, "bucket"))
-    eos = lm.tokenizer.eos_token_ids
     prompts = [lm.tokenizer.encode(t)[:4] for t in FIT_TEXTS[:3]] + [
         lm.tokenizer.encode(FIT_TEXTS[0] + " " + FIT_TEXTS[3])
     ]
-    want = []
-    for i, prompt in enumerate(prompts):
-        n = 40 - 5 * i
-        plain = run(plain_generate(target, prompt, max_tokens=n, eos_token_ids=eos))
-        want.append(plain.tokens)
-        for B in (4, 16):
-            events = dflash_generate(
-                target, drafter, prompt, max_tokens=n, block_size=B, eos_token_ids=eos
-            )
-            assert run(events).tokens == plain.tokens, f"prompt {i} block {B}"
-    reqs = [Request(p, max_tokens=40 - 5 * i) for i, p in enumerate(prompts)]
-    batched = run_slots(slots_dflash_generate(target, drafter, reqs, slots=3, eos_token_ids=eos))
-    assert [s.tokens for s in batched.requests] == want
+    assert_greedy_dflash_equals_plain(
+        target,
+        drafter,
+        prompts,
+        [40 - 5 * i for i in range(len(prompts))],
+        blocks=(4, 16),
+        slots=3,
+        eos=lm.tokenizer.eos_token_ids,
+    )

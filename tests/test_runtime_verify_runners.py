@@ -13,15 +13,15 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import FIT_TEXTS
+from conftest import FIT_TEXTS, assert_greedy_dflash_equals_plain
 
 import hf2q.runtime.verify as verify
 from hf2q.loading import load_model
 from hf2q.runtime.cache import GDNRollbackCache, make_target_cache
-from hf2q.runtime.dflash import dflash_generate, plain_generate, run
+from hf2q.runtime.dflash import plain_generate, run
 from hf2q.runtime.drafter import load_drafter
 from hf2q.runtime.slot_cache import make_slot_target_cache
-from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
+from hf2q.runtime.slots import Request, run_slots
 from hf2q.runtime.target import TargetModel
 
 
@@ -101,23 +101,16 @@ def test_greedy_dflash_with_runners_equals_plain(name, fitted_pairs, monkeypatch
     lm = load_model(target_dir)
     target = TargetModel(lm.model, lm.tokenizer)
     drafter = load_drafter(draft_dir).bind(target.embed, target.head)
-    eos = lm.tokenizer.eos_token_ids
     prompts = [lm.tokenizer.encode(t)[:5] for t in FIT_TEXTS[:3]]
-    want = []
-    for i, prompt in enumerate(prompts):
-        n = 36 - 6 * i
-        plain = run(plain_generate(target, prompt, max_tokens=n, eos_token_ids=eos))
-        want.append(plain.tokens)
-        for B in (3, 16):
-            got = run(
-                dflash_generate(
-                    target, drafter, prompt, max_tokens=n, block_size=B, eos_token_ids=eos
-                )
-            )
-            assert got.tokens == plain.tokens, f"prompt {i} block {B}"
-    reqs = [Request(p, max_tokens=36 - 6 * i) for i, p in enumerate(prompts)]
-    batched = run_slots(slots_dflash_generate(target, drafter, reqs, slots=2, eos_token_ids=eos))
-    assert [s.tokens for s in batched.requests] == want
+    assert_greedy_dflash_equals_plain(
+        target,
+        drafter,
+        prompts,
+        [36 - 6 * i for i in range(len(prompts))],
+        blocks=(3, 16),
+        slots=2,
+        eos=lm.tokenizer.eos_token_ids,
+    )
 
 
 def test_batched_plain_with_runners_equals_single_plain(fitted_pairs, monkeypatch):
