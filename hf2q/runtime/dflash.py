@@ -293,9 +293,6 @@ def _dflash(
             a_arr, bonus_arr = accept_greedy(draft, mx.argmax(vlogits[0], axis=-1).astype(mx.int32))
         else:
             a_arr, bonus_arr = accept_rejection(draft, q, probs(vlogits[0], sampling), keys.next())
-        # Queue the verify behind the draft before waiting for the draft: on a GPU, encoding its
-        # kernels (host work) then overlaps the draft's execution instead of following it.
-        mx.async_eval(a_arr, bonus_arr)
         mx.eval(draft)
         t1 = time.perf_counter()
         mx.eval(a_arr, bonus_arr)

@@ -541,9 +541,6 @@ def _dflash_slots(
                 a_l.append(a)
                 b_l.append(b)
             a_arr, bonus_arr = mx.stack(a_l), mx.stack(b_l)
-        # Queue the verify behind the draft before waiting for the draft (its kernels are
-        # encoded while the draft runs; see hf2q.runtime.dflash).
-        mx.async_eval(a_arr, bonus_arr)
         mx.eval(draft)
         t1 = time.perf_counter()
         mx.eval(a_arr, bonus_arr)
