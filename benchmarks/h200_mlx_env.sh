@@ -3,8 +3,9 @@
 # demo pair's plain steps and DFlash rounds? step_trace.py (plain + DFlash, 3 runs, the last is the
 # steady state) under each setting of MLX's own knobs: the default (CUDA graphs of at most 100
 # kernels on an H200), MLX_USE_CUDA_GRAPHS=0 (kernels launched on the stream one by one), and
-# MLX_MAX_OPS_PER_BUFFER=20 / 400 (smaller / larger graphs). Then, when $BENCH is set, the 8-slot
-# bench with a queue (--requests-per-slot 4) under the settings in $BENCH (e.g. "default nographs").
+# MLX_MAX_OPS_PER_BUFFER=20 / 400 (smaller / larger graphs); $TRACES picks the settings (default
+# "default nographs ops20 ops400"; also "fuseproj": HF2Q_FUSE_PROJ=1). Then, when $BENCH is set,
+# the 8-slot bench with a queue (--requests-per-slot 4) under those settings (e.g. "default fuseproj").
 set -uo pipefail
 : "${OUT:?set OUT}"
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MLX_ENABLE_TF32=0
@@ -21,13 +22,16 @@ for r in json.load(open(sys.argv[1]))["rows"]:
         print(r["mode"], r["run"], "tok/s", r["tok_s"], "median ms", r["median_ms"], "tau", r.get("tau"))
 PY
 }
-run_env default MLX_DUMMY=1
-run_env nographs MLX_USE_CUDA_GRAPHS=0
-run_env ops20 MLX_MAX_OPS_PER_BUFFER=20
-run_env ops400 MLX_MAX_OPS_PER_BUFFER=400
+setting() {  # name -> the env assignment it stands for
+  case $1 in nographs) echo MLX_USE_CUDA_GRAPHS=0 ;; ops20) echo MLX_MAX_OPS_PER_BUFFER=20 ;;
+    ops400) echo MLX_MAX_OPS_PER_BUFFER=400 ;; fuseproj) echo HF2Q_FUSE_PROJ=1 ;;
+    *) echo MLX_DUMMY=1 ;; esac
+}
+for name in ${TRACES:-default nographs ops20 ops400}; do
+  run_env "$name" "$(setting "$name")"
+done
 for name in ${BENCH:-}; do
-  case $name in nographs) e=MLX_USE_CUDA_GRAPHS=0 ;; ops20) e=MLX_MAX_OPS_PER_BUFFER=20 ;;
-    ops400) e=MLX_MAX_OPS_PER_BUFFER=400 ;; *) e=MLX_DUMMY=1 ;; esac
+  e=$(setting "$name")
   env $e timeout 150 python3 -m hf2q bench --slots 8 --requests-per-slot 4 --gen-tokens 128 --trials 2 \
     --warmup 1 --json --out "$OUT/bench8_rps4_$name.json" > "$OUT/bench8_rps4_$name.log" 2>&1
   echo "== bench $name exit $? [$(( $(date +%s) - S ))s]"

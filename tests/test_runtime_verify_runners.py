@@ -16,6 +16,8 @@ import pytest
 from conftest import FIT_TEXTS, assert_greedy_dflash_equals_plain
 
 import hf2q.runtime.verify as verify
+from hf2q.errors import UsageError
+from hf2q.kernels import select
 from hf2q.loading import load_model
 from hf2q.runtime.cache import GDNRollbackCache, make_target_cache
 from hf2q.runtime.dflash import plain_generate, run
@@ -50,7 +52,9 @@ def target(qwen35_dir):
     return TargetModel(lm.model, lm.tokenizer)
 
 
-def test_runner_verify_equals_layer_calls_and_rolls_back_alike(target):
+@pytest.mark.parametrize("fuse", ["0", "1"], ids=["separate-proj", "fused-proj"])
+def test_runner_verify_equals_layer_calls_and_rolls_back_alike(target, fuse, monkeypatch):
+    monkeypatch.setenv(select.FUSE_PROJ_ENV, fuse)
     ids = mx.array([[(7 * i + 3) % 97 + 2 for i in range(30)]])
     capture = [0, target.num_layers - 1]
     caches = [make_target_cache(target), make_target_cache(target)]
@@ -95,8 +99,10 @@ def test_runner_verify_on_ragged_slot_rows(target):
 
 
 @pytest.mark.parametrize("name", ["qwen35", "qwen35_causal"])
-def test_greedy_dflash_with_runners_equals_plain(name, fitted_pairs, monkeypatch):
+@pytest.mark.parametrize("fuse", ["0", "1"], ids=["separate-proj", "fused-proj"])
+def test_greedy_dflash_with_runners_equals_plain(name, fuse, fitted_pairs, monkeypatch):
     monkeypatch.setattr(verify, "use_runners", lambda: True)  # the CUDA choice, here on ops
+    monkeypatch.setenv(select.FUSE_PROJ_ENV, fuse)
     target_dir, draft_dir = fitted_pairs[name]
     lm = load_model(target_dir)
     target = TargetModel(lm.model, lm.tokenizer)
@@ -111,6 +117,19 @@ def test_greedy_dflash_with_runners_equals_plain(name, fitted_pairs, monkeypatch
         slots=2,
         eos=lm.tokenizer.eos_token_ids,
     )
+
+
+def test_fuse_proj_reads_the_environment_and_is_reported(monkeypatch):
+    monkeypatch.delenv(select.FUSE_PROJ_ENV, raising=False)
+    assert not select.fuse_proj_enabled() and "projections" not in select.describe()
+    monkeypatch.setenv(select.FUSE_PROJ_ENV, "1")
+    assert select.fuse_proj_enabled()
+    assert "projections concatenated" in select.summary()
+    monkeypatch.setenv(select.FUSE_PROJ_ENV, "maybe")
+    with pytest.raises(
+        UsageError, match="HF2Q_FUSE_PROJ='maybe' must be 0 or 1: unset it or fix it"
+    ):
+        select.fuse_proj_enabled()
 
 
 def test_batched_plain_with_runners_equals_single_plain(fitted_pairs, monkeypatch):

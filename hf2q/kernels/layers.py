@@ -38,7 +38,7 @@ _RUNNERS: dict[tuple, tuple[weakref.ref, Callable]] = {}
 MAX_OPS_STEPS = 64
 
 
-def _cached(layer: nn.Module, key: tuple, build: Callable[[], Callable]) -> Callable:
+def _cached(layer: nn.Module, key: tuple, build: Callable[[], Any]) -> Any:
     k = (id(layer), *key)
     hit = _RUNNERS.get(k)
     if hit is not None and hit[0]() is layer:
@@ -61,7 +61,8 @@ def gdn_layer_runner(
     compiled = select.compile_enabled()
 
     def build() -> LayerRunner:
-        fused = fuse_projections(layer) if fuse else None
+        # One concatenated copy per layer, shared by its decode and verify runners.
+        fused = _cached(layer, ("fused-proj",), lambda: fuse_projections(layer)) if fuse else None
         if compiled:
             return compile_gdn_decoder_layer(layer, impl=impl, record=record, fused=fused)
         ref = weakref.ref(layer)
@@ -135,4 +136,4 @@ def decode_layer_fn() -> Callable[[int, nn.Module, mx.array, Any, Any], mx.array
     """
     if select.backend() != "cuda" or select.kernel_mode() == "ops":
         return None
-    return fast_layer_fn()
+    return fast_layer_fn(fuse_proj=select.fuse_proj_enabled())

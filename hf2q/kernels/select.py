@@ -11,7 +11,8 @@ layer, and pick
 
 ``HF2Q_KERNELS=ops`` forces the portable ops everywhere (to compare or to rule the kernels out);
 ``HF2Q_KERNELS=cuda`` insists on the CUDA kernels and fails loudly where they cannot run;
-``HF2Q_COMPILE=0`` turns ``mx.compile`` of the layer runners off. :func:`sdpa_bucket` says whether
+``HF2Q_COMPILE=0`` turns ``mx.compile`` of the layer runners off; ``HF2Q_FUSE_PROJ=1`` makes them
+concatenate each layer's projections. :func:`sdpa_bucket` says whether
 multi-token attention pads its keys to a bucket length (``HF2Q_SDPA_BUCKET``; on CUDA by default).
 :func:`describe` returns what is active, for ``--stats``.
 
@@ -38,12 +39,27 @@ SDPA_BUCKET_ENV = "HF2Q_SDPA_BUCKET"
 SDPA_BUCKET_CUDA = 256
 
 
+#: HF2Q_FUSE_PROJ=1: the compiled layer runners (CUDA) compute a layer's input projections with
+#: one matmul and the MLP's gate/up with one (fewer, larger matmuls; copies those weights once).
+FUSE_PROJ_ENV = "HF2Q_FUSE_PROJ"
+
+
+def _flag(env: str, default: str) -> bool:
+    value = os.environ.get(env, default).strip().lower() or default
+    if value not in ("0", "1", "false", "true", "off", "on"):
+        raise UsageError(f"{env}={value!r} must be 0 or 1: unset it or fix it")
+    return value not in ("0", "false", "off")
+
+
 def compile_enabled() -> bool:
     """Whether the layer runners use ``mx.compile`` (``HF2Q_COMPILE``, default on)."""
-    value = os.environ.get(COMPILE_ENV, "1").strip().lower()
-    if value not in ("0", "1", "false", "true", "off", "on", ""):
-        raise UsageError(f"{COMPILE_ENV}={value!r} must be 0 or 1: unset it or fix it")
-    return value not in ("0", "false", "off")
+    return _flag(COMPILE_ENV, "1")
+
+
+def fuse_proj_enabled() -> bool:
+    """Whether the layer runners concatenate each layer's projections (``HF2Q_FUSE_PROJ``,
+    default off: it holds a second copy of those weights, and its speed is not yet measured)."""
+    return _flag(FUSE_PROJ_ENV, "0")
 
 
 def sdpa_bucket() -> int | None:
@@ -204,6 +220,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
         "CUDA kernel" if info["backend"] == "cuda" and info["mode"] != "ops" else "ops"
     )
     info["compile"] = "on" if compile_enabled() else "off"
+    if fuse_proj_enabled():
+        info["projections"] = "concatenated"
     bucket = sdpa_bucket()
     info["sdpa_keys"] = f"padded to a multiple of {bucket}" if bucket else "exact length"
     return info
@@ -222,6 +240,8 @@ def summary(model: object | None = None) -> str:
     if "gdn_mixer" in info:
         parts.append(f"Gated-DeltaNet {info['gdn_mixer']}, rollback {info['gdn_record']}")
     parts.append(f"compile {info['compile']}")
+    if "projections" in info:
+        parts.append(f"projections {info['projections']}")
     parts.append(f"attention keys {info['sdpa_keys']}")
     if info["mode"] != "auto":
         parts.append(f"{ENV}={info['mode']}")

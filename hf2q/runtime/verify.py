@@ -169,7 +169,10 @@ def _runner_verify(layer: nn.Module, h: mx.array, cache: GDNRollbackCache) -> mx
     conv, state = cache[0], cache[1]
     if conv is None or state is None:
         conv, state = empty_states(attn, h.shape[0], h.dtype)
-    out, rec = gdn_layer_runner(layer, impl=select.gdn_impl(attn), record="states")(h, conv, state)
+    run = gdn_layer_runner(
+        layer, impl=select.gdn_impl(attn), record="states", fuse_proj=select.fuse_proj_enabled()
+    )
+    out, rec = run(h, conv, state)
     cache.set_record(rec.conv_input, rec.rec)  # rec.rec: (B, T, Hv, Dv, Dk)
     cache[0] = mx.contiguous(rec.final_conv_state)
     cache[1] = rec.final_state
@@ -222,7 +225,7 @@ def runner_verify_layer(
             # Padding masks, and Apple GPUs' mlx-lm kernel (final state only), keep the layer call.
             return verify_layer(index, layer, h, mask, cache)
         return _runner_verify(layer, h, cache)
-    return attention_runner(layer)(h, mask, cache)
+    return attention_runner(layer, fuse_proj=select.fuse_proj_enabled())(h, mask, cache)
 
 
 def use_runners() -> bool:
