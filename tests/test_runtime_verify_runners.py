@@ -1,11 +1,12 @@
-"""The verify forward through the compiled whole-layer runners computes what the layer-call path does.
+"""The compiled layer runners and ``HF2Q_FUSE_PROJ`` compute what the layer-call paths compute.
 
 On CUDA the verify runs each Gated-DeltaNet decoder layer through one compiled runner (fused
 kernel, per-step states kept as one buffer) and each attention layer through the compiled
 attention runner, as plain decoding does there. Here (CPU) the same runners run with the ops
 recurrence: logits, captured features and the caches after a rollback (uniform and ragged, one
 sequence and slots) must equal the layer-call path's, and greedy DFlash with the runners must
-still equal plain greedy decoding.
+still equal plain greedy decoding. ``HF2Q_FUSE_PROJ=1`` (one matmul for a layer's projections,
+in the target's runners and in the drafter) must change none of it.
 """
 
 from __future__ import annotations
@@ -150,3 +151,61 @@ def test_batched_plain_with_runners_equals_single_plain(fitted_pairs, monkeypatc
     reqs = [Request(p, max_tokens=20 + 3 * i) for i, p in enumerate(prompts)]
     got = run_slots(slots_plain_generate(target, reqs, slots=3))
     assert [s.tokens for s in got.requests] == want
+
+
+def _draft_logits(target, drafter, ids):
+    """Drafter logits of one sequence over two rounds and of three ragged slot rows."""
+    from hf2q.runtime.slot_cache import insert_draft_rows, make_slot_draft_cache
+
+    n_ids = drafter.config.target_layer_ids
+    _, feats = target.forward(mx.array([ids]), None, capture=n_ids)  # (1, L, F)
+    mask_id = drafter.mask_token_id
+    outs = []
+    one = drafter.make_cache()
+    drafter.add_context(feats[:, :5], one)
+    for lo, hi in ((5, 8), (8, 9)):
+        block = mx.array([[ids[hi]] + [mask_id] * 5])
+        outs.append(drafter(block, feats[:, lo:hi], one))
+    ctx0, new = [2, 7, 4], [3, 1, 2]
+    batch = make_slot_draft_cache(drafter, 3)
+    for r in range(3):
+        c = drafter.make_cache()
+        drafter.add_context(feats[:, : ctx0[r]], c)
+        insert_draft_rows(batch, r, c)
+    ctx = mx.stack(
+        [mx.pad(feats[0, ctx0[r] : ctx0[r] + new[r]], [(0, 3 - new[r]), (0, 0)]) for r in range(3)]
+    )
+    for c in batch:
+        c.prepare(lengths=new)
+    block = mx.array([[ids[ctx0[r] + new[r]]] + [mask_id] * 5 for r in range(3)])
+    outs.append(drafter(block, ctx, batch))
+    return outs
+
+
+def test_drafter_with_concatenated_projections_drafts_the_same(fitted_pairs, monkeypatch):
+    from mlx.utils import tree_flatten
+
+    target_dir, draft_dir = fitted_pairs["qwen35_causal"]  # 3 layers, sliding-window layers
+    lm = load_model(target_dir)
+    target = TargetModel(lm.model, lm.tokenizer)
+    drafter = load_drafter(draft_dir).bind(target.embed, target.head)
+    ids = lm.tokenizer.encode(FIT_TEXTS[0] + " " + FIT_TEXTS[1])
+    names = sorted(k for k, _ in tree_flatten(drafter.parameters()))
+    monkeypatch.setenv(select.FUSE_PROJ_ENV, "0")
+    want = _draft_logits(target, drafter, ids)
+    monkeypatch.setenv(select.FUSE_PROJ_ENV, "1")
+    got = _draft_logits(target, drafter, ids)
+    assert all("_qkv" in x.self_attn.__dict__ and "_gate_up" in x.__dict__ for x in drafter.layers)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        _close(a, b, f"draft {i}")
+    # The concatenated copies are not parameters: saving or training sees the same tensors.
+    assert sorted(k for k, _ in tree_flatten(drafter.parameters())) == names
+    # Replacing a weight (a dtype cast, a training step) rebuilds the concatenation.
+    layer = drafter.layers[0]
+    layer.self_attn.k_proj.weight = layer.self_attn.k_proj.weight * 0.5
+    layer.mlp.up_proj.weight = layer.mlp.up_proj.weight * 2.0
+    got = _draft_logits(target, drafter, ids)
+    monkeypatch.setenv(select.FUSE_PROJ_ENV, "0")
+    want = _draft_logits(target, drafter, ids)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        _close(a, b, f"draft {i} after new weights")

@@ -12,7 +12,7 @@ layer, and pick
 ``HF2Q_KERNELS=ops`` forces the portable ops everywhere (to compare or to rule the kernels out);
 ``HF2Q_KERNELS=cuda`` insists on the CUDA kernels and fails loudly where they cannot run;
 ``HF2Q_COMPILE=0`` turns ``mx.compile`` of the layer runners off; ``HF2Q_FUSE_PROJ=1`` makes them
-concatenate each layer's projections. :func:`sdpa_bucket` says whether
+and the drafter concatenate each layer's projections. :func:`sdpa_bucket` says whether
 multi-token attention pads its keys to a bucket length (``HF2Q_SDPA_BUCKET``; on CUDA by default).
 :func:`describe` returns what is active, for ``--stats``.
 
@@ -39,8 +39,9 @@ SDPA_BUCKET_ENV = "HF2Q_SDPA_BUCKET"
 SDPA_BUCKET_CUDA = 256
 
 
-#: HF2Q_FUSE_PROJ=1: the compiled layer runners (CUDA) compute a layer's input projections with
-#: one matmul and the MLP's gate/up with one (fewer, larger matmuls; copies those weights once).
+#: HF2Q_FUSE_PROJ=1: the target's compiled layer runners (CUDA) compute a layer's input
+#: projections with one matmul and the MLP's gate/up with one, and so does the DFlash drafter (q/k/v
+#: of context and block rows together); fewer, larger matmuls, from a copy of those weights.
 FUSE_PROJ_ENV = "HF2Q_FUSE_PROJ"
 
 
@@ -57,8 +58,8 @@ def compile_enabled() -> bool:
 
 
 def fuse_proj_enabled() -> bool:
-    """Whether the layer runners concatenate each layer's projections (``HF2Q_FUSE_PROJ``,
-    default off: it holds a second copy of those weights, and its speed is not yet measured)."""
+    """Whether layers concatenate their projections (``HF2Q_FUSE_PROJ``, default off: it holds a
+    second copy of those weights; no gain on a CPU, not yet timed on a GPU)."""
     return _flag(FUSE_PROJ_ENV, "0")
 
 

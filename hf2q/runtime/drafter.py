@@ -19,12 +19,14 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.qwen3 import MLP
 from mlx_lm.models.rope_utils import initialize_rope
 
 from hf2q.errors import DrafterError
-from hf2q.kernels.select import bucketed, sdpa_bucket
+from hf2q.kernels.gdn import concat_linears, mlp_fused
+from hf2q.kernels.select import bucketed, fuse_proj_enabled, sdpa_bucket
 
 DRAFTER_ARCHITECTURE = "DFlashDraftModel"
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -253,6 +255,34 @@ class DFlashConfig:
             )
 
 
+@dataclass
+class _Concatenated:
+    """Linear layers concatenated into one (``HF2Q_FUSE_PROJ``) and the arrays they were built from.
+
+    A plain object, not a module: it must not join the drafter's parameters (saving, training).
+    """
+
+    sources: list[mx.array]
+    linear: nn.Module
+
+
+def _concatenated(owner: nn.Module, name: str, mods: list[nn.Module]) -> nn.Module | None:
+    """One linear computing ``mods`` side by side when ``HF2Q_FUSE_PROJ`` is on (None otherwise,
+    or for layers with a bias); rebuilt whenever any of their parameters was replaced."""
+    if not fuse_proj_enabled() or any("bias" in m for m in mods):
+        return None
+    sources = [a for m in mods for _, a in tree_flatten(m.parameters())]
+    hit = owner.__dict__.get(name)
+    if (
+        hit is None
+        or len(hit.sources) != len(sources)
+        or any(a is not b for a, b in zip(hit.sources, sources))
+    ):
+        hit = _Concatenated(sources, concat_linears(mods))
+        object.__setattr__(owner, name, hit)
+    return hit.linear
+
+
 class DFlashAttention(nn.Module):
     """Attention of one drafter layer: queries from the block, keys/values from context + block."""
 
@@ -289,6 +319,33 @@ class DFlashAttention(nn.Module):
         """Normed, rotated keys and values of rows ``x`` (B, L, H) starting at position ``offset``."""
         k = self.rope(self.k_norm(self._heads(self.k_proj(x), self.n_kv_heads)), offset=offset)
         return k, self._heads(self.v_proj(x), self.n_kv_heads)
+
+    def project(
+        self, x: mx.array, ctx: mx.array, cache: Any
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        """Append the keys/values of context rows ``ctx`` (B, S, H) to ``cache``; return the block
+        rows' queries, keys and values (B, heads, L, d), rotated at the positions after the context.
+
+        With ``HF2Q_FUSE_PROJ`` one matmul computes q/k/v of the context and block rows together
+        (same values; fewer, larger matmuls), else the separate projections as in training.
+        """
+        qkv = _concatenated(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj])
+        if qkv is None:
+            self.append_context(ctx, cache)
+            n_ctx = cache.offset
+            k_blk, v_blk = self.keys_values(x, n_ctx)
+            return self.queries(x, n_ctx), k_blk, v_blk
+        S = ctx.shape[1]
+        nq, nk = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        rows = mx.concatenate([ctx, x], axis=1) if S else x  # (B, S + L, H)
+        q, k, v = mx.split(qkv(rows), [nq, nq + nk], axis=-1)
+        k = self.k_norm(self._heads(k, self.n_kv_heads))  # (B, hk, S + L, d)
+        v = self._heads(v, self.n_kv_heads)
+        if S:
+            cache.update_and_fetch(self.rope(k[:, :, :S], offset=cache.offset), v[:, :, :S])
+        n_ctx = cache.offset
+        q = self.rope(self.q_norm(self._heads(q[:, S:], self.n_heads)), offset=n_ctx)
+        return q, self.rope(k[:, :, S:], offset=n_ctx), v[:, :, S:]
 
     def attend(
         self,
@@ -386,11 +443,9 @@ class DFlashAttention(nn.Module):
         # of ``ctx`` rows (``cache.prepare(lengths=...)``) and its block starts right after its
         # own context.
         L = x.shape[1]
-        self.append_context(ctx, cache)
+        q, k_blk, v_blk = self.project(x, ctx, cache)
         keys, values = cache.keys_and_values()
         n_ctx = cache.offset  # (B,)
-        q = self.queries(x, n_ctx)
-        k_blk, v_blk = self.keys_values(x, n_ctx)
         n_keys = 0 if keys is None else keys.shape[2]
         ks, vs = ([keys, k_blk], [values, v_blk]) if n_keys else ([k_blk], [v_blk])
         if len(set(cache.lengths)) == 1:  # aligned rows: the single-sequence mask (often none)
@@ -405,11 +460,9 @@ class DFlashAttention(nn.Module):
         if isinstance(cache.offset, mx.array):
             return self._call_rows(x, ctx, cache, memo)
         L = x.shape[1]
-        self.append_context(ctx, cache)
+        q, k_blk, v_blk = self.project(x, ctx, cache)
         keys, values = cache.keys_and_values() if cache.offset else (None, None)
         n_ctx = cache.offset
-        q = self.queries(x, n_ctx)
-        k_blk, v_blk = self.keys_values(x, n_ctx)
         first = 0
         if self.sliding_window is not None:
             # Keys older than the window are invisible to every block row: drop them early.
@@ -436,7 +489,9 @@ class DFlashDecoderLayer(nn.Module):
         self, x: mx.array, ctx: mx.array, cache: KVCache, memo: dict | None = None
     ) -> mx.array:
         h = x + self.self_attn(self.input_layernorm(x), ctx, cache, memo)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        hn = self.post_attention_layernorm(h)
+        gate_up = _concatenated(self, "_gate_up", [self.mlp.gate_proj, self.mlp.up_proj])
+        return h + (self.mlp(hn) if gate_up is None else mlp_fused(self.mlp, gate_up, hn))
 
 
 class DFlashDraftModel(nn.Module):
