@@ -134,6 +134,12 @@ def decode_layer_fn() -> Callable[[int, nn.Module, mx.array, Any, Any], mx.array
     DFlash decoding compute alike. Elsewhere (``HF2Q_KERNELS=ops``, CPU, Apple GPUs) None: plain
     decoding is mlx-lm's own model call.
     """
-    if select.backend() != "cuda" or select.kernel_mode() == "ops":
+    if not decode_runners_active():
         return None
     return fast_layer_fn(fuse_proj=select.fuse_proj_enabled())
+
+
+def decode_runners_active() -> bool:
+    """Whether plain decoding runs the compiled runners here (:func:`decode_layer_fn`): on CUDA
+    unless ``HF2Q_KERNELS=ops``."""
+    return select.backend() == "cuda" and select.kernel_mode() != "ops"

@@ -267,9 +267,9 @@ class _Concatenated:
 
 
 def _concatenated(owner: nn.Module, name: str, mods: list[nn.Module]) -> nn.Module | None:
-    """One linear computing ``mods`` side by side when ``HF2Q_FUSE_PROJ`` is on (None otherwise,
-    or for layers with a bias); rebuilt whenever any of their parameters was replaced."""
-    if not fuse_proj_enabled() or any("bias" in m for m in mods):
+    """One linear computing ``mods`` side by side (None for layers with a bias), kept on
+    ``owner`` and rebuilt whenever any of their parameters was replaced."""
+    if any("bias" in m for m in mods):
         return None
     sources = [a for m in mods for _, a in tree_flatten(m.parameters())]
     hit = owner.__dict__.get(name)
@@ -321,15 +321,16 @@ class DFlashAttention(nn.Module):
         return k, self._heads(self.v_proj(x), self.n_kv_heads)
 
     def project(
-        self, x: mx.array, ctx: mx.array, cache: Any
+        self, x: mx.array, ctx: mx.array, cache: Any, fuse: bool = False
     ) -> tuple[mx.array, mx.array, mx.array]:
         """Append the keys/values of context rows ``ctx`` (B, S, H) to ``cache``; return the block
         rows' queries, keys and values (B, heads, L, d), rotated at the positions after the context.
 
-        With ``HF2Q_FUSE_PROJ`` one matmul computes q/k/v of the context and block rows together
-        (same values; fewer, larger matmuls), else the separate projections as in training.
+        With ``fuse`` (``HF2Q_FUSE_PROJ``) one matmul computes q/k/v of the context and block rows
+        together (same values; fewer, larger matmuls), else the separate projections as in
+        training.
         """
-        qkv = _concatenated(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj])
+        qkv = _concatenated(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj]) if fuse else None
         if qkv is None:
             self.append_context(ctx, cache)
             n_ctx = cache.offset
@@ -437,13 +438,15 @@ class DFlashAttention(nn.Module):
         blk_vis = mx.broadcast_to(blk_vis, (B, n_block, n_block))
         return mx.concatenate([ctx_vis, blk_vis], axis=-1)[:, None]
 
-    def _call_rows(self, x: mx.array, ctx: mx.array, cache: Any, memo: dict | None) -> mx.array:
+    def _call_rows(
+        self, x: mx.array, ctx: mx.array, cache: Any, memo: dict | None, fuse: bool
+    ) -> mx.array:
         # Per-row offsets (hf2q.runtime.slot_cache.SlotKVCache, host copy in ``lengths``): row
         # b's context keys sit at buffer positions [0, offset[b]); each row appends its own count
         # of ``ctx`` rows (``cache.prepare(lengths=...)``) and its block starts right after its
         # own context.
         L = x.shape[1]
-        q, k_blk, v_blk = self.project(x, ctx, cache)
+        q, k_blk, v_blk = self.project(x, ctx, cache, fuse)
         keys, values = cache.keys_and_values()
         n_ctx = cache.offset  # (B,)
         n_keys = 0 if keys is None else keys.shape[2]
@@ -453,14 +456,19 @@ class DFlashAttention(nn.Module):
         return self.attend(q, ks, vs, lambda: self.rows_mask(n_ctx, n_keys, L), memo)
 
     def __call__(
-        self, x: mx.array, ctx: mx.array, cache: KVCache, memo: dict | None = None
+        self,
+        x: mx.array,
+        ctx: mx.array,
+        cache: KVCache,
+        memo: dict | None = None,
+        fuse: bool = False,
     ) -> mx.array:
         # x: (B, L, H) block rows; ctx: (B, S, H) new verified context rows (S may be 0).
-        # memo: shared by the layers of one forward (see attend).
+        # memo: shared by the layers of one forward (see attend); fuse: see project.
         if isinstance(cache.offset, mx.array):
-            return self._call_rows(x, ctx, cache, memo)
+            return self._call_rows(x, ctx, cache, memo, fuse)
         L = x.shape[1]
-        q, k_blk, v_blk = self.project(x, ctx, cache)
+        q, k_blk, v_blk = self.project(x, ctx, cache, fuse)
         keys, values = cache.keys_and_values() if cache.offset else (None, None)
         n_ctx = cache.offset
         first = 0
@@ -486,11 +494,17 @@ class DFlashDecoderLayer(nn.Module):
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
     def __call__(
-        self, x: mx.array, ctx: mx.array, cache: KVCache, memo: dict | None = None
+        self,
+        x: mx.array,
+        ctx: mx.array,
+        cache: KVCache,
+        memo: dict | None = None,
+        fuse: bool = False,
     ) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), ctx, cache, memo)
+        h = x + self.self_attn(self.input_layernorm(x), ctx, cache, memo, fuse)
         hn = self.post_attention_layernorm(h)
-        gate_up = _concatenated(self, "_gate_up", [self.mlp.gate_proj, self.mlp.up_proj])
+        mods = [self.mlp.gate_proj, self.mlp.up_proj]
+        gate_up = _concatenated(self, "_gate_up", mods) if fuse else None
         return h + (self.mlp(hn) if gate_up is None else mlp_fused(self.mlp, gate_up, hn))
 
 
@@ -563,8 +577,9 @@ class DFlashDraftModel(nn.Module):
         h = self._embed(block)
         ctx = self.context(features)
         memo: dict = {}  # attention masks, made once for every layer of this forward
+        fuse = fuse_proj_enabled()  # HF2Q_FUSE_PROJ, read once a forward
         for layer, c in zip(self.layers, cache, strict=True):
-            h = layer(h, ctx, c, memo)
+            h = layer(h, ctx, c, memo, fuse)
         return self.norm(h)
 
     def __call__(self, block: mx.array, features: mx.array, cache: list[KVCache]) -> mx.array:

@@ -8,7 +8,7 @@ mlx-lm's public helpers (``normalize_qk``, ``compute_g``), with the recurrence f
 :func:`hf2q.kernels.gated_delta.gated_delta_steps`, which also returns the state after every step;
 the layer stores the conv input window and those states in its :class:`GDNRollbackCache`. On
 CUDA, where plain decoding runs hf2q's compiled layers, the verify runs
-:func:`runner_verify_layer` instead: the same computation through the compiled whole-layer
+:func:`runner_verify_layer_fn` instead: the same computation through the compiled whole-layer
 runners of :mod:`hf2q.kernels.layers` (fewer graph nodes, less host work per layer).
 
 What it does not do: patch any mlx-lm class, decide acceptance, or roll back (see
@@ -35,7 +35,7 @@ from hf2q.kernels import select
 from hf2q.kernels.cuda_gated_delta import gdn_fused_cuda
 from hf2q.kernels.gated_delta import gated_delta_steps
 from hf2q.kernels.gdn import empty_states
-from hf2q.kernels.layers import attention_runner, decode_layer_fn, gdn_layer_runner
+from hf2q.kernels.layers import attention_runner, decode_runners_active, gdn_layer_runner
 from hf2q.runtime.cache import GDNRollbackCache, TargetCache
 from hf2q.runtime.target import TargetModel
 
@@ -161,17 +161,16 @@ def gdn_verify(
     return out
 
 
-def _runner_verify(layer: nn.Module, h: mx.array, cache: GDNRollbackCache) -> mx.array:
+def _runner_verify(
+    layer: nn.Module, h: mx.array, cache: GDNRollbackCache, impl: str, fuse_proj: bool
+) -> mx.array:
     """A Gated-DeltaNet decoder layer over a verify block through its compiled whole-layer runner
     (:func:`hf2q.kernels.layers.gdn_layer_runner`, per-step states recorded), as plain decoding
     runs the same layer with :func:`hf2q.kernels.layers.decode_layer_fn`."""
-    attn = layer.linear_attn
     conv, state = cache[0], cache[1]
     if conv is None or state is None:
-        conv, state = empty_states(attn, h.shape[0], h.dtype)
-    run = gdn_layer_runner(
-        layer, impl=select.gdn_impl(attn), record="states", fuse_proj=select.fuse_proj_enabled()
-    )
+        conv, state = empty_states(layer.linear_attn, h.shape[0], h.dtype)
+    run = gdn_layer_runner(layer, impl=impl, record="states", fuse_proj=fuse_proj)
     out, rec = run(h, conv, state)
     cache.set_record(rec.conv_input, rec.rec)  # rec.rec: (B, T, Hv, Dv, Dk)
     cache[0] = mx.contiguous(rec.final_conv_state)
@@ -207,31 +206,34 @@ def verify_layer(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: An
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
-def runner_verify_layer(
-    index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any
-) -> mx.array:
+def runner_verify_layer_fn(*, fuse_proj: bool = False) -> Callable[..., mx.array]:
     """:func:`verify_layer` with the compiled whole-layer runners of ``hf2q.kernels.layers``.
 
     Gated-DeltaNet layers (no padding mask) run :func:`_runner_verify`, full-attention layers
     :func:`~hf2q.kernels.layers.attention_runner` (over any cache with mlx-lm's protocol, e.g.
     the slot and bucketed caches); anything else falls back to :func:`verify_layer`. Same math,
     fewer graph nodes and far less host work per layer, which is what bounds a small model's
-    round on a GPU.
+    round on a GPU. ``fuse_proj``: the runners' concatenated projections (``HF2Q_FUSE_PROJ``).
     """
-    if not _runnable(layer, cache):
-        return verify_layer(index, layer, h, mask, cache)
-    if getattr(layer, "is_linear", False):
-        if mask is not None or select.gdn_impl(layer.linear_attn) == "mlx":
+
+    def run(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any) -> mx.array:
+        if not _runnable(layer, cache):
+            return verify_layer(index, layer, h, mask, cache)
+        if not getattr(layer, "is_linear", False):
+            return attention_runner(layer, fuse_proj=fuse_proj)(h, mask, cache)
+        impl = select.gdn_impl(layer.linear_attn)
+        if mask is not None or impl == "mlx":
             # Padding masks, and Apple GPUs' mlx-lm kernel (final state only), keep the layer call.
             return verify_layer(index, layer, h, mask, cache)
-        return _runner_verify(layer, h, cache)
-    return attention_runner(layer, fuse_proj=select.fuse_proj_enabled())(h, mask, cache)
+        return _runner_verify(layer, h, cache, impl, fuse_proj)
+
+    return run
 
 
 def use_runners() -> bool:
     """Whether verify runs the compiled layer runners here: where plain decoding does (CUDA,
     ``HF2Q_KERNELS`` not ``ops``, ``HF2Q_COMPILE`` on), so that both compute alike."""
-    return decode_layer_fn() is not None and select.compile_enabled()
+    return decode_runners_active() and select.compile_enabled()
 
 
 def verify_forward(
@@ -245,7 +247,7 @@ def verify_forward(
     """Run the target over ``tokens`` (B, T) so that ``cache.rollback(n_keep)`` can follow.
 
     Args:
-        runners: use :func:`runner_verify_layer` (True) or :func:`verify_layer` (False);
+        runners: use :func:`runner_verify_layer_fn` (True) or :func:`verify_layer` (False);
             None: :func:`use_runners`.
 
     Returns:
@@ -253,5 +255,8 @@ def verify_forward(
         captured layer outputs (B, T, len(capture)*H) or None.
     """
     cache.begin_verify(tokens.shape[1])
-    fn = runner_verify_layer if (use_runners() if runners is None else runners) else verify_layer
+    if use_runners() if runners is None else runners:
+        fn = runner_verify_layer_fn(fuse_proj=select.fuse_proj_enabled())  # read once a forward
+    else:
+        fn = verify_layer
     return target.forward(tokens, cache, capture=capture, layer_fn=fn)
