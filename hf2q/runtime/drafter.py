@@ -256,6 +256,17 @@ class DFlashConfig:
 
 
 @dataclass
+class DraftPass:
+    """What the layers of one drafter forward share: the attention masks made so far (all layers
+    see the same positions), and the switches read once a forward: whether projections are
+    concatenated (``HF2Q_FUSE_PROJ``) and the key-length bucket (``sdpa_bucket()``)."""
+
+    masks: dict[Any, mx.array | None] = field(default_factory=dict)
+    fuse: bool = False
+    bucket: int | None = None
+
+
+@dataclass
 class _Concatenated:
     """Linear layers concatenated into one (``HF2Q_FUSE_PROJ``) and the arrays they were built from.
 
@@ -354,21 +365,22 @@ class DFlashAttention(nn.Module):
         ks: list[mx.array],
         vs: list[mx.array],
         make_mask: Callable[[], mx.array | None],
-        memo: dict[Any, mx.array | None] | None = None,
+        fw: DraftPass | None = None,
     ) -> mx.array:
         """Scaled dot-product attention over the keys/values ``ks``/``vs`` joined on the position
         axis (context, then block), and the output projection; returns (B, L, H).
 
         Where ``sdpa_bucket()`` asks for it (CUDA), the join also zero-pads the keys to a multiple
         of the bucket and the padding is masked out: same attention, one shape for many rounds.
-        ``make_mask()`` gives the mask over the unpadded keys; with ``memo`` (one dict per drafter
-        forward, whose layers all see the same positions) it runs once per kind of layer and the
-        other layers reuse its (padded) result.
+        ``make_mask()`` gives the mask over the unpadded keys; with ``fw`` (one per drafter forward,
+        whose layers all see the same positions) it runs once per kind of layer and the other
+        layers reuse its (padded) result.
         """
         n = sum(k.shape[2] for k in ks)
-        K = bucketed(n, sdpa_bucket())
+        K = bucketed(n, fw.bucket if fw is not None else sdpa_bucket())
         L = q.shape[2]
         key = (self.is_causal, self.sliding_window, n, L)
+        memo = fw.masks if fw is not None else None
         if memo is not None and key in memo:
             mask = memo[key]
         else:
@@ -438,37 +450,30 @@ class DFlashAttention(nn.Module):
         blk_vis = mx.broadcast_to(blk_vis, (B, n_block, n_block))
         return mx.concatenate([ctx_vis, blk_vis], axis=-1)[:, None]
 
-    def _call_rows(
-        self, x: mx.array, ctx: mx.array, cache: Any, memo: dict | None, fuse: bool
-    ) -> mx.array:
+    def _call_rows(self, x: mx.array, ctx: mx.array, cache: Any, fw: DraftPass | None) -> mx.array:
         # Per-row offsets (hf2q.runtime.slot_cache.SlotKVCache, host copy in ``lengths``): row
         # b's context keys sit at buffer positions [0, offset[b]); each row appends its own count
         # of ``ctx`` rows (``cache.prepare(lengths=...)``) and its block starts right after its
         # own context.
         L = x.shape[1]
-        q, k_blk, v_blk = self.project(x, ctx, cache, fuse)
+        q, k_blk, v_blk = self.project(x, ctx, cache, fw is not None and fw.fuse)
         keys, values = cache.keys_and_values()
         n_ctx = cache.offset  # (B,)
         n_keys = 0 if keys is None else keys.shape[2]
         ks, vs = ([keys, k_blk], [values, v_blk]) if n_keys else ([k_blk], [v_blk])
         if len(set(cache.lengths)) == 1:  # aligned rows: the single-sequence mask (often none)
-            return self.attend(q, ks, vs, lambda: self.block_mask(n_keys, L, 0), memo)
-        return self.attend(q, ks, vs, lambda: self.rows_mask(n_ctx, n_keys, L), memo)
+            return self.attend(q, ks, vs, lambda: self.block_mask(n_keys, L, 0), fw)
+        return self.attend(q, ks, vs, lambda: self.rows_mask(n_ctx, n_keys, L), fw)
 
     def __call__(
-        self,
-        x: mx.array,
-        ctx: mx.array,
-        cache: KVCache,
-        memo: dict | None = None,
-        fuse: bool = False,
+        self, x: mx.array, ctx: mx.array, cache: KVCache, fw: DraftPass | None = None
     ) -> mx.array:
         # x: (B, L, H) block rows; ctx: (B, S, H) new verified context rows (S may be 0).
-        # memo: shared by the layers of one forward (see attend); fuse: see project.
+        # fw: shared by the layers of one forward (masks, see attend; fuse, see project).
         if isinstance(cache.offset, mx.array):
-            return self._call_rows(x, ctx, cache, memo, fuse)
+            return self._call_rows(x, ctx, cache, fw)
         L = x.shape[1]
-        q, k_blk, v_blk = self.project(x, ctx, cache, fuse)
+        q, k_blk, v_blk = self.project(x, ctx, cache, fw is not None and fw.fuse)
         keys, values = cache.keys_and_values() if cache.offset else (None, None)
         n_ctx = cache.offset
         first = 0
@@ -480,7 +485,7 @@ class DFlashAttention(nn.Module):
             vs = [values[..., first:n_ctx, :], v_blk]
         else:
             ks, vs = [k_blk], [v_blk]
-        return self.attend(q, ks, vs, lambda: self.block_mask(n_ctx - first, L, first), memo)
+        return self.attend(q, ks, vs, lambda: self.block_mask(n_ctx - first, L, first), fw)
 
 
 class DFlashDecoderLayer(nn.Module):
@@ -494,17 +499,12 @@ class DFlashDecoderLayer(nn.Module):
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
     def __call__(
-        self,
-        x: mx.array,
-        ctx: mx.array,
-        cache: KVCache,
-        memo: dict | None = None,
-        fuse: bool = False,
+        self, x: mx.array, ctx: mx.array, cache: KVCache, fw: DraftPass | None = None
     ) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), ctx, cache, memo, fuse)
+        h = x + self.self_attn(self.input_layernorm(x), ctx, cache, fw)
         hn = self.post_attention_layernorm(h)
         mods = [self.mlp.gate_proj, self.mlp.up_proj]
-        gate_up = _concatenated(self, "_gate_up", mods) if fuse else None
+        gate_up = _concatenated(self, "_gate_up", mods) if fw is not None and fw.fuse else None
         return h + (self.mlp(hn) if gate_up is None else mlp_fused(self.mlp, gate_up, hn))
 
 
@@ -576,10 +576,9 @@ class DFlashDraftModel(nn.Module):
             raise RuntimeError("DFlashDraftModel.bind(embed, head) must be called before drafting")
         h = self._embed(block)
         ctx = self.context(features)
-        memo: dict = {}  # attention masks, made once for every layer of this forward
-        fuse = fuse_proj_enabled()  # HF2Q_FUSE_PROJ, read once a forward
+        fw = DraftPass(fuse=fuse_proj_enabled(), bucket=sdpa_bucket())
         for layer, c in zip(self.layers, cache, strict=True):
-            h = layer(h, ctx, c, memo, fuse)
+            h = layer(h, ctx, c, fw)
         return self.norm(h)
 
     def __call__(self, block: mx.array, features: mx.array, cache: list[KVCache]) -> mx.array:
