@@ -79,6 +79,40 @@ struct Shape { int32_t v[10]; int32_t operator[](int i) const { return v[i]; } }
 struct Strides { int64_t v[10]; int64_t operator[](int i) const { return v[i]; } };
 inline float __half2float(__half h) { return (float)h.v; }
 inline __half __float2half(float f) { return __half{(_Float16)f}; }
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
+// mma.sync.m16n8k16 (float32 accumulators) as the PTX ISA lays its fragments out over a warp:
+// lane l = 4 g + t holds A rows g and g+8, columns 2t+{0,1} (a0, a1) and 2t+8+{0,1} (a2, a3); B
+// column g, rows 2t+{0,1} (b0) and 2t+8+{0,1} (b1); C rows g (c0, c1) and g+8 (c2, c3), columns
+// 2t+{0,1}. Each register packs two 16-bit values, the lower-indexed one in the low half.
+#define HF2Q_EMULATED_MMA 1
+static unsigned hf2q_mma_regs[1024][6];
+inline float hf2q_mma_value(unsigned reg, int high, bool bf16) {
+  const uint16_t bits = uint16_t(high ? reg >> 16 : reg & 0xFFFFu);
+  if (bf16) return __bfloat162float(__nv_bfloat16{bits});
+  _Float16 h; std::memcpy(&h, &bits, 2); return (float)h;
+}
+inline void hf2q_emulated_mma(bool bf16, float* c, unsigned a0, unsigned a1, unsigned a2,
+                              unsigned a3, unsigned b0, unsigned b1) {
+  const int t = (int)threadIdx.x, w = t / 32, l = t % 32;
+  const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
+  for (int i = 0; i < 6; ++i) hf2q_mma_regs[t][i] = mine[i];
+  hf2q_warp_barriers[w]->arrive_and_wait();
+  for (int e = 0; e < 4; ++e) {
+    const int row = (l >> 2) + (e >= 2 ? 8 : 0), col = 2 * (l & 3) + (e & 1);
+    float sum = 0.0f;
+    for (int k = 0; k < 16; ++k) {
+      const int kq = (k % 8) / 2, hi = k & 1;
+      const unsigned* ra = hf2q_mma_regs[w * 32 + (row % 8) * 4 + kq];
+      const unsigned* rb = hf2q_mma_regs[w * 32 + col * 4 + kq];
+      const float av = hf2q_mma_value(ra[(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], hi, bf16);
+      const float bv = hf2q_mma_value(rb[4 + (k >= 8 ? 1 : 0)], hi, bf16);
+      sum += av * bv;
+    }
+    c[e] += sum;
+  }
+  hf2q_warp_barriers[w]->arrive_and_wait();
+}
 """
 
 _CTYPES = {

@@ -1,0 +1,149 @@
+"""What one graph node costs the host and the device, by kind of node (MLX, any backend).
+
+For each kind (MLX's matmul, hf2q's small-M tensor-core matmul on CUDA, an elementwise add) and
+each shape, builds ``--ops`` independent nodes over already evaluated inputs (every node its own
+weight, so the device reads from memory, not cache), then times, per node: building the graph in
+Python (``build``), handing it to MLX (``mx.async_eval``: on CUDA the host encodes every node into
+CUDA graphs here; ``encode``) and the whole evaluation until the results are ready (``total``).
+``total`` is the device time per node when the device is the slower side, so ``GB/s`` (weight
+bytes over ``total``) is the effective bandwidth of the product. Medians of ``--reps``.
+
+On CUDA it also checks hf2q's kernel against a float32 product (relative error) and that a row's
+result does not depend on how many rows were computed with it (bit-equal).
+
+    python benchmarks/node_cost.py --out runs/node_cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import mlx.core as mx
+
+DEMO = [(256, 768), (768, 256), (256, 1024)]
+SHAPE_4B = [(2560, 9216), (9216, 2560), (2560, 2560)]
+
+
+def _cuda() -> bool:
+    cuda = getattr(mx, "cuda", None)
+    return bool(cuda is not None and cuda.is_available())
+
+
+def _time(make_ops, reps: int) -> dict:
+    build, encode, total = [], [], []
+    for _ in range(reps + 1):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        outs = make_ops()
+        t1 = time.perf_counter()
+        mx.async_eval(outs)
+        t2 = time.perf_counter()
+        mx.eval(outs)
+        mx.synchronize()
+        t3 = time.perf_counter()
+        build.append(t1 - t0)
+        encode.append(t2 - t1)
+        total.append(t3 - t1)
+    n = len(outs)
+    med = lambda v: statistics.median(v[1:]) / n * 1e6  # noqa: E731 (first rep warms up)
+    return {
+        "build_us": round(med(build), 2),
+        "encode_us": round(med(encode), 2),
+        "total_us": round(med(total), 2),
+    }
+
+
+def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool) -> dict:
+    """What to time: name -> function building one node per weight."""
+    M = x.shape[0]
+    kinds = {
+        "mlx_matmul": lambda: [x @ w.T for w in ws],
+        "add": lambda: [x[:, :1] + w[:M] for w in ws],
+    }
+    if not cuda:
+        return kinds
+    from hf2q.kernels.cuda_matmul import small_matmul_cuda, supported
+
+    if supported(x, ws[0]) is not None:
+        return kinds
+    kinds["hf2q_small_mm"] = lambda: [small_matmul_cuda(x, w) for w in ws]
+    if tune:  # launch shapes: (column blocks per thread block, warps, chunk-loop unrolling)
+        for nb in (1, 2, 4):
+            for warps in (2, 4, 8):
+                for unroll in (1, 2, 4):
+                    t = (nb, warps, unroll)
+                    if ws[0].shape[0] % (8 * nb) == 0:
+                        kinds[f"hf2q_small_mm{t}"] = lambda t=t: [
+                            small_matmul_cuda(x, w, tune=t) for w in ws
+                        ]
+    return kinds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ops", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--rows", default="1,16,32,128")
+    ap.add_argument("--shapes", default="demo,4b")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument(
+        "--tune", action="store_true", help="also time every launch shape of the kernel"
+    )
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    dtype = getattr(mx, args.dtype)
+    cuda = _cuda()
+    shapes = (DEMO if "demo" in args.shapes else []) + (SHAPE_4B if "4b" in args.shapes else [])
+    rows_list = [int(r) for r in args.rows.split(",")]
+    if cuda:
+        from hf2q.kernels.cuda_matmul import small_matmul_cuda, supported
+    else:
+        supported = None
+    results, checks = [], []
+    mx.random.seed(0)
+    for K, N in shapes:
+        ws = [(mx.random.normal((N, K)) * K**-0.5).astype(dtype) for _ in range(args.ops)]
+        mx.eval(ws)
+        for M in rows_list:
+            x = mx.random.normal((M, K)).astype(dtype)
+            mx.eval(x)
+            kinds = _kinds(x, ws, cuda, args.tune)
+            for kind, make in kinds.items():
+                r = {"K": K, "N": N, "rows": M, "kind": kind, **_time(make, args.reps)}
+                if kind != "add":
+                    r["GB_s"] = round(N * K * x.itemsize / (r["total_us"] * 1e-6) / 1e9, 1)
+                results.append(r)
+                print(json.dumps(r), flush=True)
+            if supported is not None and supported(x, ws[0]) is None:
+                ref = x.astype(mx.float32) @ ws[0].astype(mx.float32).T
+                got = small_matmul_cuda(x, ws[0]).astype(mx.float32)
+                base = (x @ ws[0].T).astype(mx.float32)
+                scale = mx.abs(ref).max()
+                one = small_matmul_cuda(x[-1:], ws[0])
+                c = {
+                    "K": K,
+                    "N": N,
+                    "rows": M,
+                    "hf2q_rel_err": (mx.abs(got - ref).max() / scale).item(),
+                    "mlx_rel_err": (mx.abs(base - ref).max() / scale).item(),
+                    "last_row_alone_bit_equal": bool(mx.array_equal(one[0], got[-1].astype(dtype))),
+                }
+                checks.append(c)
+                print(json.dumps(c), flush=True)
+    out = {
+        "backend": "cuda" if cuda else "cpu",
+        "dtype": args.dtype,
+        "ops": args.ops,
+        "results": results,
+        "checks": checks,
+    }
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

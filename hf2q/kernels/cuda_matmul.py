@@ -1,0 +1,235 @@
+"""Small-M matrix products ``x @ w.T`` on tensor cores for MLX's CUDA backend.
+
+What it does: ``small_matmul_cuda(x, w)`` computes ``x @ w.T`` for a bf16 or fp16 activation
+``x`` of shape ``(..., K)`` with at most :data:`MAX_ROWS` rows and an unquantized linear weight
+``w`` of shape ``(N, K)`` (``nn.Linear``'s layout), in one ``mx.fast.cuda_kernel`` launch with
+``mma.sync.m16n8k16`` (float32 accumulation, one rounding to the output dtype).
+
+Why: a DFlash verify multiplies 16 rows per slot, a draft 16 block rows plus the context rows.
+MLX runs every product with more than one row through cuBLASLt, and on its CUDA backend each of
+those is a descriptor set-up, an algorithm heuristic query and a stream capture on the host,
+while a custom kernel is one graph node. At the sizes where DFlash pays the products are
+bandwidth-bound (16 rows read the weight once), so a kernel that streams the weight once with
+tensor cores costs the device what cuBLAS does and the host much less.
+
+Layout of the work: a thread block of ``WARPS`` warps owns ``8 * NB`` output columns; its warps
+split K in chunks of 64. Lane ``(g, t)`` (``g = lane / 4``, ``t = lane % 4``) loads 16
+consecutive weights of column ``g`` and 16 consecutive inputs of rows ``g`` and ``g + 8`` per
+chunk (two 16-byte loads each, coalesced), and feeds them to four mma steps. The dot product is
+order-free, so the mma's logical k index ``2t + {0, 1}`` / ``2t + 8 + {0, 1}`` of step ``j`` is
+mapped to the physical k ``16t + 4j + {0, 1}`` / ``16t + 4j + {2, 3}`` in both operands: each
+lane's loads are contiguous. Warps' partial sums are added in shared memory in warp order.
+
+Each output row is computed the same way whatever the other rows hold and however many rows
+there are (same chunk order, same mma lane, same warp order), so a row's result does not depend
+on M: one row alone and the same row inside a 16-row verify give the same bits.
+
+What it does not do: quantized weights, float32, K not a multiple of 64, N not a multiple of 8,
+or more than :data:`MAX_ROWS` rows (:func:`supported` says so; callers use ``mx.matmul``).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from typing import Any
+
+import mlx.core as mx
+
+#: Most rows one launch takes (8 m-tiles of 16: eight slots of a 16-token verify).
+MAX_ROWS = 128
+#: K is consumed in chunks of this many elements (four mma k-steps).
+K_CHUNK = 64
+
+_HEADER = r"""
+// D += A (16x16, row) * B (16x8, col) for one warp, float32 accumulators (PTX mma.m16n8k16).
+// Under HF2Q_EMULATED_MMA (the CPU test harness, tests/cuda_emu.py) the harness provides the
+// same warp-collective product from the PTX fragment layout.
+#ifdef HF2Q_EMULATED_MMA
+#define HF2Q_MMA(KIND, IS_BF16)                                                          \
+  hf2q_emulated_mma(IS_BF16, c, a0, a1, a2, a3, b0, b1);
+#else
+#define HF2Q_MMA(KIND, IS_BF16)                                                          \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." KIND "." KIND ".f32 "            \
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                 \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                         \
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+template <typename T> struct Hf2qMma;
+template <> struct Hf2qMma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float* c, unsigned a0, unsigned a1, unsigned a2,
+                                             unsigned a3, unsigned b0, unsigned b1) {
+    HF2Q_MMA("bf16", true)
+  }
+  static __device__ __forceinline__ __nv_bfloat16 to(float x) { return __float2bfloat16(x); }
+};
+template <> struct Hf2qMma<__half> {
+  static __device__ __forceinline__ void run(float* c, unsigned a0, unsigned a1, unsigned a2,
+                                             unsigned a3, unsigned b0, unsigned b1) {
+    HF2Q_MMA("f16", false)
+  }
+  static __device__ __forceinline__ __half to(float x) { return __float2half(x); }
+};
+"""
+
+# Template arguments: T (bf16/fp16), MT (m-tiles of 16 rows), NB (8-column blocks per thread
+# block), WARPS, U (unrolling of the chunk loop). Inputs x (..., K) with M rows in all and w (N, K),
+# both row-contiguous; output y (..., N).
+_SOURCE = r"""
+  const int K = x_shape[x_ndim - 1];
+  int M = 1;
+  for (int i = 0; i < x_ndim - 1; ++i) M *= x_shape[i];
+  const int N = w_shape[0];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int n0 = blockIdx.x * (8 * NB);
+  float acc[MT][NB][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nb][e] = 0.0f;
+  const int chunks = K / 64;
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll U
+  for (int c = warp; c < chunks; c += WARPS) {
+    const int kb = c * 64 + 16 * t;
+    unsigned wv[NB][8];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)(n0 + nb * 8 + g) * K + kb);
+      const uint4 lo = wp[0];
+      const uint4 hi = wp[1];
+      wv[nb][0] = lo.x; wv[nb][1] = lo.y; wv[nb][2] = lo.z; wv[nb][3] = lo.w;
+      wv[nb][4] = hi.x; wv[nb][5] = hi.y; wv[nb][6] = hi.z; wv[nb][7] = hi.w;
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int r0 = mt * 16 + g;
+      const int r1 = r0 + 8;
+      uint4 a_lo = zero, a_hi = zero, b_lo = zero, b_hi = zero;
+      if (r0 < M) {
+        const uint4* xp = reinterpret_cast<const uint4*>(x + (size_t)r0 * K + kb);
+        a_lo = xp[0];
+        a_hi = xp[1];
+      }
+      if (r1 < M) {
+        const uint4* xp = reinterpret_cast<const uint4*>(x + (size_t)r1 * K + kb);
+        b_lo = xp[0];
+        b_hi = xp[1];
+      }
+      const unsigned ra[8] = {a_lo.x, a_lo.y, a_lo.z, a_lo.w, a_hi.x, a_hi.y, a_hi.z, a_hi.w};
+      const unsigned rb[8] = {b_lo.x, b_lo.y, b_lo.z, b_lo.w, b_hi.x, b_hi.y, b_hi.z, b_hi.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+          Hf2qMma<T>::run(acc[mt][nb], ra[2 * j], rb[2 * j], ra[2 * j + 1], rb[2 * j + 1],
+                          wv[nb][2 * j], wv[nb][2 * j + 1]);
+        }
+      }
+    }
+  }
+  constexpr int SLOTS = MT * NB * 4;
+  if (WARPS == 1) {
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int mt = s / (NB * 4);
+      const int nb = (s / 4) % NB;
+      const int e = s % 4;
+      const int row = mt * 16 + g + (e >= 2 ? 8 : 0);
+      const int col = n0 + nb * 8 + 2 * t + (e & 1);
+      if (row < M) y[(size_t)row * N + col] = Hf2qMma<T>::to(acc[mt][nb][e]);
+    }
+    return;
+  }
+  __shared__ float red[WARPS][SLOTS][32];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[warp][(mt * NB + nb) * 4 + e][lane] = acc[mt][nb][e];
+  __syncthreads();
+  for (int i = threadIdx.x; i < SLOTS * 32; i += WARPS * 32) {
+    const int s = i / 32;
+    const int ln = i % 32;
+    const int mt = s / (NB * 4);
+    const int row = mt * 16 + (ln >> 2) + ((s % 4) >= 2 ? 8 : 0);
+    if (row >= M) continue;
+    float sum = 0.0f;
+#pragma unroll
+    for (int ww = 0; ww < WARPS; ++ww) sum += red[ww][s][ln];
+    const int col = n0 + ((s / 4) % NB) * 8 + 2 * (ln & 3) + (s & 1);
+    y[(size_t)row * N + col] = Hf2qMma<T>::to(sum);
+  }
+"""
+
+
+@cache
+def _kernel() -> Any:
+    return mx.fast.cuda_kernel(
+        name="hf2q_small_mm",
+        input_names=["x", "w"],
+        output_names=["y"],
+        source=_SOURCE,
+        header=_HEADER,
+    )
+
+
+def supported(x: mx.array, w: mx.array) -> str | None:
+    """Why :func:`small_matmul_cuda` cannot compute ``x @ w.T`` (None when it can)."""
+    if x.dtype not in (mx.bfloat16, mx.float16) or w.dtype != x.dtype:
+        return f"dtypes {x.dtype}/{w.dtype} (needs bf16 or fp16, both the same)"
+    if w.ndim != 2 or x.shape[-1] != w.shape[1]:
+        return f"shapes {x.shape} x {w.shape}.T do not multiply"
+    K, N = w.shape[1], w.shape[0]
+    if K % K_CHUNK:
+        return f"K={K} is not a multiple of {K_CHUNK}"
+    if N % 8:
+        return f"N={N} is not a multiple of 8"
+    rows = math.prod(x.shape[:-1])
+    if not 1 <= rows <= MAX_ROWS:
+        return f"{rows} rows (1 to {MAX_ROWS})"
+    return None
+
+
+def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
+    """(m-tiles, 8-column blocks per thread block, warps, chunk-loop unrolling) for this product."""
+    mt = -(-rows // 16)
+    nb = 4 if mt == 1 and N % 32 == 0 and N >= 32 * 264 else (2 if mt <= 2 and N % 16 == 0 else 1)
+    chunks = K // K_CHUNK
+    warps = 1
+    for cand in (8, 4, 2):
+        if chunks >= 2 * cand:
+            warps = cand
+            break
+    return mt, nb, warps, 1
+
+
+def small_matmul_cuda(
+    x: mx.array, w: mx.array, *, tune: tuple[int, int, int] | None = None
+) -> mx.array:
+    """``x @ w.T`` in one tensor-core launch; see :func:`supported` for what it takes.
+
+    ``tune`` overrides :func:`launch_shape`'s (column blocks, warps, unrolling), for tuning:
+    every choice computes the same values up to float32 summation order (a row's bits are the
+    same across row counts for one choice of ``warps``).
+    """
+    K, N = w.shape[1], w.shape[0]
+    rows = math.prod(x.shape[:-1])
+    mt, nb, warps, unroll = launch_shape(rows, K, N)
+    if tune is not None:
+        nb, warps, unroll = tune
+    (y,) = _kernel()(
+        inputs=[x, w],
+        template=[("T", x.dtype), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll)],
+        grid=((N // (8 * nb)) * 32 * warps, 1, 1),
+        threadgroup=(32 * warps, 1, 1),
+        output_shapes=[(*x.shape[:-1], N)],
+        output_dtypes=[x.dtype],
+    )
+    return y
