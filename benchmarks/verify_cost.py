@@ -298,9 +298,10 @@ class LayerFnPath:
         record: str,
         compiled: bool,
         fuse_proj: bool = False,
+        mm: bool = False,
     ) -> None:
         self.target, self.impl, self.record = target, impl, record
-        self.compiled, self.fuse_proj = compiled, fuse_proj
+        self.compiled, self.fuse_proj, self.mm = compiled, fuse_proj, mm
         self.records: dict[int, Any] = {}
         self._gdn: dict[int, Callable] = {}
         self._attn: dict[int, Callable] = {}
@@ -318,19 +319,26 @@ class LayerFnPath:
             if self.compiled:
                 if i not in self._gdn:
                     self._gdn[i] = compile_gdn_decoder_layer(
-                        layer, impl=self.impl, record=self.record, fused=fused
+                        layer, impl=self.impl, record=self.record, fused=fused, mm=self.mm
                     )
                 out, rec = self._gdn[i](h, cache[0], cache[1])
             else:
                 out, rec = gdn_decoder_layer(
-                    layer, h, cache[0], cache[1], impl=self.impl, record=self.record, fused=fused
+                    layer,
+                    h,
+                    cache[0],
+                    cache[1],
+                    impl=self.impl,
+                    record=self.record,
+                    fused=fused,
+                    mm=self.mm,
                 )
             self.records[i] = rec
             cache[0], cache[1] = rec.final_conv_state, rec.final_state
             return out
         if self.compiled:
             if i not in self._attn:
-                self._attn[i] = compile_attention_layer(layer, fuse_proj=self.fuse_proj)
+                self._attn[i] = compile_attention_layer(layer, fuse_proj=self.fuse_proj, mm=self.mm)
             return self._attn[i](h, mask, cache)
         return layer(h, mask=mask, cache=cache)
 
@@ -338,7 +346,7 @@ class LayerFnPath:
         return self.target.make_cache()
 
     def forward(self, tokens: mx.array, cache: list[Any], capture: list[int]):
-        return self.target.forward(tokens, cache, capture=capture, layer_fn=self._layer)
+        return self.target.forward(tokens, cache, capture=capture, layer_fn=self._layer, mm=self.mm)
 
     def rollback(self, cache: list[Any], n: int, T: int) -> list[mx.array]:
         out = []
@@ -356,13 +364,14 @@ class LayerFnPath:
 
 class RuntimePath:
     """The runtime's public verify (``hf2q.runtime.verify.verify_forward`` on its ``TargetCache``,
-    rolled back with ``TargetCache.rollback``); decode is the runtime's plain step (mlx-lm's own
-    forward)."""
+    rolled back with ``TargetCache.rollback``); decode is the runtime's plain step (its layer
+    function ``decode_layer_fn()``: the compiled runners on CUDA, mlx-lm's forward elsewhere)."""
 
     def __init__(self, target: TargetModel) -> None:
+        from hf2q.kernels.layers import decode_layer_fn
         from hf2q.runtime.verify import verify_forward
 
-        self.target, self._verify = target, verify_forward
+        self.target, self._verify, self._decode = target, verify_forward, decode_layer_fn()
 
     def make_cache(self) -> list[Any]:
         from hf2q.runtime.cache import make_target_cache
@@ -371,7 +380,7 @@ class RuntimePath:
 
     def forward(self, tokens: mx.array, cache: Any, capture: list[int]):
         if tokens.shape[1] == 1:
-            return self.target.forward(tokens, cache, capture=capture)
+            return self.target.forward(tokens, cache, capture=capture, layer_fn=self._decode)
         return self._verify(self.target, tokens, cache, capture=capture)
 
     def rollback(self, cache: Any, n: int, T: int) -> list[mx.array]:
@@ -395,9 +404,9 @@ class StockPath:
         raise NotImplementedError("mlx-lm's ArraysCache cannot be rolled back")
 
 
-def _path(impl: str, record: str, compiled: bool, fuse_proj: bool = False):
+def _path(impl: str, record: str, compiled: bool, fuse_proj: bool = False, mm: bool = False):
     return lambda t: LayerFnPath(
-        t, impl=impl, record=record, compiled=compiled, fuse_proj=fuse_proj
+        t, impl=impl, record=record, compiled=compiled, fuse_proj=fuse_proj, mm=mm
     )
 
 
@@ -421,6 +430,9 @@ def paths_for(backend: str) -> dict[str, Callable[[TargetModel], Any]]:
                 "fused-compiled-final": _path("cuda", "final", True),
                 "fused-compiled-states+proj": _path("cuda", "states", True, True),
                 "fused-compiled-final+proj": _path("cuda", "final", True, True),
+                # products through hf2q's small-M tensor-core kernel (hf2q.kernels.linear)
+                "fused-compiled-states+mm": _path("cuda", "states", True, mm=True),
+                "fused-compiled-final+mm": _path("cuda", "final", True, mm=True),
             }
         )
     if importlib.util.find_spec("hf2q.runtime.verify") is not None:

@@ -27,17 +27,21 @@ import mlx.nn as nn
 from mlx_lm.models.base import scaled_dot_product_attention
 
 from hf2q.kernels.gdn import _alive, concat_linears, mlp_fused
+from hf2q.kernels.linear import linear, swiglu_mlp
 
 AttentionRunner = Callable[[mx.array, Any, Any], mx.array]
 
 
-def compile_attention_layer(layer: nn.Module, *, fuse_proj: bool = False) -> AttentionRunner:
+def compile_attention_layer(
+    layer: nn.Module, *, fuse_proj: bool = False, mm: bool = False
+) -> AttentionRunner:
     """A function ``(x, mask, cache) -> out`` equal to ``layer(x, mask, cache)``, mostly compiled.
 
     Args:
         layer: mlx-lm's Qwen3.5 full-attention ``DecoderLayer`` (``layer.self_attn``).
         fuse_proj: compute q/k/v with one matmul and the MLP's gate/up with one (weights are
             concatenated once, here; the layer itself is not changed).
+        mm: products through :func:`hf2q.kernels.linear.linear` (the small-M kernel on CUDA).
     """
     ref = weakref.ref(layer)  # the model owns the layer; these functions must not keep it alive
     sa = layer.self_attn
@@ -54,9 +58,12 @@ def compile_attention_layer(layer: nn.Module, *, fuse_proj: bool = False) -> Att
         B, L, _ = x.shape
         h = lay.input_layernorm(x)
         if qkv is None:
-            q_out, keys, values = sa.q_proj(h), sa.k_proj(h), sa.v_proj(h)
+            q_out = linear(sa.q_proj, h, mm)
+            keys, values = linear(sa.k_proj, h, mm), linear(sa.v_proj, h, mm)
         else:
-            q_out, keys, values = mx.split(qkv(h), [q_width, q_width + kv_width], axis=-1)
+            q_out, keys, values = mx.split(
+                linear(qkv, h, mm), [q_width, q_width + kv_width], axis=-1
+            )
         queries, gate = mx.split(q_out.reshape(B, L, nq, -1), 2, axis=-1)
         gate = gate.reshape(B, L, -1)
         queries = sa.q_norm(queries).transpose(0, 2, 1, 3)
@@ -68,11 +75,11 @@ def compile_attention_layer(layer: nn.Module, *, fuse_proj: bool = False) -> Att
         lay = _alive(ref)
         B, L, _ = x.shape
         o = attn.transpose(0, 2, 1, 3).reshape(B, L, -1)
-        h = x + lay.self_attn.o_proj(o * mx.sigmoid(gate))
+        h = x + linear(lay.self_attn.o_proj, o * mx.sigmoid(gate), mm)
         hn = lay.post_attention_layernorm(h)
         if gate_up is None:
-            return h + lay.mlp(hn)
-        return h + mlp_fused(lay.mlp, gate_up, hn)
+            return h + swiglu_mlp(lay.mlp, hn, mm)
+        return h + mlp_fused(lay.mlp, gate_up, hn, mm)
 
     cpre, cpost = mx.compile(pre), mx.compile(post)
 

@@ -29,6 +29,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.gated_delta import compute_g, gated_delta_update, normalize_qk
 
+from hf2q.kernels.linear import linear, swiglu_mlp
+
 IMPLS = ("ops", "mlx", "cuda_steps", "cuda")
 RECORDS = ("states", "final")
 
@@ -193,12 +195,13 @@ def fuse_projections(layer: nn.Module) -> FusedProjections:
     )
 
 
-def mlp_fused(mlp: nn.Module, gate_up: nn.Module, x: mx.array) -> mx.array:
-    """mlx-lm's SwiGLU MLP with its gate and up projections done as one matmul."""
+def mlp_fused(mlp: nn.Module, gate_up: nn.Module, x: mx.array, mm: bool = False) -> mx.array:
+    """mlx-lm's SwiGLU MLP with its gate and up projections done as one matmul (``mm``: products
+    through :func:`hf2q.kernels.linear.linear`)."""
     from mlx_lm.models.activations import swiglu
 
-    g, u = mx.split(gate_up(x), 2, axis=-1)
-    return mlp.down_proj(swiglu(g, u))
+    g, u = mx.split(linear(gate_up, x, mm), 2, axis=-1)
+    return linear(mlp.down_proj, swiglu(g, u), mm)
 
 
 # -- one Gated-DeltaNet mixer ----------------------------------------------------------------------
@@ -288,6 +291,7 @@ def gdn_mixer(
     impl: str = "ops",
     record: str = "states",
     in_proj: nn.Module | None = None,
+    mm: bool = False,
 ) -> tuple[mx.array, GdnRecord]:
     """One ``GatedDeltaNet`` (``layer.linear_attn``) over ``x`` (B, T, H), without a cache.
 
@@ -299,6 +303,7 @@ def gdn_mixer(
         impl: one of :data:`IMPLS`.
         record: ``"states"`` (per-step states) or ``"final"``.
         in_proj: ``FusedProjections.in_proj`` of this layer: one matmul for qkv, z, b and a.
+        mm: products through :func:`hf2q.kernels.linear.linear` (the small-M kernel on CUDA).
 
     Returns:
         ``(out, record)``: out (B, T, hidden) as mlx-lm's layer returns it, and the record.
@@ -307,13 +312,13 @@ def gdn_mixer(
         raise ValueError(f"record must be one of {RECORDS}, not {record!r}")
     B, T, _ = x.shape
     if in_proj is None:
-        qkv = attn.in_proj_qkv(x)
-        z = attn.in_proj_z(x)
-        b = attn.in_proj_b(x)
-        a = attn.in_proj_a(x)
+        qkv = linear(attn.in_proj_qkv, x, mm)
+        z = linear(attn.in_proj_z, x, mm)
+        b = linear(attn.in_proj_b, x, mm)
+        a = linear(attn.in_proj_a, x, mm)
     else:
         C, V, H = attn.conv_dim, attn.value_dim, attn.num_v_heads
-        qkv, z, b, a = mx.split(in_proj(x), [C, C + V, C + V + H], axis=-1)
+        qkv, z, b, a = mx.split(linear(in_proj, x, mm), [C, C + V, C + V + H], axis=-1)
     z = z.reshape(B, T, attn.num_v_heads, attn.head_v_dim)
     if conv_state is None:
         conv_state = mx.zeros((B, attn.conv_kernel_size - 1, attn.conv_dim), dtype=x.dtype)
@@ -321,7 +326,7 @@ def gdn_mixer(
         state = mx.zeros((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim), dtype=mx.float32)
     conv_input = mx.concatenate([conv_state, qkv], axis=1)
     y, rec = _recurrence(attn, conv_state, qkv, conv_input, a, b, state, impl=impl, record=record)
-    out = attn.out_proj(attn.norm(y, z).reshape(B, T, -1))
+    out = linear(attn.out_proj, attn.norm(y, z).reshape(B, T, -1), mm)
     return out, GdnRecord(conv_input, a, b, state, rec, record)
 
 
@@ -334,10 +339,12 @@ def gdn_decoder_layer(
     impl: str = "ops",
     record: str = "states",
     fused: FusedProjections | None = None,
+    mm: bool = False,
 ) -> tuple[mx.array, GdnRecord]:
     """A whole Qwen3.5 linear-attention ``DecoderLayer``: norm, mixer, residual, norm, MLP, residual.
 
-    ``fused`` (from :func:`fuse_projections`) replaces the six input matmuls by two.
+    ``fused`` (from :func:`fuse_projections`) replaces the six input matmuls by two; ``mm`` runs
+    the products through :func:`hf2q.kernels.linear.linear`.
     """
     r, rec = gdn_mixer(
         layer.linear_attn,
@@ -347,12 +354,13 @@ def gdn_decoder_layer(
         impl=impl,
         record=record,
         in_proj=None if fused is None else fused.in_proj,
+        mm=mm,
     )
     h = x + r
     hn = layer.post_attention_layernorm(h)
     if fused is None:
-        return h + layer.mlp(hn), rec
-    return h + mlp_fused(layer.mlp, fused.gate_up, hn), rec
+        return h + swiglu_mlp(layer.mlp, hn, mm), rec
+    return h + mlp_fused(layer.mlp, fused.gate_up, hn, mm), rec
 
 
 def rollback_state(attn: nn.Module, rec: GdnRecord, n: int, *, impl: str = "ops") -> mx.array:
@@ -395,7 +403,12 @@ LayerRunner = Callable[[mx.array, mx.array, mx.array], tuple[mx.array, GdnRecord
 
 
 def compile_gdn_decoder_layer(
-    layer: nn.Module, *, impl: str, record: str, fused: FusedProjections | None = None
+    layer: nn.Module,
+    *,
+    impl: str,
+    record: str,
+    fused: FusedProjections | None = None,
+    mm: bool = False,
 ) -> LayerRunner:
     """``mx.compile`` of :func:`gdn_decoder_layer` for one layer.
 
@@ -407,7 +420,7 @@ def compile_gdn_decoder_layer(
 
     def fn(x: mx.array, conv_state: mx.array, state: mx.array):
         out, rec = gdn_decoder_layer(
-            _alive(ref), x, conv_state, state, impl=impl, record=record, fused=fused
+            _alive(ref), x, conv_state, state, impl=impl, record=record, fused=fused, mm=mm
         )
         # Inputs are not returned from the compiled graph; the record is rebuilt outside.
         return out, rec.conv_input, rec.a, rec.b, rec.rec

@@ -54,7 +54,7 @@ def _has_plain_mlp(layer: nn.Module) -> bool:
 
 
 def gdn_layer_runner(
-    layer: nn.Module, *, impl: str, record: str, fuse_proj: bool = False
+    layer: nn.Module, *, impl: str, record: str, fuse_proj: bool = False, mm: bool = False
 ) -> LayerRunner:
     """The compiled runner ``(x, conv_state, state) -> (out, GdnRecord)`` of a linear-attention layer."""
     fuse = fuse_proj and _has_plain_mlp(layer)
@@ -64,32 +64,36 @@ def gdn_layer_runner(
         # One concatenated copy per layer, shared by its decode and verify runners.
         fused = _cached(layer, ("fused-proj",), lambda: fuse_projections(layer)) if fuse else None
         if compiled:
-            return compile_gdn_decoder_layer(layer, impl=impl, record=record, fused=fused)
+            return compile_gdn_decoder_layer(layer, impl=impl, record=record, fused=fused, mm=mm)
         ref = weakref.ref(layer)
         return lambda x, conv, state: gdn_decoder_layer(
-            ref(), x, conv, state, impl=impl, record=record, fused=fused
+            ref(), x, conv, state, impl=impl, record=record, fused=fused, mm=mm
         )
 
-    return _cached(layer, ("gdn", impl, record, fuse, compiled), build)
+    return _cached(layer, ("gdn", impl, record, fuse, compiled, mm), build)
 
 
-def attention_runner(layer: nn.Module, *, fuse_proj: bool = False) -> Callable:
+def attention_runner(layer: nn.Module, *, fuse_proj: bool = False, mm: bool = False) -> Callable:
     """The compiled runner ``(x, mask, cache) -> out`` of a full-attention layer."""
     fuse = fuse_proj and _has_plain_mlp(layer)
     if not select.compile_enabled():
         ref = weakref.ref(layer)
         return _cached(layer, ("attn-plain",), lambda: lambda x, mask, cache: ref()(x, mask, cache))
-    return _cached(layer, ("attn", fuse), lambda: compile_attention_layer(layer, fuse_proj=fuse))
+    return _cached(
+        layer, ("attn", fuse, mm), lambda: compile_attention_layer(layer, fuse_proj=fuse, mm=mm)
+    )
 
 
 def fast_layer_fn(
-    *, fuse_proj: bool = False
+    *, fuse_proj: bool = False, mm: bool = False
 ) -> Callable[[int, nn.Module, mx.array, Any, Any], mx.array]:
     """A ``TargetModel.forward`` layer function using the compiled runners (and CUDA kernels).
 
     Args:
         fuse_proj: concatenate each layer's input projections once (one matmul instead of
             several; costs a copy of those weights).
+        mm: run the layers' products through :func:`hf2q.kernels.linear.linear`
+            (``select.small_mm_enabled()``: the small-M tensor-core kernel on CUDA).
     """
 
     def run(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any) -> mx.array:
@@ -110,16 +114,17 @@ def fast_layer_fn(
             conv, state = cache[0], cache[1]
             if conv is None or state is None:
                 conv, state = empty_states(attn, h.shape[0], h.dtype)
-            out, rec = gdn_layer_runner(layer, impl=impl, record="final", fuse_proj=fuse_proj)(
-                h, conv, state
+            run_layer = gdn_layer_runner(
+                layer, impl=impl, record="final", fuse_proj=fuse_proj, mm=mm
             )
+            out, rec = run_layer(h, conv, state)
             cache[0], cache[1] = rec.final_conv_state, rec.final_state
             cache.advance(h.shape[1])
             return out
         if isinstance(getattr(layer, "self_attn", None), Qwen3NextAttention) and hasattr(
             cache, "update_and_fetch"
         ):  # mlx-lm's KVCache or any cache with its protocol (hf2q's slot caches)
-            return attention_runner(layer, fuse_proj=fuse_proj)(h, mask, cache)
+            return attention_runner(layer, fuse_proj=fuse_proj, mm=mm)(h, mask, cache)
         return layer(h, mask=mask, cache=cache)
 
     return run
@@ -136,7 +141,7 @@ def decode_layer_fn() -> Callable[[int, nn.Module, mx.array, Any, Any], mx.array
     """
     if not decode_runners_active():
         return None
-    return fast_layer_fn(fuse_proj=select.fuse_proj_enabled())
+    return fast_layer_fn(fuse_proj=select.fuse_proj_enabled(), mm=select.small_mm_enabled())
 
 
 def decode_runners_active() -> bool:

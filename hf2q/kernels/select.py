@@ -12,7 +12,8 @@ layer, and pick
 ``HF2Q_KERNELS=ops`` forces the portable ops everywhere (to compare or to rule the kernels out);
 ``HF2Q_KERNELS=cuda`` insists on the CUDA kernels and fails loudly where they cannot run;
 ``HF2Q_COMPILE=0`` turns ``mx.compile`` of the layer runners off; ``HF2Q_FUSE_PROJ=1`` makes them
-and the drafter concatenate each layer's projections. :func:`sdpa_bucket` says whether
+and the drafter concatenate each layer's projections; ``HF2Q_SMALL_MM=0`` keeps their bf16/fp16
+products with few rows on MLX's matmul instead of hf2q's tensor-core kernel (:func:`small_mm_enabled`). :func:`sdpa_bucket` says whether
 multi-token attention pads its keys to a bucket length (``HF2Q_SDPA_BUCKET``; on CUDA by default).
 :func:`describe` returns what is active, for ``--stats``.
 
@@ -45,6 +46,11 @@ SDPA_BUCKET_CUDA = 256
 FUSE_PROJ_ENV = "HF2Q_FUSE_PROJ"
 
 
+#: HF2Q_SMALL_MM=0: hf2q's decoding paths keep MLX's matmul for products with few rows instead of
+#: the tensor-core kernel of :mod:`hf2q.kernels.cuda_matmul` (CUDA only; default on there).
+SMALL_MM_ENV = "HF2Q_SMALL_MM"
+
+
 def _flag(env: str, default: str) -> bool:
     value = os.environ.get(env, default).strip().lower() or default
     if value not in ("0", "1", "false", "true", "off", "on"):
@@ -61,6 +67,13 @@ def fuse_proj_enabled() -> bool:
     """Whether layers concatenate their projections (``HF2Q_FUSE_PROJ``, default off: it holds a
     second copy of those weights; no gain on a CPU, not yet timed on a GPU)."""
     return _flag(FUSE_PROJ_ENV, "0")
+
+
+def small_mm_enabled() -> bool:
+    """Whether hf2q's decoding paths run products with few rows (bf16/fp16, unquantized) through
+    the tensor-core kernel (:mod:`hf2q.kernels.linear`): on CUDA unless ``HF2Q_KERNELS=ops`` or
+    ``HF2Q_SMALL_MM=0``; never elsewhere (the kernel is CUDA-only)."""
+    return backend() == "cuda" and kernel_mode() != "ops" and _flag(SMALL_MM_ENV, "1")
 
 
 def sdpa_bucket() -> int | None:
@@ -223,6 +236,9 @@ def describe(attn: object | None = None) -> dict[str, str]:
     info["compile"] = "on" if compile_enabled() else "off"
     if fuse_proj_enabled():
         info["projections"] = "concatenated"
+    info["small_mm"] = (
+        f"tensor-core kernel up to {_small_mm_rows()} rows" if small_mm_enabled() else "MLX matmul"
+    )
     bucket = sdpa_bucket()
     info["sdpa_keys"] = f"padded to a multiple of {bucket}" if bucket else "exact length"
     return info
@@ -243,7 +259,14 @@ def summary(model: object | None = None) -> str:
     parts.append(f"compile {info['compile']}")
     if "projections" in info:
         parts.append(f"projections {info['projections']}")
+    parts.append(f"small products {info['small_mm']}")
     parts.append(f"attention keys {info['sdpa_keys']}")
     if info["mode"] != "auto":
         parts.append(f"{ENV}={info['mode']}")
     return "; ".join(parts)
+
+
+def _small_mm_rows() -> int:
+    from hf2q.kernels.linear import ALWAYS_ROWS
+
+    return ALWAYS_ROWS

@@ -26,7 +26,8 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from hf2q.errors import DrafterError
 from hf2q.kernels.gdn import concat_linears, mlp_fused
-from hf2q.kernels.select import bucketed, fuse_proj_enabled, sdpa_bucket
+from hf2q.kernels.linear import linear, swiglu_mlp
+from hf2q.kernels.select import bucketed, fuse_proj_enabled, sdpa_bucket, small_mm_enabled
 
 DRAFTER_ARCHITECTURE = "DFlashDraftModel"
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -259,11 +260,13 @@ class DFlashConfig:
 class DraftPass:
     """What the layers of one drafter forward share: the attention masks made so far (all layers
     see the same positions), and the switches read once a forward: whether projections are
-    concatenated (``HF2Q_FUSE_PROJ``) and the key-length bucket (``sdpa_bucket()``)."""
+    concatenated (``HF2Q_FUSE_PROJ``), the key-length bucket (``sdpa_bucket()``) and whether
+    products go through the small-M kernel (``small_mm_enabled()``; never in training)."""
 
     masks: dict[Any, mx.array | None] = field(default_factory=dict)
     fuse: bool = False
     bucket: int | None = None
+    mm: bool = False
 
 
 @dataclass
@@ -322,35 +325,39 @@ class DFlashAttention(nn.Module):
         B, L, _ = x.shape
         return x.reshape(B, L, n, self.head_dim).transpose(0, 2, 1, 3)  # (B, n, L, d)
 
-    def queries(self, x: mx.array, offset: int | mx.array) -> mx.array:
-        """Normed, rotated queries of block rows ``x`` (B, L, H) starting at position ``offset``."""
-        return self.rope(self.q_norm(self._heads(self.q_proj(x), self.n_heads)), offset=offset)
+    def queries(self, x: mx.array, offset: int | mx.array, mm: bool = False) -> mx.array:
+        """Normed, rotated queries of block rows ``x`` (B, L, H) starting at position ``offset``
+        (``mm``: the projection through :func:`hf2q.kernels.linear.linear`)."""
+        q = self._heads(linear(self.q_proj, x, mm), self.n_heads)
+        return self.rope(self.q_norm(q), offset=offset)
 
-    def keys_values(self, x: mx.array, offset: int | mx.array) -> tuple[mx.array, mx.array]:
+    def keys_values(
+        self, x: mx.array, offset: int | mx.array, mm: bool = False
+    ) -> tuple[mx.array, mx.array]:
         """Normed, rotated keys and values of rows ``x`` (B, L, H) starting at position ``offset``."""
-        k = self.rope(self.k_norm(self._heads(self.k_proj(x), self.n_kv_heads)), offset=offset)
-        return k, self._heads(self.v_proj(x), self.n_kv_heads)
+        k = self.k_norm(self._heads(linear(self.k_proj, x, mm), self.n_kv_heads))
+        return self.rope(k, offset=offset), self._heads(linear(self.v_proj, x, mm), self.n_kv_heads)
 
     def project(
-        self, x: mx.array, ctx: mx.array, cache: Any, fuse: bool = False
+        self, x: mx.array, ctx: mx.array, cache: Any, fuse: bool = False, mm: bool = False
     ) -> tuple[mx.array, mx.array, mx.array]:
         """Append the keys/values of context rows ``ctx`` (B, S, H) to ``cache``; return the block
         rows' queries, keys and values (B, heads, L, d), rotated at the positions after the context.
 
         With ``fuse`` (``HF2Q_FUSE_PROJ``) one matmul computes q/k/v of the context and block rows
         together (same values; fewer, larger matmuls), else the separate projections as in
-        training.
+        training. ``mm``: products through the small-M kernel (:mod:`hf2q.kernels.linear`).
         """
         qkv = _concatenated(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj]) if fuse else None
         if qkv is None:
-            self.append_context(ctx, cache)
+            self.append_context(ctx, cache, mm)
             n_ctx = cache.offset
-            k_blk, v_blk = self.keys_values(x, n_ctx)
-            return self.queries(x, n_ctx), k_blk, v_blk
+            k_blk, v_blk = self.keys_values(x, n_ctx, mm)
+            return self.queries(x, n_ctx, mm), k_blk, v_blk
         S = ctx.shape[1]
         nq, nk = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         rows = mx.concatenate([ctx, x], axis=1) if S else x  # (B, S + L, H)
-        q, k, v = mx.split(qkv(rows), [nq, nq + nk], axis=-1)
+        q, k, v = mx.split(linear(qkv, rows, mm), [nq, nq + nk], axis=-1)
         k = self.k_norm(self._heads(k, self.n_kv_heads))  # (B, hk, S + L, d)
         v = self._heads(v, self.n_kv_heads)
         if S:
@@ -403,7 +410,8 @@ class DFlashAttention(nn.Module):
         v = vs[0] if len(vs) == 1 else mx.concatenate(vs, axis=2)
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         B, _, L, _ = out.shape
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        out = out.transpose(0, 2, 1, 3).reshape(B, L, -1)
+        return linear(self.o_proj, out, fw is not None and fw.mm)
 
     def block_mask(self, n_ctx: int, n_block: int, ctx_start: int) -> mx.array | None:
         """Boolean mask (n_block, n_ctx + n_block) for the block rows at positions after the context.
@@ -422,10 +430,10 @@ class DFlashAttention(nn.Module):
             visible = visible & (q_pos - k_pos < self.sliding_window)
         return visible
 
-    def append_context(self, ctx: mx.array, cache: KVCache) -> None:
+    def append_context(self, ctx: mx.array, cache: KVCache, mm: bool = False) -> None:
         """Append keys/values of verified context rows ``ctx`` (B, S, H) to ``cache``."""
         if ctx.shape[1] > 0:
-            k_ctx, v_ctx = self.keys_values(ctx, cache.offset)
+            k_ctx, v_ctx = self.keys_values(ctx, cache.offset, mm)
             cache.update_and_fetch(k_ctx, v_ctx)
 
     def rows_mask(self, n_ctx: mx.array, n_keys: int, n_block: int) -> mx.array:
@@ -456,7 +464,9 @@ class DFlashAttention(nn.Module):
         # of ``ctx`` rows (``cache.prepare(lengths=...)``) and its block starts right after its
         # own context.
         L = x.shape[1]
-        q, k_blk, v_blk = self.project(x, ctx, cache, fw is not None and fw.fuse)
+        q, k_blk, v_blk = self.project(
+            x, ctx, cache, fw is not None and fw.fuse, fw is not None and fw.mm
+        )
         keys, values = cache.keys_and_values()
         n_ctx = cache.offset  # (B,)
         n_keys = 0 if keys is None else keys.shape[2]
@@ -473,7 +483,9 @@ class DFlashAttention(nn.Module):
         if isinstance(cache.offset, mx.array):
             return self._call_rows(x, ctx, cache, fw)
         L = x.shape[1]
-        q, k_blk, v_blk = self.project(x, ctx, cache, fw is not None and fw.fuse)
+        q, k_blk, v_blk = self.project(
+            x, ctx, cache, fw is not None and fw.fuse, fw is not None and fw.mm
+        )
         keys, values = cache.keys_and_values() if cache.offset else (None, None)
         n_ctx = cache.offset
         first = 0
@@ -505,7 +517,10 @@ class DFlashDecoderLayer(nn.Module):
         hn = self.post_attention_layernorm(h)
         mods = [self.mlp.gate_proj, self.mlp.up_proj]
         gate_up = _concatenated(self, "_gate_up", mods) if fw is not None and fw.fuse else None
-        return h + (self.mlp(hn) if gate_up is None else mlp_fused(self.mlp, gate_up, hn))
+        mm = fw is not None and fw.mm
+        if gate_up is None:
+            return h + swiglu_mlp(self.mlp, hn, mm)
+        return h + mlp_fused(self.mlp, gate_up, hn, mm)
 
 
 class DFlashDraftModel(nn.Module):
@@ -552,16 +567,18 @@ class DFlashDraftModel(nn.Module):
         """One KV cache per layer, holding keys/values of verified context positions only."""
         return [KVCache() for _ in self.layers]
 
-    def context(self, features: mx.array) -> mx.array:
-        """Project concatenated target features (B, S, n_ids*H) to drafter context rows (B, S, H)."""
-        return self.hidden_norm(self.fc(features))
+    def context(self, features: mx.array, mm: bool = False) -> mx.array:
+        """Project concatenated target features (B, S, n_ids*H) to drafter context rows (B, S, H)
+        (``mm``: through the small-M kernel, see :class:`DraftPass`)."""
+        return self.hidden_norm(linear(self.fc, features, mm))
 
     def add_context(self, features: mx.array, cache: list[KVCache]) -> None:
         """Append target features (B, S, n_ids*H) of S verified positions to the drafter cache
         without drafting (e.g. prompt chunks during prefill)."""
-        ctx = self.context(features)
+        mm = small_mm_enabled()
+        ctx = self.context(features, mm)
         for layer, c in zip(self.layers, cache, strict=True):
-            layer.self_attn.append_context(ctx, c)
+            layer.self_attn.append_context(ctx, c, mm)
 
     def hidden(self, block: mx.array, features: mx.array, cache: list[KVCache]) -> mx.array:
         """Final-normed hidden states (B, L, H) of the block rows.
@@ -575,8 +592,8 @@ class DFlashDraftModel(nn.Module):
         if self._embed is None:
             raise RuntimeError("DFlashDraftModel.bind(embed, head) must be called before drafting")
         h = self._embed(block)
-        ctx = self.context(features)
-        fw = DraftPass(fuse=fuse_proj_enabled(), bucket=sdpa_bucket())
+        fw = DraftPass(fuse=fuse_proj_enabled(), bucket=sdpa_bucket(), mm=small_mm_enabled())
+        ctx = self.context(features, fw.mm)
         for layer, c in zip(self.layers, cache, strict=True):
             h = layer(h, ctx, c, fw)
         return self.norm(h)

@@ -20,6 +20,8 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 
 from hf2q.errors import ModelError
+from hf2q.kernels import linear as small_mm
+from hf2q.kernels.select import small_mm_enabled
 
 #: model_type values whose layer structure this adapter understands.
 SUPPORTED_TARGET_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "qwen3")
@@ -91,15 +93,20 @@ class TargetModel:
         """Token ids (B, L) -> input hidden states (B, L, H)."""
         return self.inner.embed_tokens(tokens)
 
-    def head(self, h: mx.array) -> mx.array:
-        """Final-normed hidden states (B, L, H) -> logits (B, L, vocab)."""
-        if getattr(self.args, "tie_word_embeddings", False) or not hasattr(self.lm, "lm_head"):
-            return self.inner.embed_tokens.as_linear(h)
-        return self.lm.lm_head(h)
+    def head(self, h: mx.array, mm: bool | None = None) -> mx.array:
+        """Final-normed hidden states (B, L, H) -> logits (B, L, vocab).
 
-    def logits(self, h: mx.array) -> mx.array:
-        """Last-layer hidden states -> logits (final norm, then head)."""
-        return self.head(self.inner.norm(h))
+        ``mm``: the product through hf2q's small-M kernel where it fits, as the compiled layer
+        runners' products (None: ``select.small_mm_enabled()``, on CUDA).
+        """
+        on = small_mm_enabled() if mm is None else mm
+        if getattr(self.args, "tie_word_embeddings", False) or not hasattr(self.lm, "lm_head"):
+            return small_mm.head(self.inner.embed_tokens, h, on)
+        return small_mm.linear(self.lm.lm_head, h, on)
+
+    def logits(self, h: mx.array, mm: bool | None = None) -> mx.array:
+        """Last-layer hidden states -> logits (final norm, then head; ``mm`` as in :meth:`head`)."""
+        return self.head(self.inner.norm(h), mm)
 
     def make_cache(self) -> list[Any]:
         """mlx-lm's own cache list for this model (KVCache / ArraysCache per layer)."""
@@ -128,6 +135,7 @@ class TargetModel:
         capture: Sequence[int] = (),
         layer_fn: LayerFn | None = None,
         last_only: bool = False,
+        mm: bool | None = None,
     ) -> tuple[mx.array, mx.array | None]:
         """Run the target on ``tokens`` (B, L), updating ``cache`` in place.
 
@@ -137,6 +145,9 @@ class TargetModel:
             layer_fn: runs one layer; defaults to the layer's own ``__call__``. The verify path
                 passes one that records what exact rollback needs.
             last_only: return logits of the last position only (prefill).
+            mm: the head's product through the small-M kernel (:meth:`head`); None: as hf2q's
+                paths do (``select.small_mm_enabled()``) when a ``layer_fn`` is given, and
+                mlx-lm's own product without one (the model's own calls stay stock).
 
         Returns:
             ``(logits, features)``: logits (B, L or 1, vocab); features (B, L, len(capture)*H) or
@@ -155,4 +166,4 @@ class TargetModel:
         if last_only:
             h = h[:, -1:]
         features = mx.concatenate(captured, axis=-1) if capture else None
-        return self.logits(h), features
+        return self.logits(h, False if layer_fn is None and mm is None else mm), features

@@ -162,7 +162,7 @@ def gdn_verify(
 
 
 def _runner_verify(
-    layer: nn.Module, h: mx.array, cache: GDNRollbackCache, impl: str, fuse_proj: bool
+    layer: nn.Module, h: mx.array, cache: GDNRollbackCache, impl: str, fuse_proj: bool, mm: bool
 ) -> mx.array:
     """A Gated-DeltaNet decoder layer over a verify block through its compiled whole-layer runner
     (:func:`hf2q.kernels.layers.gdn_layer_runner`, per-step states recorded), as plain decoding
@@ -170,7 +170,7 @@ def _runner_verify(
     conv, state = cache[0], cache[1]
     if conv is None or state is None:
         conv, state = empty_states(layer.linear_attn, h.shape[0], h.dtype)
-    run = gdn_layer_runner(layer, impl=impl, record="states", fuse_proj=fuse_proj)
+    run = gdn_layer_runner(layer, impl=impl, record="states", fuse_proj=fuse_proj, mm=mm)
     out, rec = run(h, conv, state)
     cache.set_record(rec.conv_input, rec.rec)  # rec.rec: (B, T, Hv, Dv, Dk)
     cache[0] = mx.contiguous(rec.final_conv_state)
@@ -206,26 +206,27 @@ def verify_layer(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: An
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
-def runner_verify_layer_fn(*, fuse_proj: bool = False) -> Callable[..., mx.array]:
+def runner_verify_layer_fn(*, fuse_proj: bool = False, mm: bool = False) -> Callable[..., mx.array]:
     """:func:`verify_layer` with the compiled whole-layer runners of ``hf2q.kernels.layers``.
 
     Gated-DeltaNet layers (no padding mask) run :func:`_runner_verify`, full-attention layers
     :func:`~hf2q.kernels.layers.attention_runner` (over any cache with mlx-lm's protocol, e.g.
     the slot and bucketed caches); anything else falls back to :func:`verify_layer`. Same math,
     fewer graph nodes and far less host work per layer, which is what bounds a small model's
-    round on a GPU. ``fuse_proj``: the runners' concatenated projections (``HF2Q_FUSE_PROJ``).
+    round on a GPU. ``fuse_proj``: the runners' concatenated projections (``HF2Q_FUSE_PROJ``);
+    ``mm``: their products through the small-M kernel (``select.small_mm_enabled()``).
     """
 
     def run(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any) -> mx.array:
         if not _runnable(layer, cache):
             return verify_layer(index, layer, h, mask, cache)
         if not getattr(layer, "is_linear", False):
-            return attention_runner(layer, fuse_proj=fuse_proj)(h, mask, cache)
+            return attention_runner(layer, fuse_proj=fuse_proj, mm=mm)(h, mask, cache)
         impl = select.gdn_impl(layer.linear_attn)
         if mask is not None or impl == "mlx":
             # Padding masks, and Apple GPUs' mlx-lm kernel (final state only), keep the layer call.
             return verify_layer(index, layer, h, mask, cache)
-        return _runner_verify(layer, h, cache, impl, fuse_proj)
+        return _runner_verify(layer, h, cache, impl, fuse_proj, mm)
 
     return run
 
@@ -256,7 +257,10 @@ def verify_forward(
     """
     cache.begin_verify(tokens.shape[1])
     if use_runners() if runners is None else runners:
-        fn = runner_verify_layer_fn(fuse_proj=select.fuse_proj_enabled())  # read once a forward
+        # Switches read once a forward, as plain decoding's decode_layer_fn reads them.
+        fn = runner_verify_layer_fn(
+            fuse_proj=select.fuse_proj_enabled(), mm=select.small_mm_enabled()
+        )
     else:
         fn = verify_layer
     return target.forward(tokens, cache, capture=capture, layer_fn=fn)
