@@ -132,6 +132,10 @@ def test_linear_dispatch(emulated, monkeypatch):
     y = lin.swiglu_mlp(mlp, x, True)
     assert len(calls) == 4
     assert mx.allclose(y.astype(mx.float32), mlp(x).astype(mx.float32), rtol=5e-2, atol=5e-2)
+    # Not a dense SwiGLU MLP of mlx-lm's (e.g. the sparse MoE block): its own call, untouched.
+    other = nn.Sequential(nn.Linear(128, 128))
+    other.set_dtype(mx.bfloat16)
+    assert mx.array_equal(lin.swiglu_mlp(other, x, True), other(x)) and len(calls) == 4
 
 
 def test_small_mm_switch_is_cuda_only_and_reported(monkeypatch):
@@ -192,3 +196,20 @@ def test_cuda_demo_target_through_the_kernel_matches_mlx(demo_pair):
         outs[mm] = logits.astype(mx.float32)
     scale = mx.abs(outs[False]).max()
     assert (mx.abs(outs[True] - outs[False]).max() / scale).item() < 5e-2
+
+
+@pytest.mark.parametrize("fixture", ["qwen35_dir", "qwen35_moe_dir"])
+def test_runners_with_the_dispatch_leave_what_it_cannot_run_alone(fixture, request):
+    # float32 (the kernel's no) and the sparse MoE block (not a dense SwiGLU MLP): with the
+    # dispatch on, the compiled runners compute exactly what they compute without it.
+    from hf2q.kernels.layers import fast_layer_fn
+    from hf2q.loading import load_model
+    from hf2q.runtime.target import TargetModel
+
+    target = TargetModel(load_model(request.getfixturevalue(fixture)).model)
+    tokens = mx.array([[1, 5, 9, 13, 2, 7]])
+    outs = [
+        target.forward(tokens, target.make_cache(), layer_fn=fast_layer_fn(mm=mm), mm=mm)[0]
+        for mm in (False, True)
+    ]
+    assert mx.array_equal(outs[0], outs[1])

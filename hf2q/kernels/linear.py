@@ -45,9 +45,20 @@ def linear(mod: nn.Module, x: mx.array, on: bool) -> mx.array:
     return mod(x)
 
 
+def _swiglu_types() -> tuple[type, ...]:
+    from mlx_lm.models.qwen3 import MLP
+    from mlx_lm.models.qwen3_next import Qwen3NextMLP
+
+    return (MLP, Qwen3NextMLP)
+
+
 def swiglu_mlp(mlp: nn.Module, x: mx.array, on: bool) -> mx.array:
-    """mlx-lm's ``MLP`` (``down(silu(gate(x)) * up(x))``) with its products through :func:`linear`."""
-    if not on:
+    """mlx-lm's SwiGLU MLP (``down(silu(gate(x)) * up(x))``) with its products through :func:`linear`.
+
+    Only mlx-lm's dense Qwen3 / Qwen3-Next MLP classes, whose call is exactly that; anything else
+    (the sparse MoE block, other MLPs) runs its own call.
+    """
+    if not on or type(mlp) not in _swiglu_types():
         return mlp(x)
     from mlx_lm.models.activations import swiglu
 
