@@ -200,6 +200,8 @@ def supported(x: mx.array, w: mx.array) -> str | None:
 def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
     """(m-tiles, 8-column blocks per thread block, warps, chunk-loop unrolling) for this product."""
     mt = -(-rows // 16)
+    # Wider blocks (fewer, reusing each input load for more columns) only while there are still
+    # at least 264 blocks: two per SM of an H200's 132.
     nb = 4 if mt == 1 and N % 32 == 0 and N >= 32 * 264 else (2 if mt <= 2 and N % 16 == 0 else 1)
     chunks = K // K_CHUNK
     warps = 1

@@ -13,8 +13,9 @@ layer, and pick
 ``HF2Q_KERNELS=cuda`` insists on the CUDA kernels and fails loudly where they cannot run;
 ``HF2Q_COMPILE=0`` turns ``mx.compile`` of the layer runners off; ``HF2Q_FUSE_PROJ=1`` makes them
 and the drafter concatenate each layer's projections; ``HF2Q_SMALL_MM=0`` keeps their bf16/fp16
-products with few rows on MLX's matmul instead of hf2q's tensor-core kernel (:func:`small_mm_enabled`). :func:`sdpa_bucket` says whether
-multi-token attention pads its keys to a bucket length (``HF2Q_SDPA_BUCKET``; on CUDA by default).
+products with few rows on MLX's matmul instead of hf2q's tensor-core kernel
+(:func:`small_mm_enabled`). :func:`sdpa_bucket` says whether multi-token attention pads its keys
+to a bucket length (``HF2Q_SDPA_BUCKET``; on CUDA by default).
 :func:`describe` returns what is active, for ``--stats``.
 
 What it does not do: run anything itself beyond a dispatch in :func:`gated_delta_steps`.
@@ -27,6 +28,7 @@ import os
 import mlx.core as mx
 
 from hf2q.errors import UsageError
+from hf2q.kernels.linear import ALWAYS_ROWS as SMALL_MM_ROWS
 
 ENV = "HF2Q_KERNELS"
 MODES = ("auto", "ops", "cuda")
@@ -237,7 +239,7 @@ def describe(attn: object | None = None) -> dict[str, str]:
     if fuse_proj_enabled():
         info["projections"] = "concatenated"
     info["small_mm"] = (
-        f"tensor-core kernel up to {_small_mm_rows()} rows" if small_mm_enabled() else "MLX matmul"
+        f"tensor-core kernel up to {SMALL_MM_ROWS} rows" if small_mm_enabled() else "MLX matmul"
     )
     bucket = sdpa_bucket()
     info["sdpa_keys"] = f"padded to a multiple of {bucket}" if bucket else "exact length"
@@ -264,9 +266,3 @@ def summary(model: object | None = None) -> str:
     if info["mode"] != "auto":
         parts.append(f"{ENV}={info['mode']}")
     return "; ".join(parts)
-
-
-def _small_mm_rows() -> int:
-    from hf2q.kernels.linear import ALWAYS_ROWS
-
-    return ALWAYS_ROWS
