@@ -92,6 +92,7 @@ def test_supported_names_what_it_cannot_do():
     assert cm.supported(x, w) is None
     assert "bf16 or fp16" in cm.supported(x.astype(mx.float32), w.astype(mx.float32))
     assert "multiple of 64" in cm.supported(x[:, :96], w[:, :96])
+    assert "multiple of 64" in cm.supported(x[:, :0], w[:, :0])
     assert "multiple of 8" in cm.supported(x, w[:12])
     big = mx.zeros((cm.MAX_ROWS + 1, 128), dtype=mx.bfloat16)
     assert f"1 to {cm.MAX_ROWS}" in cm.supported(big, w)

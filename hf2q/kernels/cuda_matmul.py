@@ -25,7 +25,10 @@ there are (same chunk order, same mma lane, same warp order), so a row's result 
 on M: one row alone and the same row inside a 16-row verify give the same bits.
 
 What it does not do: quantized weights, float32, K not a multiple of 64, N not a multiple of 8,
-or more than :data:`MAX_ROWS` rows (:func:`supported` says so; callers use ``mx.matmul``).
+or more than :data:`MAX_ROWS` rows (:func:`supported` says so; callers use ``mx.matmul``). Loads
+are 16 bytes wide: inputs must start 16-byte aligned, which MLX's buffers and the row-contiguous
+views hf2q passes (whole rows of K, a multiple of 64 elements) do; non-contiguous inputs are
+copied by MLX first.
 """
 
 from __future__ import annotations
@@ -187,8 +190,8 @@ def supported(x: mx.array, w: mx.array) -> str | None:
     if w.ndim != 2 or x.shape[-1] != w.shape[1]:
         return f"shapes {x.shape} x {w.shape}.T do not multiply"
     K, N = w.shape[1], w.shape[0]
-    if K % K_CHUNK:
-        return f"K={K} is not a multiple of {K_CHUNK}"
+    if K == 0 or K % K_CHUNK:
+        return f"K={K} is not a positive multiple of {K_CHUNK}"
     if N % 8:
         return f"N={N} is not a multiple of 8"
     rows = math.prod(x.shape[:-1])
