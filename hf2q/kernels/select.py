@@ -28,7 +28,7 @@ import os
 import mlx.core as mx
 
 from hf2q.errors import UsageError
-from hf2q.kernels.linear import ALWAYS_ROWS as SMALL_MM_ROWS
+from hf2q.kernels import cuda_matmul, linear
 
 ENV = "HF2Q_KERNELS"
 MODES = ("auto", "ops", "cuda")
@@ -239,7 +239,9 @@ def describe(attn: object | None = None) -> dict[str, str]:
     if fuse_proj_enabled():
         info["projections"] = "concatenated"
     info["small_mm"] = (
-        f"tensor-core kernel up to {SMALL_MM_ROWS} rows" if small_mm_enabled() else "MLX matmul"
+        f"tensor-core kernel up to {linear.ALWAYS_ROWS} rows ({cuda_matmul.MAX_ROWS} for small weights)"
+        if small_mm_enabled()
+        else "MLX matmul"
     )
     bucket = sdpa_bucket()
     info["sdpa_keys"] = f"padded to a multiple of {bucket}" if bucket else "exact length"
