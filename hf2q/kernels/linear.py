@@ -17,6 +17,8 @@ never passes ``on``), or products with many rows of a large weight (cuBLAS is fa
 
 from __future__ import annotations
 
+from functools import cache
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -45,6 +47,7 @@ def linear(mod: nn.Module, x: mx.array, on: bool) -> mx.array:
     return mod(x)
 
 
+@cache
 def _swiglu_types() -> tuple[type, ...]:
     from mlx_lm.models.qwen3 import MLP
     from mlx_lm.models.qwen3_next import Qwen3NextMLP

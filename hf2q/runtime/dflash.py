@@ -34,6 +34,7 @@ import mlx.core as mx
 
 from hf2q.errors import UsageError
 from hf2q.kernels.layers import decode_layer_fn
+from hf2q.kernels.select import small_mm_enabled
 from hf2q.runtime.cache import TargetCache, make_target_cache
 from hf2q.runtime.drafter import DFlashDraftModel
 from hf2q.runtime.sampling import (
@@ -169,6 +170,31 @@ def prefill(
         mx.clear_cache()
     logits, feats = target.forward(toks[None, n - 1 :], cache, capture=ids)
     return logits[:, -1], feats
+
+
+def block_and_steps(
+    target: TargetModel, prompt: Sequence[int], tokens: mx.array, *, capture: Sequence[int] = ()
+) -> tuple[tuple[mx.array, mx.array | None], tuple[mx.array, mx.array | None]]:
+    """The target over ``tokens`` (1, T) after ``prompt``, the two ways decoding computes them.
+
+    Once as one DFlash verify block (the DFlash cache, :func:`verify_forward`) and once as T
+    plain decoding steps (plain decoding's cache and layer function), each after its own
+    :func:`prefill`. Returns ``((logits, features) of the block, (logits, features) of the steps
+    joined over the T positions)``, as :meth:`TargetModel.forward` returns them. Greedy DFlash
+    is lossless when the two agree; bit-equal rows make it exact in any dtype.
+    """
+    cache = make_target_cache(target.model)
+    prefill(target, prompt, cache)
+    block = verify_forward(target, tokens, cache, capture=capture)
+    cache = target.make_cache()
+    prefill(target, prompt, cache)
+    fn = decode_layer_fn()
+    outs = [
+        target.forward(tokens[:, i : i + 1], cache, capture=capture, layer_fn=fn)
+        for i in range(tokens.shape[1])
+    ]
+    feats = None if not capture else mx.concatenate([o[1] for o in outs], axis=1)
+    return block, (mx.concatenate([o[0] for o in outs], axis=1), feats)
 
 
 def _finish(token: int, generated: int, max_tokens: int, eos: frozenset[int]) -> str | None:
@@ -465,11 +491,12 @@ def _plain(
     y = choose(logits, sampling, keys)  # (1,)
 
     layer_fn = decode_layer_fn()
+    mm = small_mm_enabled()  # the head's product, read once as the layers' is
 
     def step(y: mx.array) -> mx.array:
         if layer_fn is None:
             return choose(model(y[None], cache=cache)[:, -1], sampling, keys)
-        logits, _ = target.forward(y[None], cache, layer_fn=layer_fn)
+        logits, _ = target.forward(y[None], cache, layer_fn=layer_fn, mm=mm)
         return choose(logits[:, -1], sampling, keys)
 
     mx.async_eval(y)

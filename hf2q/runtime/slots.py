@@ -44,6 +44,7 @@ import mlx.core as mx
 
 from hf2q.errors import UsageError
 from hf2q.kernels.layers import decode_layer_fn
+from hf2q.kernels.select import small_mm_enabled
 from hf2q.runtime.cache import make_target_cache
 from hf2q.runtime.dflash import (
     PREFILL_STEP_SIZE,
@@ -659,12 +660,13 @@ def _plain_slots(
     fresh: set[int] = set()
 
     layer_fn = decode_layer_fn()  # hf2q's compiled layers on CUDA, as single-sequence decoding
+    mm = small_mm_enabled()  # the head's product, read once as the layers' is
 
     def step(y: mx.array) -> mx.array:
         if layer_fn is None:
             logits = model(y[:, None], cache=tcache)[:, -1]  # (R, V)
         else:
-            logits = target.forward(y[:, None], tcache, layer_fn=layer_fn)[0][:, -1]
+            logits = target.forward(y[:, None], tcache, layer_fn=layer_fn, mm=mm)[0][:, -1]
         if sampling.greedy:
             return mx.argmax(logits, axis=-1).astype(mx.int32)
         picks = [

@@ -256,11 +256,9 @@ def verify_forward(
         captured layer outputs (B, T, len(capture)*H) or None.
     """
     cache.begin_verify(tokens.shape[1])
+    mm = select.small_mm_enabled()  # read once a forward, for the layers and the head
     if use_runners() if runners is None else runners:
-        # Switches read once a forward, as plain decoding's decode_layer_fn reads them.
-        fn = runner_verify_layer_fn(
-            fuse_proj=select.fuse_proj_enabled(), mm=select.small_mm_enabled()
-        )
+        fn = runner_verify_layer_fn(fuse_proj=select.fuse_proj_enabled(), mm=mm)
     else:
         fn = verify_layer
-    return target.forward(tokens, cache, capture=capture, layer_fn=fn)
+    return target.forward(tokens, cache, capture=capture, layer_fn=fn, mm=mm)
