@@ -34,11 +34,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from hf2q.kernels import select
-    from hf2q.kernels.layers import decode_layer_fn
-    from hf2q.runtime.cache import make_target_cache
-    from hf2q.runtime.dflash import plain_generate, prefill, run
+    from hf2q.runtime.dflash import block_and_steps, plain_generate, run
     from hf2q.runtime.pair import apply_dtype, encode_prompt, load_pair
-    from hf2q.runtime.verify import verify_forward
 
     pair = load_pair(args.model, dflash=False)
     target = pair.target
@@ -51,18 +48,9 @@ def main() -> None:
     L, H = target.num_layers, target.hidden_size
     capture = list(range(L))
 
-    cache_v = make_target_cache(target.model)
-    prefill(target, prompt, cache_v)
-    logits_v, feats_v = verify_forward(target, block, cache_v, capture=capture)
-
-    cache_d = target.make_cache()
-    prefill(target, prompt, cache_d)
-    fn = decode_layer_fn()
-    steps = [
-        target.forward(block[:, i : i + 1], cache_d, capture=capture, layer_fn=fn) for i in range(T)
-    ]
-    logits_d = mx.concatenate([s[0] for s in steps], axis=1)
-    feats_d = mx.concatenate([s[1] for s in steps], axis=1)
+    (logits_v, feats_v), (logits_d, feats_d) = block_and_steps(
+        target, prompt, block, capture=capture
+    )
     mx.eval(logits_v, feats_v, logits_d, feats_d)
 
     layers = []

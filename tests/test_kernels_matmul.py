@@ -13,6 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from mlx_lm.models.qwen3 import MLP
 
 from hf2q.errors import UsageError
 from hf2q.kernels import cuda_matmul as cm
@@ -128,7 +129,7 @@ def test_linear_dispatch(emulated, monkeypatch):
     mod32 = nn.Linear(128, 32, bias=False)
     assert mx.array_equal(lin.linear(mod32, x32, True), mod32(x32))
     assert len(calls) == 1
-    mlp = __import__("mlx_lm.models.qwen3", fromlist=["MLP"]).MLP(128, 192)
+    mlp = MLP(128, 192)
     mlp.set_dtype(mx.bfloat16)
     y = lin.swiglu_mlp(mlp, x, True)
     assert len(calls) == 4

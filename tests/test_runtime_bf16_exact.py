@@ -33,34 +33,16 @@ def demo():
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Parser:\n    def __init__(self"]
 
 
-def _layer_outputs(target, prompt, block, one_by_one):
-    from hf2q.runtime.cache import make_target_cache
-    from hf2q.runtime.dflash import prefill
-    from hf2q.runtime.verify import verify_forward
-
-    capture = list(range(target.num_layers))
-    if not one_by_one:
-        cache = make_target_cache(target.model)
-        prefill(target, prompt, cache)
-        return verify_forward(target, block, cache, capture=capture)
-    cache = target.make_cache()
-    prefill(target, prompt, cache)
-    outs = [
-        target.forward(block[:, i : i + 1], cache, capture=capture) for i in range(block.shape[1])
-    ]
-    return mx.concatenate([o[0] for o in outs], axis=1), mx.concatenate(
-        [o[1] for o in outs], axis=1
-    )
-
-
 @pytest.mark.parametrize("text", PROMPTS)
 def test_verify_rows_are_bit_equal_to_decode_steps_in_bf16(demo, text):
-    from hf2q.runtime.dflash import plain_generate, run
+    from hf2q.runtime.dflash import block_and_steps, plain_generate, run
 
     prompt = demo.tokenizer.encode(text)
     block = mx.array([run(plain_generate(demo.target, prompt, max_tokens=16)).tokens[:16]])
-    logits_v, feats_v = _layer_outputs(demo.target, prompt, block, one_by_one=False)
-    logits_d, feats_d = _layer_outputs(demo.target, prompt, block, one_by_one=True)
+    capture = list(range(demo.target.num_layers))
+    (logits_v, feats_v), (logits_d, feats_d) = block_and_steps(
+        demo.target, prompt, block, capture=capture
+    )
     assert feats_v.dtype == mx.bfloat16
     assert mx.array_equal(feats_v, feats_d)  # every layer's output, every row
     assert mx.array_equal(logits_v, logits_d)
