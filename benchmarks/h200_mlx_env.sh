@@ -4,7 +4,7 @@
 # steady state) under each setting of MLX's own knobs: the default (CUDA graphs of at most 100
 # kernels on an H200), MLX_USE_CUDA_GRAPHS=0 (kernels launched on the stream one by one), and
 # MLX_MAX_OPS_PER_BUFFER=20 / 400 (smaller / larger graphs); $TRACES picks the settings (default
-# "default nographs ops20 ops400"; also "fuseproj": HF2Q_FUSE_PROJ=1, "nosmallmm": HF2Q_SMALL_MM=0). Then, when $BENCH is set,
+# "default nographs ops20 ops400"; also "fuseproj": HF2Q_FUSE_PROJ=1, "nosmallmm": HF2Q_SMALL_MM=0, "norows": HF2Q_ROW_ATTENTION=0). Then, when $BENCH is set,
 # the 8-slot bench with a queue (--requests-per-slot 4) under those settings (e.g. "default fuseproj").
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -25,7 +25,7 @@ PY
 setting() {  # name -> the env assignment it stands for
   case $1 in nographs) echo MLX_USE_CUDA_GRAPHS=0 ;; ops20) echo MLX_MAX_OPS_PER_BUFFER=20 ;;
     ops400) echo MLX_MAX_OPS_PER_BUFFER=400 ;; fuseproj) echo HF2Q_FUSE_PROJ=1 ;;
-    nosmallmm) echo HF2Q_SMALL_MM=0 ;;
+    nosmallmm) echo HF2Q_SMALL_MM=0 ;; norows) echo HF2Q_ROW_ATTENTION=0 ;;
     *) echo MLX_DUMMY=1 ;; esac
 }
 for name in ${TRACES:-default nographs ops20 ops400}; do

@@ -299,9 +299,10 @@ class LayerFnPath:
         compiled: bool,
         fuse_proj: bool = False,
         mm: bool = False,
+        rows: bool = False,
     ) -> None:
         self.target, self.impl, self.record = target, impl, record
-        self.compiled, self.fuse_proj, self.mm = compiled, fuse_proj, mm
+        self.compiled, self.fuse_proj, self.mm, self.rows = compiled, fuse_proj, mm, rows
         self.records: dict[int, Any] = {}
         self._gdn: dict[int, Callable] = {}
         self._attn: dict[int, Callable] = {}
@@ -338,7 +339,9 @@ class LayerFnPath:
             return out
         if self.compiled:
             if i not in self._attn:
-                self._attn[i] = compile_attention_layer(layer, fuse_proj=self.fuse_proj, mm=self.mm)
+                self._attn[i] = compile_attention_layer(
+                    layer, fuse_proj=self.fuse_proj, mm=self.mm, rows=self.rows
+                )
             return self._attn[i](h, mask, cache)
         return layer(h, mask=mask, cache=cache)
 
@@ -404,9 +407,16 @@ class StockPath:
         raise NotImplementedError("mlx-lm's ArraysCache cannot be rolled back")
 
 
-def _path(impl: str, record: str, compiled: bool, fuse_proj: bool = False, mm: bool = False):
+def _path(
+    impl: str,
+    record: str,
+    compiled: bool,
+    fuse_proj: bool = False,
+    mm: bool = False,
+    rows: bool = False,
+):
     return lambda t: LayerFnPath(
-        t, impl=impl, record=record, compiled=compiled, fuse_proj=fuse_proj, mm=mm
+        t, impl=impl, record=record, compiled=compiled, fuse_proj=fuse_proj, mm=mm, rows=rows
     )
 
 
@@ -433,6 +443,9 @@ def paths_for(backend: str) -> dict[str, Callable[[TargetModel], Any]]:
                 # products through hf2q's small-M tensor-core kernel (hf2q.kernels.linear)
                 "fused-compiled-states+mm": _path("cuda", "states", True, mm=True),
                 "fused-compiled-final+mm": _path("cuda", "final", True, mm=True),
+                # and attention through the row-invariant kernel (hf2q.kernels.cuda_attention)
+                "fused-compiled-states+mm+rows": _path("cuda", "states", True, mm=True, rows=True),
+                "fused-compiled-final+mm+rows": _path("cuda", "final", True, mm=True, rows=True),
             }
         )
     if importlib.util.find_spec("hf2q.runtime.verify") is not None:

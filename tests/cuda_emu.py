@@ -3,7 +3,7 @@
 What it does: wrap a kernel body exactly the way MLX's CUDA backend does (inputs as ``const T*``,
 outputs as ``T*``, template arguments as ``constexpr`` / ``using`` lines at the top of the body),
 prepend a small C++ prelude that provides the CUDA pieces the hf2q kernels use (``blockIdx``,
-``threadIdx``, ``__shared__``, ``__syncthreads``, ``__shfl_xor_sync``, ``float4``, bf16/fp16
+``threadIdx``, ``__shared__``, ``__syncthreads``, ``__shfl_xor_sync``, ``__shfl_sync``, ``float4``, bf16/fp16
 conversions with round-to-nearest-even), compile it with the host C++ compiler, and run every
 thread of a block as an OS thread (blocks one after another) so barriers and warp shuffles behave
 as on a GPU. :func:`emulated_kernel` returns an object called like the result of
@@ -57,6 +57,14 @@ inline float __shfl_xor_sync(unsigned, float v, int m) {
   hf2q_shfl_buf[t] = v;
   hf2q_warp_barriers[w]->arrive_and_wait();
   const float r = hf2q_shfl_buf[w * 32 + (l ^ m)];
+  hf2q_warp_barriers[w]->arrive_and_wait();
+  return r;
+}
+inline float __shfl_sync(unsigned, float v, int src) {
+  const int t = (int)threadIdx.x, w = t / 32;
+  hf2q_shfl_buf[t] = v;
+  hf2q_warp_barriers[w]->arrive_and_wait();
+  const float r = hf2q_shfl_buf[w * 32 + (src & 31)];
   hf2q_warp_barriers[w]->arrive_and_wait();
   return r;
 }

@@ -6,7 +6,10 @@ stateful step, the KV-cache update, so the rest can run under ``mx.compile``:
 1. ``pre`` (compiled): input norm, q/k/v projections (optionally one concatenated matmul), q/k
    norms and rotary embedding at the cache offset (passed as an array, so one trace serves every
    position);
-2. mlx-lm's own ``cache.update_and_fetch`` and ``scaled_dot_product_attention`` (not compiled);
+2. mlx-lm's own ``cache.update_and_fetch`` and ``scaled_dot_product_attention`` (not compiled),
+   or with ``rows`` (CUDA, bf16/fp16) hf2q's row-invariant kernel
+   (:mod:`hf2q.kernels.cuda_attention`) reading the cache buffer in place, for caches whose
+   buffer index is the position (:func:`reads_buffer_in_place`);
 3. ``post`` (compiled): output gate, ``o_proj``, residual, norm, MLP, residual.
 
 This fuses the elementwise work and removes most of the Python overhead of a decode step. The
@@ -25,15 +28,26 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import scaled_dot_product_attention
+from mlx_lm.models.cache import KVCache
 
+from hf2q.kernels import cuda_attention
 from hf2q.kernels.gdn import _alive, concat_linears, mlp_fused
 from hf2q.kernels.linear import linear, swiglu_mlp
 
 AttentionRunner = Callable[[mx.array, Any, Any], mx.array]
 
 
+def reads_buffer_in_place(cache: Any) -> bool:
+    """Whether the row-invariant kernel may attend over ``cache.keys`` / ``cache.values`` whole:
+    mlx-lm's plain ``KVCache`` and caches declaring ``positions_are_indices`` (hf2q's bucketed
+    and slot caches), where batch row b's key of position p sits at buffer index p and the
+    row's offset is the position of its next key. Other caches (rotating, quantized, left-padded
+    batches) keep MLX's attention with their own masks."""
+    return type(cache) is KVCache or getattr(type(cache), "positions_are_indices", False)
+
+
 def compile_attention_layer(
-    layer: nn.Module, *, fuse_proj: bool = False, mm: bool = False
+    layer: nn.Module, *, fuse_proj: bool = False, mm: bool = False, rows: bool = False
 ) -> AttentionRunner:
     """A function ``(x, mask, cache) -> out`` equal to ``layer(x, mask, cache)``, mostly compiled.
 
@@ -42,6 +56,10 @@ def compile_attention_layer(
         fuse_proj: compute q/k/v with one matmul and the MLP's gate/up with one (weights are
             concatenated once, here; the layer itself is not changed).
         mm: products through :func:`hf2q.kernels.linear.linear` (the small-M kernel on CUDA).
+        rows: attend with :func:`hf2q.kernels.cuda_attention.row_attention_cuda` where it
+            applies (CUDA, bf16/fp16, :func:`reads_buffer_in_place` caches): each query row's
+            bits are then independent of how many rows a call computes. The mask argument is
+            not needed there (causal by position).
     """
     ref = weakref.ref(layer)  # the model owns the layer; these functions must not keep it alive
     sa = layer.self_attn
@@ -71,23 +89,43 @@ def compile_attention_layer(
         values = values.reshape(B, L, nkv, -1).transpose(0, 2, 1, 3)
         return sa.rope(queries, offset=offset), sa.rope(keys, offset=offset), values, gate
 
-    def post(x: mx.array, attn: mx.array, gate: mx.array) -> mx.array:
+    def post_rows(x: mx.array, o: mx.array, gate: mx.array) -> mx.array:
+        # o: (B, L, heads, d) attention output in row order.
         lay = _alive(ref)
         B, L, _ = x.shape
-        o = attn.transpose(0, 2, 1, 3).reshape(B, L, -1)
-        h = x + linear(lay.self_attn.o_proj, o * mx.sigmoid(gate), mm)
+        h = x + linear(lay.self_attn.o_proj, o.reshape(B, L, -1) * mx.sigmoid(gate), mm)
         hn = lay.post_attention_layernorm(h)
         if gate_up is None:
             return h + swiglu_mlp(lay.mlp, hn, mm)
         return h + mlp_fused(lay.mlp, gate_up, hn, mm)
 
-    cpre, cpost = mx.compile(pre), mx.compile(post)
+    def post(x: mx.array, attn: mx.array, gate: mx.array) -> mx.array:
+        # attn: (B, heads, L, d) as MLX's attention returns it.
+        return post_rows(x, attn.transpose(0, 2, 1, 3), gate)
+
+    def positions(x: mx.array, offset: mx.array) -> mx.array:
+        # (B, L) absolute positions of the new rows; offset () or (B,) before the cache update.
+        B, L, _ = x.shape
+        return mx.broadcast_to(offset.reshape(-1, 1) + mx.arange(L, dtype=mx.int32), (B, L))
+
+    cpre, cpost, cpost_rows = mx.compile(pre), mx.compile(post), mx.compile(post_rows)
+    cpositions = mx.compile(positions)
 
     def run(x: mx.array, mask: Any, cache: Any) -> mx.array:
         if cache is None or hasattr(cache, "bits"):
             return _alive(ref)(x, mask=mask, cache=cache)
         offset = mx.array(cache.offset, dtype=mx.int32)
         queries, keys, values, gate = cpre(x, offset)
+        if (
+            rows
+            and reads_buffer_in_place(cache)
+            and cuda_attention.supported(queries, keys, values) is None
+        ):
+            cache.update_and_fetch(keys, values)
+            out = cuda_attention.row_attention_cuda(
+                queries, cache.keys, cache.values, cpositions(x, offset), scale
+            )
+            return cpost_rows(x, out, gate)
         keys, values = cache.update_and_fetch(keys, values)
         out = scaled_dot_product_attention(
             queries, keys, values, cache=cache, scale=scale, mask=mask

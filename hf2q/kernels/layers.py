@@ -73,19 +73,24 @@ def gdn_layer_runner(
     return _cached(layer, ("gdn", impl, record, fuse, compiled, mm), build)
 
 
-def attention_runner(layer: nn.Module, *, fuse_proj: bool = False, mm: bool = False) -> Callable:
-    """The compiled runner ``(x, mask, cache) -> out`` of a full-attention layer."""
+def attention_runner(
+    layer: nn.Module, *, fuse_proj: bool = False, mm: bool = False, rows: bool = False
+) -> Callable:
+    """The compiled runner ``(x, mask, cache) -> out`` of a full-attention layer (``rows``: the
+    row-invariant attention kernel, see :func:`~hf2q.kernels.attention.compile_attention_layer`)."""
     fuse = fuse_proj and _has_plain_mlp(layer)
     if not select.compile_enabled():
         ref = weakref.ref(layer)
         return _cached(layer, ("attn-plain",), lambda: lambda x, mask, cache: ref()(x, mask, cache))
     return _cached(
-        layer, ("attn", fuse, mm), lambda: compile_attention_layer(layer, fuse_proj=fuse, mm=mm)
+        layer,
+        ("attn", fuse, mm, rows),
+        lambda: compile_attention_layer(layer, fuse_proj=fuse, mm=mm, rows=rows),
     )
 
 
 def fast_layer_fn(
-    *, fuse_proj: bool = False, mm: bool = False
+    *, fuse_proj: bool = False, mm: bool = False, rows: bool = False
 ) -> Callable[[int, nn.Module, mx.array, Any, Any], mx.array]:
     """A ``TargetModel.forward`` layer function using the compiled runners (and CUDA kernels).
 
@@ -94,6 +99,7 @@ def fast_layer_fn(
             several; costs a copy of those weights).
         mm: run the layers' products through :func:`hf2q.kernels.linear.linear`
             (``select.small_mm_enabled()``: the small-M tensor-core kernel on CUDA).
+        rows: full attention through the row-invariant kernel (``select.row_attention_enabled()``).
     """
 
     def run(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any) -> mx.array:
@@ -124,7 +130,7 @@ def fast_layer_fn(
         if isinstance(getattr(layer, "self_attn", None), Qwen3NextAttention) and hasattr(
             cache, "update_and_fetch"
         ):  # mlx-lm's KVCache or any cache with its protocol (hf2q's slot caches)
-            return attention_runner(layer, fuse_proj=fuse_proj, mm=mm)(h, mask, cache)
+            return attention_runner(layer, fuse_proj=fuse_proj, mm=mm, rows=rows)(h, mask, cache)
         return layer(h, mask=mask, cache=cache)
 
     return run
@@ -141,7 +147,11 @@ def decode_layer_fn() -> Callable[[int, nn.Module, mx.array, Any, Any], mx.array
     """
     if not decode_runners_active():
         return None
-    return fast_layer_fn(fuse_proj=select.fuse_proj_enabled(), mm=select.small_mm_enabled())
+    return fast_layer_fn(
+        fuse_proj=select.fuse_proj_enabled(),
+        mm=select.small_mm_enabled(),
+        rows=select.row_attention_enabled(),
+    )
 
 
 def decode_runners_active() -> bool:

@@ -14,7 +14,8 @@ layer, and pick
 ``HF2Q_COMPILE=0`` turns ``mx.compile`` of the layer runners off; ``HF2Q_FUSE_PROJ=1`` makes them
 and the drafter concatenate each layer's projections; ``HF2Q_SMALL_MM=0`` keeps their bf16/fp16
 products with few rows on MLX's matmul instead of hf2q's tensor-core kernel
-(:func:`small_mm_enabled`). :func:`sdpa_bucket` says whether multi-token attention pads its keys
+(:func:`small_mm_enabled`); ``HF2Q_ROW_ATTENTION=0`` keeps MLX's attention in them instead of
+hf2q's row-invariant kernel (:func:`row_attention_enabled`). :func:`sdpa_bucket` says whether multi-token attention pads its keys
 to a bucket length (``HF2Q_SDPA_BUCKET``; on CUDA by default).
 :func:`describe` returns what is active, for ``--stats``.
 
@@ -52,6 +53,10 @@ FUSE_PROJ_ENV = "HF2Q_FUSE_PROJ"
 #: the tensor-core kernel of :mod:`hf2q.kernels.cuda_matmul` (CUDA only; default on there).
 SMALL_MM_ENV = "HF2Q_SMALL_MM"
 
+#: HF2Q_ROW_ATTENTION=0: the compiled attention runners keep MLX's attention instead of the
+#: row-invariant kernel of :mod:`hf2q.kernels.cuda_attention` (CUDA only; default on there).
+ROW_ATTENTION_ENV = "HF2Q_ROW_ATTENTION"
+
 
 def _flag(env: str, default: str) -> bool:
     value = os.environ.get(env, default).strip().lower() or default
@@ -76,6 +81,15 @@ def small_mm_enabled() -> bool:
     the tensor-core kernel (:mod:`hf2q.kernels.linear`): on CUDA unless ``HF2Q_KERNELS=ops`` or
     ``HF2Q_SMALL_MM=0``; never elsewhere (the kernel is CUDA-only)."""
     return backend() == "cuda" and kernel_mode() != "ops" and _flag(SMALL_MM_ENV, "1")
+
+
+def row_attention_enabled() -> bool:
+    """Whether the compiled attention runners (plain decoding and verify alike) attend with
+    hf2q's row-invariant kernel (:mod:`hf2q.kernels.cuda_attention`), so that in bf16/fp16 a
+    verify row and the decode step it stands for give the same bits: on CUDA unless
+    ``HF2Q_KERNELS=ops`` or ``HF2Q_ROW_ATTENTION=0``; never elsewhere (CUDA-only kernel)."""
+    on = _flag(ROW_ATTENTION_ENV, "1")  # a bad value is an error on every backend
+    return on and backend() == "cuda" and kernel_mode() != "ops"
 
 
 def sdpa_bucket() -> int | None:
@@ -243,6 +257,9 @@ def describe(attn: object | None = None) -> dict[str, str]:
         if small_mm_enabled()
         else "MLX matmul"
     )
+    info["attention"] = (
+        "row-invariant kernel (bf16/fp16)" if row_attention_enabled() else "MLX attention"
+    )
     bucket = sdpa_bucket()
     info["sdpa_keys"] = f"padded to a multiple of {bucket}" if bucket else "exact length"
     return info
@@ -264,7 +281,7 @@ def summary(model: object | None = None) -> str:
     if "projections" in info:
         parts.append(f"projections {info['projections']}")
     parts.append(f"small products {info['small_mm']}")
-    parts.append(f"attention keys {info['sdpa_keys']}")
+    parts.append(f"attention {info['attention']}, keys {info['sdpa_keys']}")
     if info["mode"] != "auto":
         parts.append(f"{ENV}={info['mode']}")
     return "; ".join(parts)

@@ -156,6 +156,10 @@ class BucketedKVCache(KVCache):
     positions; callers must take the mask from ``make_mask`` (mlx-lm's models do).
     """
 
+    #: Batch row b's key of position p sits at buffer index p (see
+    #: ``hf2q.kernels.attention.reads_buffer_in_place``).
+    positions_are_indices = True
+
     def __init__(self, bucket: int) -> None:
         super().__init__()
         if bucket < 1:

@@ -56,6 +56,9 @@ class SlotKVCache(_BaseCache):
     """
 
     step = 256
+    #: Row b's key of position p sits at buffer index p, its offset is the next position (see
+    #: ``hf2q.kernels.attention.reads_buffer_in_place``).
+    positions_are_indices = True
 
     def __init__(self, rows: int, bucket: int | None = None) -> None:
         if rows < 1:

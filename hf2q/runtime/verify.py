@@ -206,7 +206,9 @@ def verify_layer(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: An
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
-def runner_verify_layer_fn(*, fuse_proj: bool = False, mm: bool = False) -> Callable[..., mx.array]:
+def runner_verify_layer_fn(
+    *, fuse_proj: bool = False, mm: bool = False, rows: bool = False
+) -> Callable[..., mx.array]:
     """:func:`verify_layer` with the compiled whole-layer runners of ``hf2q.kernels.layers``.
 
     Gated-DeltaNet layers (no padding mask) run :func:`_runner_verify`, full-attention layers
@@ -214,14 +216,16 @@ def runner_verify_layer_fn(*, fuse_proj: bool = False, mm: bool = False) -> Call
     the slot and bucketed caches); anything else falls back to :func:`verify_layer`. Same math,
     fewer graph nodes and far less host work per layer, which is what bounds a small model's
     round on a GPU. ``fuse_proj``: the runners' concatenated projections (``HF2Q_FUSE_PROJ``);
-    ``mm``: their products through the small-M kernel (``select.small_mm_enabled()``).
+    ``mm``: their products through the small-M kernel (``select.small_mm_enabled()``);
+    ``rows``: attention through the row-invariant kernel (``select.row_attention_enabled()``), as
+    plain decoding's steps, so that each verify row computes what its decode step computes.
     """
 
     def run(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any) -> mx.array:
         if not _runnable(layer, cache):
             return verify_layer(index, layer, h, mask, cache)
         if not getattr(layer, "is_linear", False):
-            return attention_runner(layer, fuse_proj=fuse_proj, mm=mm)(h, mask, cache)
+            return attention_runner(layer, fuse_proj=fuse_proj, mm=mm, rows=rows)(h, mask, cache)
         impl = select.gdn_impl(layer.linear_attn)
         if mask is not None or impl == "mlx":
             # Padding masks, and Apple GPUs' mlx-lm kernel (final state only), keep the layer call.
@@ -258,7 +262,9 @@ def verify_forward(
     cache.begin_verify(tokens.shape[1])
     mm = select.small_mm_enabled()  # read once a forward, for the layers and the head
     if use_runners() if runners is None else runners:
-        fn = runner_verify_layer_fn(fuse_proj=select.fuse_proj_enabled(), mm=mm)
+        fn = runner_verify_layer_fn(
+            fuse_proj=select.fuse_proj_enabled(), mm=mm, rows=select.row_attention_enabled()
+        )
     else:
         fn = verify_layer
     return target.forward(tokens, cache, capture=capture, layer_fn=fn, mm=mm)

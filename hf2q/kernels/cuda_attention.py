@@ -1,0 +1,254 @@
+"""Row-invariant attention over a KV cache for MLX's CUDA backend (bf16 / fp16).
+
+What it does: ``row_attention_cuda(q, keys, values, pos, scale)`` computes causal scaled
+dot-product attention of each query row over the keys at positions ``0 .. pos`` of its batch row
+(and only those), in one ``mx.fast.cuda_kernel`` launch, and returns it as (B, L, n_q, D), the
+layout the output projection reads.
+
+Why: greedy DFlash is lossless when the verify computes every row exactly as plain decoding
+computes that step. In half precision MLX's attention does not: one query runs its vector
+kernel, 16 queries cuDNN, and the two round differently (``benchmarks/row_invariance.py`` on
+the H200: the first attention layer is where verify rows and decode steps part; the layers
+before it are already bit-equal). Here a query row's result depends only on that row's query,
+its position and the keys it sees, never on how many rows are computed together, so a verify
+block and the decode steps it stands for give the same bits. It also needs no mask array: the
+visible keys follow from the position, and the whole cache buffer is read in place (no view,
+no padding copy).
+
+Layout of the work: one thread block of :data:`WARPS` warps per (batch row, query row, KV head)
+computes that row for the KV head's group of query heads (GQA). Keys are cut into tiles of 32 at
+fixed absolute positions; tile t goes to warp ``t % WARPS``. In a tile, lane l scores key
+``32 t + l`` against every query head of the group (float32), the warp takes the tile's maximum
+and sum with a butterfly (every lane gets the same bits), rescales its running (max, sum,
+output) online-softmax state and accumulates ``p * v`` key by key, each lane owning D/32 output
+elements. The warps' states are merged in warp order and rounded once to the output dtype. Every
+order in this depends only on absolute key positions and the row's own limit.
+
+What it does not do: float32 (MLX's attention there agrees to rounding and the tokens are equal;
+tested), quantized caches, attention sinks, masks other than causal (plus an optional sliding
+window), head sizes that are not a multiple of 32, or more than :data:`MAX_GROUP` query heads per
+KV head (:func:`supported` says which). It is not faster than MLX's attention for long contexts
+on few rows (one block per row and KV head); it is exact.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import mlx.core as mx
+
+#: Warps per thread block (a constant: the tile-to-warp assignment, hence the summation order,
+#: must not change between a verify block and a decode step).
+WARPS = 4
+#: Query heads per KV head the kernel keeps in registers.
+MAX_GROUP = 8
+
+_HEADER = r"""
+template <typename T> struct Hf2qAttnT;
+template <> struct Hf2qAttnT<__nv_bfloat16> {
+  static __device__ __forceinline__ float f(__nv_bfloat16 x) { return __bfloat162float(x); }
+  static __device__ __forceinline__ __nv_bfloat16 to(float x) { return __float2bfloat16(x); }
+};
+template <> struct Hf2qAttnT<__half> {
+  static __device__ __forceinline__ float f(__half x) { return __half2float(x); }
+  static __device__ __forceinline__ __half to(float x) { return __float2half(x); }
+};
+"""
+
+# Template arguments: T (bf16/fp16), G (query heads per KV head), D (head size, a multiple of 32),
+# WARPS, WINDOW (0: no sliding window). Inputs q (B, NQ, L, D), k/v (B, NKV, C, D) cache buffers,
+# pos (B, L) int32 absolute positions of the query rows, scale (1,) float32; output o (B, L, NQ, D).
+_SOURCE = r"""
+  constexpr int E = D / 32;
+  const int NQ = q_shape[1];
+  const int L = q_shape[2];
+  const int NKV = k_shape[1];
+  const int C = k_shape[2];
+  const int blk = blockIdx.x;
+  const int h = blk % NKV;
+  const int i = (blk / NKV) % L;
+  const int b = blk / (NKV * L);
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  int limit = pos[b * L + i] + 1;
+  if (limit > C) limit = C;
+  int start = 0;
+  if (WINDOW > 0 && limit - WINDOW > 0) start = limit - WINDOW;
+  __shared__ float qs[G][D];
+  __shared__ float sm[WARPS][G];
+  __shared__ float sl[WARPS][G];
+  __shared__ float sacc[WARPS][G][D];
+  const float sc = scale[0];
+  for (int t = threadIdx.x; t < G * D; t += WARPS * 32) {
+    const int g = t / D;
+    const int d = t % D;
+    qs[g][d] = Hf2qAttnT<T>::f(q[(((size_t)b * NQ + h * G + g) * L + i) * D + d]) * sc;
+  }
+  __syncthreads();
+  const T* kb = k + ((size_t)b * NKV + h) * (size_t)C * D;
+  const T* vb = v + ((size_t)b * NKV + h) * (size_t)C * D;
+  float m[G], l[G], acc[G][E];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
+  }
+  if (limit > start) {
+    const int t0 = start / 32;
+    const int t1 = (limit - 1) / 32;
+    const int first = t0 + (((warp - t0) % WARPS) + WARPS) % WARPS;
+    for (int t = first; t <= t1; t += WARPS) {
+      const int j = t * 32 + lane;
+      const bool ok = j >= start && j < limit;
+      float s[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g) s[g] = 0.0f;
+      if (ok) {
+        const T* kr = kb + (size_t)j * D;
+        for (int d0 = 0; d0 < D; d0 += 8) {
+          const uint4 raw = *reinterpret_cast<const uint4*>(kr + d0);
+          const T* kv8 = reinterpret_cast<const T*>(&raw);
+          float kf[8];
+#pragma unroll
+          for (int u = 0; u < 8; ++u) kf[u] = Hf2qAttnT<T>::f(kv8[u]);
+#pragma unroll
+          for (int g = 0; g < G; ++g)
+#pragma unroll
+            for (int u = 0; u < 8; ++u) s[g] += qs[g][d0 + u] * kf[u];
+        }
+      }
+      float p[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float sg = ok ? s[g] : -INFINITY;
+        float tmax = sg;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+        const float mn = fmaxf(m[g], tmax);
+        p[g] = ok ? expf(sg - mn) : 0.0f;
+        float tsum = p[g];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) tsum += __shfl_xor_sync(0xffffffffu, tsum, o);
+        const float alpha = expf(m[g] - mn);
+        l[g] = l[g] * alpha + tsum;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[g][e] *= alpha;
+        m[g] = mn;
+      }
+      const int jlo = t * 32 < start ? start - t * 32 : 0;
+      const int jhi = t * 32 + 32 > limit ? limit - t * 32 : 32;
+      for (int jj = 0; jj < 32; ++jj) {
+        float pj[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) pj[g] = __shfl_sync(0xffffffffu, p[g], jj);
+        if (jj < jlo || jj >= jhi) continue;
+        const T* vr = vb + (size_t)(t * 32 + jj) * D + lane * E;
+        float vf[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) vf[e] = Hf2qAttnT<T>::f(vr[e]);
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+          for (int e = 0; e < E; ++e) acc[g][e] += pj[g] * vf[e];
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (lane == 0) {
+      sm[warp][g] = m[g];
+      sl[warp][g] = l[g];
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) sacc[warp][g][lane * E + e] = acc[g][e];
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < G * D; t += WARPS * 32) {
+    const int g = t / D;
+    const int d = t % D;
+    float mx_ = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) mx_ = fmaxf(mx_, sm[w][g]);
+    float num = 0.0f, den = 0.0f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      if (sm[w][g] == -INFINITY) continue;
+      const float a = expf(sm[w][g] - mx_);
+      num += sacc[w][g][d] * a;
+      den += sl[w][g] * a;
+    }
+    o[(((size_t)b * L + i) * NQ + h * G + g) * D + d] =
+        Hf2qAttnT<T>::to(den > 0.0f ? num / den : 0.0f);
+  }
+"""
+
+
+@cache
+def _kernel() -> Any:
+    return mx.fast.cuda_kernel(
+        name="hf2q_row_attention",
+        input_names=["q", "k", "v", "pos", "scale"],
+        output_names=["o"],
+        source=_SOURCE,
+        header=_HEADER,
+    )
+
+
+def supported(q: mx.array, keys: mx.array, values: mx.array) -> str | None:
+    """Why :func:`row_attention_cuda` cannot compute this attention (None when it can)."""
+    if q.dtype not in (mx.bfloat16, mx.float16) or keys.dtype != q.dtype or values.dtype != q.dtype:
+        return f"dtypes {q.dtype}/{keys.dtype}/{values.dtype} (needs bf16 or fp16, all the same)"
+    if q.ndim != 4 or keys.ndim != 4 or values.shape != keys.shape:
+        return f"shapes q {q.shape}, keys {keys.shape}, values {values.shape}"
+    B, nq, _, D = q.shape
+    if keys.shape[0] != B or keys.shape[3] != D:
+        return f"keys {keys.shape} do not match queries {q.shape}"
+    if D % 32:
+        return f"head size {D} is not a multiple of 32"
+    nkv = keys.shape[1]
+    if nq % nkv or not 1 <= nq // nkv <= MAX_GROUP:
+        return f"{nq} query heads over {nkv} KV heads (a group of 1 to {MAX_GROUP})"
+    return None
+
+
+def row_attention_cuda(
+    q: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    pos: mx.array,
+    scale: float,
+    *,
+    window: int | None = None,
+) -> mx.array:
+    """Causal attention of query rows over their own keys; see the module docstring.
+
+    Args:
+        q: (B, n_q, L, D) queries (rotated), bf16 or fp16.
+        keys, values: (B, n_kv, C, D) cache buffers; row b's key at position p sits at index p.
+        pos: (B, L) int32, the absolute position of each query row; it sees keys ``0 .. pos``
+            (the last ``window`` of them with a sliding window).
+        scale: the softmax scale.
+
+    Returns:
+        (B, L, n_q, D) in the queries' dtype.
+    """
+    B, nq, L, D = q.shape
+    nkv = keys.shape[1]
+    (o,) = _kernel()(
+        inputs=[q, keys, values, pos.astype(mx.int32), mx.array([scale], dtype=mx.float32)],
+        template=[
+            ("T", q.dtype),
+            ("G", nq // nkv),
+            ("D", D),
+            ("WARPS", WARPS),
+            ("WINDOW", int(window or 0)),
+        ],
+        grid=(B * L * nkv * 32 * WARPS, 1, 1),
+        threadgroup=(32 * WARPS, 1, 1),
+        output_shapes=[(B, L, nq, D)],
+        output_dtypes=[q.dtype],
+    )
+    return o

@@ -1,0 +1,238 @@
+"""The row-invariant attention kernel (hf2q/kernels/cuda_attention.py) and its use by the runners.
+
+On this CPU the kernel's own source runs in the CUDA emulator (tests/cuda_emu.py): that checks its
+indexing, tiling, online softmax, warp merge and stores against a float64 attention, that a query
+row's bits do not depend on how many rows one call computes, and that the compiled attention
+runner with it gives a verify block whose every row equals the plain decode step of that token,
+bit for bit in bf16. The CUDA tests run the real kernel.
+"""
+
+from __future__ import annotations
+
+import checkpoints as ck
+import cuda_emu
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models import qwen3_5
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
+
+from hf2q.errors import UsageError
+from hf2q.kernels import cuda_attention as ca
+from hf2q.kernels import select
+from hf2q.kernels.attention import reads_buffer_in_place
+from hf2q.kernels.layers import fast_layer_fn
+from hf2q.runtime.cache import BucketedKVCache, TargetCache, make_target_cache
+from hf2q.runtime.slot_cache import SlotKVCache
+from hf2q.runtime.target import TargetModel
+from hf2q.runtime.verify import runner_verify_layer_fn
+
+HAS_CUDA = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="MLX's CUDA backend is not available")
+
+
+@pytest.fixture
+def emulated(monkeypatch, tmp_path):
+    """The kernel's own source, run by the CPU emulator in place of MLX's CUDA backend."""
+    if HAS_CUDA:
+        return None  # the real kernel
+    if cuda_emu.compiler() is None:
+        pytest.skip("no C++ compiler for the CUDA emulator")
+    kern = cuda_emu.EmulatedKernel(
+        "hf2q_row_attention",
+        ["q", "k", "v", "pos", "scale"],
+        ["o"],
+        ca._SOURCE,
+        ca._HEADER,
+        workdir=tmp_path,
+    )
+    monkeypatch.setattr(ca, "_kernel", lambda: kern)
+    return kern
+
+
+def _inputs(B, nq, nkv, L, D, C, dtype, seed=0):
+    mx.random.seed(seed)
+    q = mx.random.normal((B, nq, L, D)).astype(dtype)
+    k = mx.random.normal((B, nkv, C, D)).astype(dtype)
+    v = mx.random.normal((B, nkv, C, D)).astype(dtype)
+    return q, k, v
+
+
+def _reference(q, k, v, pos, scale, window=None):
+    """float64 attention of the (rounded) inputs, (B, L, nq, D)."""
+    qf, kf, vf = (np.array(a.astype(mx.float32), dtype=np.float64) for a in (q, k, v))
+    B, nq, L, D = qf.shape
+    G = nq // kf.shape[1]
+    out = np.zeros((B, L, nq, D))
+    P = np.array(pos)
+    for b in range(B):
+        for i in range(L):
+            hi = int(P[b, i]) + 1
+            lo = max(0, hi - window) if window else 0
+            for h in range(nq):
+                s = kf[b, h // G, lo:hi] @ qf[b, h, i] * scale
+                p = np.exp(s - s.max())
+                out[b, i, h] = (p / p.sum()) @ vf[b, h // G, lo:hi]
+    return out
+
+
+CASES = [
+    # B, nq, nkv, L, D, C, first positions, window
+    (1, 8, 2, 3, 64, 100, [70], None),  # GQA group 4 (the demo's), tiles split over warps
+    (2, 4, 4, 2, 32, 70, [5, 40], None),  # no grouping; ragged rows
+    (1, 4, 2, 1, 128, 300, [290], None),  # one decode row, 10 tiles
+    (1, 4, 1, 4, 64, 128, [100], 16),  # sliding window, tile starts inside the window
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+def test_kernel_computes_causal_attention(emulated, case, dtype):
+    B, nq, nkv, L, D, C, first, window = case
+    q, k, v = _inputs(B, nq, nkv, L, D, C, dtype)
+    pos = mx.array(first)[:, None] + mx.arange(L)[None]
+    out = ca.row_attention_cuda(q, k, v, pos, D**-0.5, window=window)
+    assert out.shape == (B, L, nq, D) and out.dtype == dtype
+    ref = _reference(q, k, v, pos, D**-0.5, window)
+    got = np.array(out.astype(mx.float32), dtype=np.float64)
+    ulp = 2.0**-8 if dtype == mx.bfloat16 else 2.0**-11
+    # One rounding of a float32 result (its own error is far below that).
+    assert np.all(np.abs(got - ref) <= ulp * np.abs(ref) + 1e-5 * np.abs(ref).max())
+
+
+def test_kernel_row_bits_do_not_depend_on_the_rows_computed_with_it(emulated):
+    B, nq, nkv, L, D, C = 1, 8, 2, 5, 64, 160
+    q, k, v = _inputs(B, nq, nkv, L, D, C, mx.bfloat16, seed=1)
+    pos = 120 + mx.arange(L)[None]
+    block = ca.row_attention_cuda(q, k, v, pos, 0.125)
+    for i in (0, L - 1):
+        alone = ca.row_attention_cuda(q[:, :, i : i + 1], k, v, pos[:, i : i + 1], 0.125)
+        assert mx.array_equal(alone[:, 0], block[:, i])
+
+
+def test_supported_names_what_it_cannot_do():
+    q, k, v = _inputs(1, 4, 2, 1, 64, 8, mx.bfloat16)
+    assert ca.supported(q, k, v) is None
+    assert "bf16 or fp16" in ca.supported(q.astype(mx.float32), k, v)
+    q48, k48, v48 = _inputs(1, 4, 2, 1, 48, 8, mx.bfloat16)
+    assert "multiple of 32" in ca.supported(q48, k48, v48)
+    q3, k3, v3 = _inputs(1, 6, 4, 1, 64, 8, mx.bfloat16)
+    assert "query heads" in ca.supported(q3, k3, v3)
+
+
+def test_which_caches_are_read_in_place():
+    assert reads_buffer_in_place(KVCache())
+    assert reads_buffer_in_place(BucketedKVCache(256))
+    assert reads_buffer_in_place(SlotKVCache(2))
+    assert not reads_buffer_in_place(RotatingKVCache(max_size=8))
+    assert not reads_buffer_in_place(QuantizedKVCache())
+    assert not reads_buffer_in_place(None)
+
+
+def test_selection_is_cuda_only_and_reported(monkeypatch):
+    monkeypatch.delenv(select.ROW_ATTENTION_ENV, raising=False)
+    assert select.row_attention_enabled() == (select.backend() == "cuda")
+    assert "attention " in select.summary()
+    monkeypatch.setenv(select.ROW_ATTENTION_ENV, "0")
+    assert not select.row_attention_enabled()
+    assert "MLX attention" in select.summary()
+    monkeypatch.setenv(select.ROW_ATTENTION_ENV, "maybe")
+    with pytest.raises(UsageError, match="HF2Q_ROW_ATTENTION"):
+        select.row_attention_enabled()
+
+
+def _target(dtype) -> TargetModel:
+    # head_dim 32: the kernel needs a multiple of 32 (the tiny fixtures use 16).
+    args = qwen3_5.TextModelArgs(**dict(ck.TINY_TEXT_ARGS, head_dim=32))
+    mx.random.seed(7)
+    model = qwen3_5.TextModel(args)
+    model.set_dtype(dtype)
+    return TargetModel(model)
+
+
+PROMPT = [3, 14, 15, 9, 2, 6, 5, 35, 8, 9, 7, 9]
+TOKENS = [3, 23, 8, 46, 2, 6]
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+def test_runner_with_the_kernel_equals_mlx_attention(emulated, dtype):
+    """The full-attention runner with the kernel against MLX's attention (prefill + 3 decodes)."""
+    target = _target(dtype)
+    outs = []
+    for rows in (False, True):
+        cache = make_prompt_cache(target.model)
+        fn = fast_layer_fn(rows=rows)
+        logits = [target.forward(mx.array([PROMPT]), cache, layer_fn=fn)[0]]
+        for t in TOKENS[:3]:
+            logits.append(target.forward(mx.array([[t]]), cache, layer_fn=fn)[0])
+        outs.append(mx.concatenate(logits, axis=1).astype(mx.float32))
+    if dtype == mx.float32:  # the kernel takes half precision only: float32 stays MLX's
+        assert mx.array_equal(outs[0], outs[1])
+    else:
+        assert mx.allclose(outs[0], outs[1], rtol=5e-2, atol=5e-2)
+        assert mx.array_equal(mx.argmax(outs[0], -1), mx.argmax(outs[1], -1))
+
+
+def test_verify_rows_equal_decode_steps_bit_for_bit_through_the_runners(emulated):
+    """bf16: a verify block through the runners (kernel attention, bucketed keys) and the same
+    tokens as plain decode steps (kernel attention, mlx-lm's KVCache): every layer, every row."""
+    target = _target(mx.bfloat16)
+    capture = list(range(target.num_layers))
+    prompt, block = mx.array([PROMPT]), mx.array([TOKENS])
+    # Keys padded to a bucket as on CUDA: the kernel must ignore the padding.
+    cache = TargetCache(
+        BucketedKVCache(256) if type(c) is KVCache else c for c in make_target_cache(target.model)
+    )
+    step = fast_layer_fn(rows=True)
+    target.forward(prompt, cache, layer_fn=step)
+    cache.begin_verify(block.shape[1])
+    logits_v, feats_v = target.forward(
+        block, cache, capture=capture, layer_fn=runner_verify_layer_fn(rows=True)
+    )
+    plain = make_prompt_cache(target.model)
+    target.forward(prompt, plain, layer_fn=step)
+    outs = [
+        target.forward(block[:, i : i + 1], plain, capture=capture, layer_fn=step)
+        for i in range(block.shape[1])
+    ]
+    logits_d = mx.concatenate([o[0] for o in outs], axis=1)
+    feats_d = mx.concatenate([o[1] for o in outs], axis=1)
+    assert mx.array_equal(feats_v, feats_d)
+    assert mx.array_equal(logits_v, logits_d)
+
+
+def test_slot_rows_at_different_positions_equal_their_single_runs(emulated):
+    """Two slots holding different lengths (ragged offsets) through the runner with the kernel:
+    each row's decode step equals that sequence decoded alone, bit for bit (bf16)."""
+    from hf2q.runtime.slot_cache import make_slot_target_cache
+
+    target = _target(mx.bfloat16)
+    step = fast_layer_fn(rows=True)
+    prompts = [PROMPT, PROMPT[:7]]
+    singles = []
+    for p in prompts:
+        c = make_prompt_cache(target.model)
+        target.forward(mx.array([p]), c, layer_fn=step)
+        singles.append(c)
+    batched = make_slot_target_cache(target, 2)
+    for row, c in enumerate(singles):
+        batched.insert(row, c)
+    nxt = mx.array([[TOKENS[0]], [TOKENS[1]]])
+    both, _ = target.forward(nxt, batched, layer_fn=step)
+    for row, c in enumerate(singles):
+        alone, _ = target.forward(nxt[row : row + 1], c, layer_fn=step)
+        assert mx.array_equal(both[row], alone[0])
+
+
+@cuda_only
+def test_cuda_kernel_row_is_the_decode_step_at_the_4b_shape():
+    """The 4B shape (16 query / 4 KV heads of 256) at 1024 positions: one rounding of float64,
+    and a row alone gives the bits it has inside a 16-row verify block."""
+    q, k, v = _inputs(1, 16, 4, 16, 256, 1280, mx.bfloat16, seed=3)
+    pos = 1008 + mx.arange(16)[None]
+    block = ca.row_attention_cuda(q, k, v, pos, 256**-0.5)
+    ref = _reference(q, k, v, pos, 256**-0.5)
+    got = np.array(block.astype(mx.float32), dtype=np.float64)
+    assert np.all(np.abs(got - ref) <= 2.0**-8 * np.abs(ref) + 1e-5 * np.abs(ref).max())
+    alone = ca.row_attention_cuda(q[:, :, 9:10], k, v, pos[:, 9:10], 256**-0.5)
+    assert mx.array_equal(alone[:, 0], block[:, 9])
