@@ -40,7 +40,7 @@ def emulated(monkeypatch, tmp_path):
         pytest.skip("no C++ compiler for the CUDA emulator")
     kern = cuda_emu.EmulatedKernel(
         "hf2q_row_attention",
-        ["q", "k", "v", "pos", "scale"],
+        ["q", "k", "v", "off", "scale"],
         ["o"],
         ca._SOURCE,
         ca._HEADER,
@@ -58,16 +58,17 @@ def _inputs(B, nq, nkv, L, D, C, dtype, seed=0):
     return q, k, v
 
 
-def _reference(q, k, v, pos, scale, window=None):
-    """float64 attention of the (rounded) inputs, (B, L, nq, D)."""
+def _reference(q, k, v, first, scale, window=None):
+    """float64 attention of the (rounded) inputs, (B, L, nq, D); row i of batch row b sits at
+    position first[b] + i."""
     qf, kf, vf = (np.array(a.astype(mx.float32), dtype=np.float64) for a in (q, k, v))
     B, nq, L, D = qf.shape
     G = nq // kf.shape[1]
     out = np.zeros((B, L, nq, D))
-    P = np.array(pos)
+    first = [int(f) for f in np.array(first).reshape(-1)]
     for b in range(B):
         for i in range(L):
-            hi = int(P[b, i]) + 1
+            hi = first[b if len(first) > 1 else 0] + i + 1
             lo = max(0, hi - window) if window else 0
             for h in range(nq):
                 s = kf[b, h // G, lo:hi] @ qf[b, h, i] * scale
@@ -90,10 +91,10 @@ CASES = [
 def test_kernel_computes_causal_attention(emulated, case, dtype):
     B, nq, nkv, L, D, C, first, window = case
     q, k, v = _inputs(B, nq, nkv, L, D, C, dtype)
-    pos = mx.array(first)[:, None] + mx.arange(L)[None]
-    out = ca.row_attention_cuda(q, k, v, pos, D**-0.5, window=window)
+    off = mx.array(first, dtype=mx.int32)
+    out = ca.row_attention_cuda(q, k, v, off, D**-0.5, window=window)
     assert out.shape == (B, L, nq, D) and out.dtype == dtype
-    ref = _reference(q, k, v, pos, D**-0.5, window)
+    ref = _reference(q, k, v, off, D**-0.5, window)
     got = np.array(out.astype(mx.float32), dtype=np.float64)
     ulp = 2.0**-8 if dtype == mx.bfloat16 else 2.0**-11
     # One rounding of a float32 result (its own error is far below that).
@@ -103,10 +104,9 @@ def test_kernel_computes_causal_attention(emulated, case, dtype):
 def test_kernel_row_bits_do_not_depend_on_the_rows_computed_with_it(emulated):
     B, nq, nkv, L, D, C = 1, 8, 2, 5, 64, 160
     q, k, v = _inputs(B, nq, nkv, L, D, C, mx.bfloat16, seed=1)
-    pos = 120 + mx.arange(L)[None]
-    block = ca.row_attention_cuda(q, k, v, pos, 0.125)
+    block = ca.row_attention_cuda(q, k, v, mx.array([120]), 0.125)
     for i in (0, L - 1):
-        alone = ca.row_attention_cuda(q[:, :, i : i + 1], k, v, pos[:, i : i + 1], 0.125)
+        alone = ca.row_attention_cuda(q[:, :, i : i + 1], k, v, mx.array([120 + i]), 0.125)
         assert mx.array_equal(alone[:, 0], block[:, i])
 
 
@@ -229,10 +229,9 @@ def test_cuda_kernel_row_is_the_decode_step_at_the_4b_shape():
     """The 4B shape (16 query / 4 KV heads of 256) at 1024 positions: one rounding of float64,
     and a row alone gives the bits it has inside a 16-row verify block."""
     q, k, v = _inputs(1, 16, 4, 16, 256, 1280, mx.bfloat16, seed=3)
-    pos = 1008 + mx.arange(16)[None]
-    block = ca.row_attention_cuda(q, k, v, pos, 256**-0.5)
-    ref = _reference(q, k, v, pos, 256**-0.5)
+    block = ca.row_attention_cuda(q, k, v, mx.array([1008]), 256**-0.5)
+    ref = _reference(q, k, v, mx.array([1008]), 256**-0.5)
     got = np.array(block.astype(mx.float32), dtype=np.float64)
     assert np.all(np.abs(got - ref) <= 2.0**-8 * np.abs(ref) + 1e-5 * np.abs(ref).max())
-    alone = ca.row_attention_cuda(q[:, :, 9:10], k, v, pos[:, 9:10], 256**-0.5)
+    alone = ca.row_attention_cuda(q[:, :, 9:10], k, v, mx.array([1017]), 256**-0.5)
     assert mx.array_equal(alone[:, 0], block[:, 9])

@@ -103,13 +103,7 @@ def compile_attention_layer(
         # attn: (B, heads, L, d) as MLX's attention returns it.
         return post_rows(x, attn.transpose(0, 2, 1, 3), gate)
 
-    def positions(x: mx.array, offset: mx.array) -> mx.array:
-        # (B, L) absolute positions of the new rows; offset () or (B,) before the cache update.
-        B, L, _ = x.shape
-        return mx.broadcast_to(offset.reshape(-1, 1) + mx.arange(L, dtype=mx.int32), (B, L))
-
     cpre, cpost, cpost_rows = mx.compile(pre), mx.compile(post), mx.compile(post_rows)
-    cpositions = mx.compile(positions)
 
     def run(x: mx.array, mask: Any, cache: Any) -> mx.array:
         if cache is None or hasattr(cache, "bits"):
@@ -121,10 +115,11 @@ def compile_attention_layer(
             and reads_buffer_in_place(cache)
             and cuda_attention.supported(queries, keys, values) is None
         ):
+            # The kernel takes each batch row's first position, (B,) or (1,): a Python int
+            # offset becomes a constant, not one more graph node.
+            off = offset if offset.ndim == 1 else mx.array([cache.offset], dtype=mx.int32)
             cache.update_and_fetch(keys, values)
-            out = cuda_attention.row_attention_cuda(
-                queries, cache.keys, cache.values, cpositions(x, offset), scale
-            )
+            out = cuda_attention.row_attention_cuda(queries, cache.keys, cache.values, off, scale)
             return cpost_rows(x, out, gate)
         keys, values = cache.update_and_fetch(keys, values)
         out = scaled_dot_product_attention(

@@ -1,9 +1,11 @@
 """Row-invariant attention over a KV cache for MLX's CUDA backend (bf16 / fp16).
 
-What it does: ``row_attention_cuda(q, keys, values, pos, scale)`` computes causal scaled
-dot-product attention of each query row over the keys at positions ``0 .. pos`` of its batch row
-(and only those), in one ``mx.fast.cuda_kernel`` launch, and returns it as (B, L, n_q, D), the
-layout the output projection reads.
+What it does: ``row_attention_cuda(q, keys, values, offset, scale)`` computes causal scaled
+dot-product attention of query row i of batch row b over the keys at positions
+``0 .. offset[b] + i`` of that batch row (and only those), in one ``mx.fast.cuda_kernel`` launch,
+and returns it as (B, L, n_q, D), the layout the output projection reads. The offsets are the
+cache's own (its positions before the new rows), so no position or mask array is built: on a GPU
+every extra graph node costs the host more than this kernel's work at decoding sizes.
 
 Why: greedy DFlash is lossless when the verify computes every row exactly as plain decoding
 computes that step. In half precision MLX's attention does not: one query runs its vector
@@ -58,7 +60,8 @@ template <> struct Hf2qAttnT<__half> {
 
 # Template arguments: T (bf16/fp16), G (query heads per KV head), D (head size, a multiple of 32),
 # WARPS, WINDOW (0: no sliding window). Inputs q (B, NQ, L, D), k/v (B, NKV, C, D) cache buffers,
-# pos (B, L) int32 absolute positions of the query rows, scale (1,) float32; output o (B, L, NQ, D).
+# off (B,) or (1,) int32 position of each batch row's first query row, scale (1,) float32; output
+# o (B, L, NQ, D).
 _SOURCE = r"""
   constexpr int E = D / 32;
   const int NQ = q_shape[1];
@@ -71,7 +74,7 @@ _SOURCE = r"""
   const int b = blk / (NKV * L);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  int limit = pos[b * L + i] + 1;
+  int limit = off[off_shape[0] == 1 ? 0 : b] + i + 1;
   if (limit > C) limit = C;
   int start = 0;
   if (WINDOW > 0 && limit - WINDOW > 0) start = limit - WINDOW;
@@ -190,7 +193,7 @@ _SOURCE = r"""
 def _kernel() -> Any:
     return mx.fast.cuda_kernel(
         name="hf2q_row_attention",
-        input_names=["q", "k", "v", "pos", "scale"],
+        input_names=["q", "k", "v", "off", "scale"],
         output_names=["o"],
         source=_SOURCE,
         header=_HEADER,
@@ -214,11 +217,19 @@ def supported(q: mx.array, keys: mx.array, values: mx.array) -> str | None:
     return None
 
 
+@cache
+def _scale(value: float) -> mx.array:
+    # One constant per scale: a new array per call would be one more transfer per layer.
+    out = mx.array([value], dtype=mx.float32)
+    mx.eval(out)
+    return out
+
+
 def row_attention_cuda(
     q: mx.array,
     keys: mx.array,
     values: mx.array,
-    pos: mx.array,
+    offset: mx.array,
     scale: float,
     *,
     window: int | None = None,
@@ -228,8 +239,9 @@ def row_attention_cuda(
     Args:
         q: (B, n_q, L, D) queries (rotated), bf16 or fp16.
         keys, values: (B, n_kv, C, D) cache buffers; row b's key at position p sits at index p.
-        pos: (B, L) int32, the absolute position of each query row; it sees keys ``0 .. pos``
-            (the last ``window`` of them with a sliding window).
+        offset: (B,) or (1,) int32, the position of each batch row's first query row (the
+            cache's offset before the new rows); query row i sees keys ``0 .. offset + i`` (the
+            last ``window`` of them with a sliding window).
         scale: the softmax scale.
 
     Returns:
@@ -237,8 +249,10 @@ def row_attention_cuda(
     """
     B, nq, L, D = q.shape
     nkv = keys.shape[1]
+    if offset.dtype != mx.int32:
+        offset = offset.astype(mx.int32)
     (o,) = _kernel()(
-        inputs=[q, keys, values, pos.astype(mx.int32), mx.array([scale], dtype=mx.float32)],
+        inputs=[q, keys, values, offset.reshape(-1) if offset.ndim != 1 else offset, _scale(scale)],
         template=[
             ("T", q.dtype),
             ("G", nq // nkv),
