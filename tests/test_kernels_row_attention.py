@@ -82,7 +82,8 @@ CASES = [
     (1, 8, 2, 3, 64, 100, [70], None),  # GQA group 4 (the demo's), tiles split over warps
     (2, 4, 4, 2, 32, 70, [5, 40], None),  # no grouping; ragged rows
     (1, 4, 2, 1, 128, 300, [290], None),  # one decode row, 10 tiles
-    (1, 4, 1, 4, 64, 128, [100], 16),  # sliding window, tile starts inside the window
+    (1, 4, 1, 4, 64, 128, [100], 16),  # sliding window, a key group starts inside the window
+    (1, 8, 1, 2, 256, 80, [60], None),  # group 8 of 256: four warps (the merge buffer's limit)
 ]
 
 
@@ -108,6 +109,12 @@ def test_kernel_row_bits_do_not_depend_on_the_rows_computed_with_it(emulated):
     for i in (0, L - 1):
         alone = ca.row_attention_cuda(q[:, :, i : i + 1], k, v, mx.array([120 + i]), 0.125)
         assert mx.array_equal(alone[:, 0], block[:, i])
+
+
+def test_warps_depend_on_head_sizes_only():
+    assert ca.warps(4, 256) == ca.WARPS  # the 4B's attention
+    assert ca.warps(4, 64) == ca.WARPS  # the demo's
+    assert ca.warps(8, 256) == ca.WARPS // 2
 
 
 def test_supported_names_what_it_cannot_do():

@@ -17,20 +17,21 @@ block and the decode steps it stands for give the same bits. It also needs no ma
 visible keys follow from the position, and the whole cache buffer is read in place (no view,
 no padding copy).
 
-Layout of the work: one thread block of :data:`WARPS` warps per (batch row, query row, KV head)
-computes that row for the KV head's group of query heads (GQA). Keys are cut into tiles of 32 at
-fixed absolute positions; tile t goes to warp ``t % WARPS``. In a tile, lane l scores key
-``32 t + l`` against every query head of the group (float32), the warp takes the tile's maximum
-and sum with a butterfly (every lane gets the same bits), rescales its running (max, sum,
-output) online-softmax state and accumulates ``p * v`` key by key, each lane owning D/32 output
-elements. The warps' states are merged in warp order and rounded once to the output dtype. Every
-order in this depends only on absolute key positions and the row's own limit.
+Layout of the work: one thread block of :func:`warps` warps per (batch row, query row, KV head)
+computes that row for the KV head's group of query heads (GQA). Keys are cut into groups of 8 at
+fixed absolute positions; group t goes to warp ``t % warps``. Lane l holds elements
+``l*D/32 ..`` of every query head, key and value row (coalesced loads of whole rows), so a score
+is a butterfly sum over the warp (every lane gets the same bits); each warp keeps a running
+(max, sum, output) online-softmax state in float32, rescaled once per group, and accumulates
+``p * v`` key by key. The warps' states are merged in warp order and rounded once to the output
+dtype. Every order in this depends only on absolute key positions, the row's own limit and the
+head sizes.
 
 What it does not do: float32 (MLX's attention there agrees to rounding and the tokens are equal;
 tested), quantized caches, attention sinks, masks other than causal (plus an optional sliding
 window), head sizes that are not a multiple of 32, or more than :data:`MAX_GROUP` query heads per
-KV head (:func:`supported` says which). It is not faster than MLX's attention for long contexts
-on few rows (one block per row and KV head); it is exact.
+KV head (:func:`supported` says which). One block per row and KV head: for one decode row over
+a long context fewer SMs work than in MLX's split-key kernel.
 """
 
 from __future__ import annotations
@@ -40,21 +41,45 @@ from typing import Any
 
 import mlx.core as mx
 
-#: Warps per thread block (a constant: the tile-to-warp assignment, hence the summation order,
-#: must not change between a verify block and a decode step).
-WARPS = 4
+#: Warps per thread block where the merge buffer fits (see :func:`warps`).
+WARPS = 8
 #: Query heads per KV head the kernel keeps in registers.
 MAX_GROUP = 8
 
 _HEADER = r"""
+// Element conversions, and loads of N consecutive elements (16 bytes at once where N = 8).
 template <typename T> struct Hf2qAttnT;
 template <> struct Hf2qAttnT<__nv_bfloat16> {
   static __device__ __forceinline__ float f(__nv_bfloat16 x) { return __bfloat162float(x); }
   static __device__ __forceinline__ __nv_bfloat16 to(float x) { return __float2bfloat16(x); }
+  template <int N>
+  static __device__ __forceinline__ void load(const __nv_bfloat16* p, float* out) {
+    if constexpr (N == 8) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(p);
+      const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) out[u] = __bfloat162float(e[u]);
+    } else {
+#pragma unroll
+      for (int u = 0; u < N; ++u) out[u] = __bfloat162float(p[u]);
+    }
+  }
 };
 template <> struct Hf2qAttnT<__half> {
   static __device__ __forceinline__ float f(__half x) { return __half2float(x); }
   static __device__ __forceinline__ __half to(float x) { return __float2half(x); }
+  template <int N>
+  static __device__ __forceinline__ void load(const __half* p, float* out) {
+    if constexpr (N == 8) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(p);
+      const __half* e = reinterpret_cast<const __half*>(&raw);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) out[u] = __half2float(e[u]);
+    } else {
+#pragma unroll
+      for (int u = 0; u < N; ++u) out[u] = __half2float(p[u]);
+    }
+  }
 };
 """
 
@@ -63,7 +88,8 @@ template <> struct Hf2qAttnT<__half> {
 # off (B,) or (1,) int32 position of each batch row's first query row, scale (1,) float32; output
 # o (B, L, NQ, D).
 _SOURCE = r"""
-  constexpr int E = D / 32;
+  constexpr int E = D / 32;  // elements of a key/value/query row per lane
+  constexpr int KG = 8;      // keys per group: loads in flight, one softmax rescale per group
   const int NQ = q_shape[1];
   const int L = q_shape[2];
   const int NKV = k_shape[1];
@@ -78,84 +104,87 @@ _SOURCE = r"""
   if (limit > C) limit = C;
   int start = 0;
   if (WINDOW > 0 && limit - WINDOW > 0) start = limit - WINDOW;
-  __shared__ float qs[G][D];
   __shared__ float sm[WARPS][G];
   __shared__ float sl[WARPS][G];
   __shared__ float sacc[WARPS][G][D];
   const float sc = scale[0];
-  for (int t = threadIdx.x; t < G * D; t += WARPS * 32) {
-    const int g = t / D;
-    const int d = t % D;
-    qs[g][d] = Hf2qAttnT<T>::f(q[(((size_t)b * NQ + h * G + g) * L + i) * D + d]) * sc;
-  }
-  __syncthreads();
-  const T* kb = k + ((size_t)b * NKV + h) * (size_t)C * D;
-  const T* vb = v + ((size_t)b * NKV + h) * (size_t)C * D;
-  float m[G], l[G], acc[G][E];
+  float qr[G][E], m[G], l[G], acc[G][E];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
+    const T* qp = q + (((size_t)b * NQ + h * G + g) * L + i) * D + lane * E;
+#pragma unroll
+    for (int e = 0; e < E; ++e) qr[g][e] = Hf2qAttnT<T>::f(qp[e]) * sc;
     m[g] = -INFINITY;
     l[g] = 0.0f;
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
   }
+  const T* kb = k + ((size_t)b * NKV + h) * (size_t)C * D + lane * E;
+  const T* vb = v + ((size_t)b * NKV + h) * (size_t)C * D + lane * E;
   if (limit > start) {
-    const int t0 = start / 32;
-    const int t1 = (limit - 1) / 32;
-    const int first = t0 + (((warp - t0) % WARPS) + WARPS) % WARPS;
-    for (int t = first; t <= t1; t += WARPS) {
-      const int j = t * 32 + lane;
-      const bool ok = j >= start && j < limit;
-      float s[G];
+    const int g0 = start / KG;
+    const int g1 = (limit - 1) / KG;
+    const int first = g0 + (((warp - g0) % WARPS) + WARPS) % WARPS;
+    for (int gi = first; gi <= g1; gi += WARPS) {
+      const int j0 = gi * KG;
+      float s[KG][G];
+      // Scores: lane holds E elements of each key row (coalesced loads), a butterfly sums them.
 #pragma unroll
-      for (int g = 0; g < G; ++g) s[g] = 0.0f;
-      if (ok) {
-        const T* kr = kb + (size_t)j * D;
-        for (int d0 = 0; d0 < D; d0 += 8) {
-          const uint4 raw = *reinterpret_cast<const uint4*>(kr + d0);
-          const T* kv8 = reinterpret_cast<const T*>(&raw);
-          float kf[8];
+      for (int kk = 0; kk < KG; ++kk) {
+        float kf[E];
+        const int j = j0 + kk;
+        if (j >= start && j < limit) {
+          Hf2qAttnT<T>::template load<E>(kb + (size_t)j * D, kf);
+        } else {
 #pragma unroll
-          for (int u = 0; u < 8; ++u) kf[u] = Hf2qAttnT<T>::f(kv8[u]);
+          for (int e = 0; e < E; ++e) kf[e] = 0.0f;
+        }
 #pragma unroll
-          for (int g = 0; g < G; ++g)
+        for (int g = 0; g < G; ++g) {
+          float part = 0.0f;
 #pragma unroll
-            for (int u = 0; u < 8; ++u) s[g] += qs[g][d0 + u] * kf[u];
+          for (int e = 0; e < E; ++e) part += qr[g][e] * kf[e];
+          s[kk][g] = part;
         }
       }
-      float p[G];
+#pragma unroll
+      for (int kk = 0; kk < KG; ++kk)
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          float x = s[kk][g];
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+          const int j = j0 + kk;
+          s[kk][g] = (j >= start && j < limit) ? x : -INFINITY;
+        }
+      // Online softmax, once per group; every lane holds the same scores, hence the same state.
 #pragma unroll
       for (int g = 0; g < G; ++g) {
-        const float sg = ok ? s[g] : -INFINITY;
-        float tmax = sg;
+        float gmax = m[g];
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
-        const float mn = fmaxf(m[g], tmax);
-        p[g] = ok ? expf(sg - mn) : 0.0f;
-        float tsum = p[g];
+        for (int kk = 0; kk < KG; ++kk) gmax = fmaxf(gmax, s[kk][g]);
+        const float alpha = expf(m[g] - gmax);
+        float psum = 0.0f;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) tsum += __shfl_xor_sync(0xffffffffu, tsum, o);
-        const float alpha = expf(m[g] - mn);
-        l[g] = l[g] * alpha + tsum;
+        for (int kk = 0; kk < KG; ++kk) {
+          s[kk][g] = expf(s[kk][g] - gmax);
+          psum += s[kk][g];
+        }
+        l[g] = l[g] * alpha + psum;
+        m[g] = gmax;
 #pragma unroll
         for (int e = 0; e < E; ++e) acc[g][e] *= alpha;
-        m[g] = mn;
       }
-      const int jlo = t * 32 < start ? start - t * 32 : 0;
-      const int jhi = t * 32 + 32 > limit ? limit - t * 32 : 32;
-      for (int jj = 0; jj < 32; ++jj) {
-        float pj[G];
 #pragma unroll
-        for (int g = 0; g < G; ++g) pj[g] = __shfl_sync(0xffffffffu, p[g], jj);
-        if (jj < jlo || jj >= jhi) continue;
-        const T* vr = vb + (size_t)(t * 32 + jj) * D + lane * E;
+      for (int kk = 0; kk < KG; ++kk) {
+        const int j = j0 + kk;
+        if (j < start || j >= limit) continue;
         float vf[E];
-#pragma unroll
-        for (int e = 0; e < E; ++e) vf[e] = Hf2qAttnT<T>::f(vr[e]);
+        Hf2qAttnT<T>::template load<E>(vb + (size_t)j * D, vf);
 #pragma unroll
         for (int g = 0; g < G; ++g)
 #pragma unroll
-          for (int e = 0; e < E; ++e) acc[g][e] += pj[g] * vf[e];
+          for (int e = 0; e < E; ++e) acc[g][e] += s[kk][g] * vf[e];
       }
     }
   }
@@ -217,6 +246,13 @@ def supported(q: mx.array, keys: mx.array, values: mx.array) -> str | None:
     return None
 
 
+def warps(group: int, head_dim: int) -> int:
+    """Warps per block: :data:`WARPS`, or half as many where their merge buffer (warps x group x
+    head size floats) would pass 32 KB. A function of the head sizes only: the key-group-to-warp
+    assignment, hence the summation order, is the same for a verify block and a decode step."""
+    return WARPS if WARPS * group * head_dim * 4 <= 32 * 1024 else WARPS // 2
+
+
 @cache
 def _scale(value: float) -> mx.array:
     # One constant per scale: a new array per call would be one more transfer per layer.
@@ -249,6 +285,7 @@ def row_attention_cuda(
     """
     B, nq, L, D = q.shape
     nkv = keys.shape[1]
+    nw = warps(nq // nkv, D)
     if offset.dtype != mx.int32:
         offset = offset.astype(mx.int32)
     (o,) = _kernel()(
@@ -257,11 +294,11 @@ def row_attention_cuda(
             ("T", q.dtype),
             ("G", nq // nkv),
             ("D", D),
-            ("WARPS", WARPS),
+            ("WARPS", nw),
             ("WINDOW", int(window or 0)),
         ],
-        grid=(B * L * nkv * 32 * WARPS, 1, 1),
-        threadgroup=(32 * WARPS, 1, 1),
+        grid=(B * L * nkv * 32 * nw, 1, 1),
+        threadgroup=(32 * nw, 1, 1),
         output_shapes=[(B, L, nq, D)],
         output_dtypes=[q.dtype],
     )
