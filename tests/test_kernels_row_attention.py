@@ -33,21 +33,31 @@ cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="MLX's CUDA backend is not a
 
 @pytest.fixture
 def emulated(monkeypatch, tmp_path):
-    """The kernel's own source, run by the CPU emulator in place of MLX's CUDA backend."""
+    """The kernels' own sources, run by the CPU emulator in place of MLX's CUDA backend."""
     if HAS_CUDA:
-        return None  # the real kernel
+        return None  # the real kernels
     if cuda_emu.compiler() is None:
         pytest.skip("no C++ compiler for the CUDA emulator")
-    kern = cuda_emu.EmulatedKernel(
-        "hf2q_row_attention",
-        ["q", "k", "v", "off", "scale"],
-        ["o"],
-        ca._SOURCE,
-        ca._HEADER,
-        workdir=tmp_path,
-    )
-    monkeypatch.setattr(ca, "_kernel", lambda: kern)
-    return kern
+    kernels = {
+        "_kernel": ("hf2q_row_attention", ["q", "k", "v", "off", "scale"], ["o"], ca._SOURCE),
+        "_kernel_part": (
+            "hf2q_row_attention_part",
+            ["q", "k", "v", "off", "scale"],
+            ["part", "ml"],
+            ca._SOURCE_PART,
+        ),
+        "_kernel_merge": (
+            "hf2q_row_attention_merge",
+            ["q", "k", "off", "part", "ml"],
+            ["o"],
+            ca._SOURCE_MERGE,
+        ),
+    }
+    for attr, (name, ins, outs, src) in kernels.items():
+        header = ca._HEADER if attr == "_kernel_merge" else ca._HEADER + ca._CHUNK
+        kern = cuda_emu.EmulatedKernel(name, ins, outs, src, header, workdir=tmp_path)
+        monkeypatch.setattr(ca, attr, lambda k=kern: k)
+    return True
 
 
 def _inputs(B, nq, nkv, L, D, C, dtype, seed=0):
@@ -81,7 +91,8 @@ CASES = [
     # B, nq, nkv, L, D, C, first positions, window
     (1, 8, 2, 3, 64, 100, [70], None),  # GQA group 4 (the demo's), tiles split over warps
     (2, 4, 4, 2, 32, 70, [5, 40], None),  # no grouping; ragged rows
-    (1, 4, 2, 1, 128, 300, [290], None),  # one decode row, 10 tiles
+    (1, 4, 2, 1, 128, 300, [290], None),  # one decode row over two chunks (merge launch)
+    (2, 4, 2, 3, 64, 520, [100, 500], None),  # ragged rows: one chunk and two chunks
     (1, 4, 1, 4, 64, 128, [100], 16),  # sliding window, a key group starts inside the window
     (1, 8, 1, 2, 256, 80, [60], None),  # group 8 of 256: four warps (the merge buffer's limit)
 ]
@@ -103,12 +114,24 @@ def test_kernel_computes_causal_attention(emulated, case, dtype):
 
 
 def test_kernel_row_bits_do_not_depend_on_the_rows_computed_with_it(emulated):
-    B, nq, nkv, L, D, C = 1, 8, 2, 5, 64, 160
-    q, k, v = _inputs(B, nq, nkv, L, D, C, mx.bfloat16, seed=1)
-    block = ca.row_attention_cuda(q, k, v, mx.array([120]), 0.125)
-    for i in (0, L - 1):
-        alone = ca.row_attention_cuda(q[:, :, i : i + 1], k, v, mx.array([120 + i]), 0.125)
-        assert mx.array_equal(alone[:, 0], block[:, i])
+    B, nq, nkv, L, D = 1, 8, 2, 5, 64
+    for first in (120, ca.CHUNK - 2):  # the single launch; rows across a chunk boundary
+        C = 160 if first == 120 else ca.CHUNK + 16
+        q, k, v = _inputs(B, nq, nkv, L, D, C, mx.bfloat16, seed=1)
+        block = ca.row_attention_cuda(q, k, v, mx.array([first]), 0.125)
+        for i in (0, L - 1):
+            alone = ca.row_attention_cuda(q[:, :, i : i + 1], k, v, mx.array([first + i]), 0.125)
+            assert mx.array_equal(alone[:, 0], block[:, i])
+
+
+def test_one_chunk_rows_get_the_same_bits_from_either_launch(emulated):
+    """A row whose keys fit one chunk: the single launch (cache of <= CHUNK positions) and the
+    chunked pair (a longer buffer, as after the cache grew) write the same bits."""
+    q, k, v = _inputs(1, 8, 2, 4, 64, 2 * ca.CHUNK, mx.bfloat16, seed=2)
+    off = mx.array([ca.CHUNK - 4])
+    short = ca.row_attention_cuda(q, k[:, :, : ca.CHUNK], v[:, :, : ca.CHUNK], off, 0.125)
+    long = ca.row_attention_cuda(q, k, v, off, 0.125)
+    assert mx.array_equal(short, long)
 
 
 def test_warps_depend_on_head_sizes_only():

@@ -2,10 +2,12 @@
 
 What it does: ``row_attention_cuda(q, keys, values, offset, scale)`` computes causal scaled
 dot-product attention of query row i of batch row b over the keys at positions
-``0 .. offset[b] + i`` of that batch row (and only those), in one ``mx.fast.cuda_kernel`` launch,
-and returns it as (B, L, n_q, D), the layout the output projection reads. The offsets are the
-cache's own (its positions before the new rows), so no position or mask array is built: on a GPU
-every extra graph node costs the host more than this kernel's work at decoding sizes.
+``0 .. offset[b] + i`` of that batch row (and only those) and returns it as (B, L, n_q, D), the
+layout the output projection reads: one ``mx.fast.cuda_kernel`` launch while the cache holds at
+most :data:`CHUNK` positions, else one launch per chunk of keys and one merging them. The
+offsets are the cache's own (its positions before the new rows), so no position or mask array is
+built: on a GPU every extra graph node costs the host more than this kernel's work at decoding
+sizes.
 
 Why: greedy DFlash is lossless when the verify computes every row exactly as plain decoding
 computes that step. In half precision MLX's attention does not: one query runs its vector
@@ -17,21 +19,22 @@ block and the decode steps it stands for give the same bits. It also needs no ma
 visible keys follow from the position, and the whole cache buffer is read in place (no view,
 no padding copy).
 
-Layout of the work: one thread block of :func:`warps` warps per (batch row, query row, KV head)
-computes that row for the KV head's group of query heads (GQA). Keys are cut into groups of 8 at
-fixed absolute positions; group t goes to warp ``t % warps``. Lane l holds elements
-``l*D/32 ..`` of every query head, key and value row (coalesced loads of whole rows), so a score
-is a butterfly sum over the warp (every lane gets the same bits); each warp keeps a running
-(max, sum, output) online-softmax state in float32, rescaled once per group, and accumulates
-``p * v`` key by key. The warps' states are merged in warp order and rounded once to the output
-dtype. Every order in this depends only on absolute key positions, the row's own limit and the
-head sizes.
+Layout of the work: one thread block of :func:`warps` warps per (batch row, query row, KV head,
+chunk of :data:`CHUNK` keys at fixed absolute positions) computes that row for the KV head's
+group of query heads (GQA). Keys are cut into groups of 8 at fixed absolute positions; group t
+goes to warp ``t % warps``. Lane l holds elements ``l*D/32 ..`` of every query head, key and
+value row (coalesced loads of whole rows), so a score is a butterfly sum over the warp (every
+lane gets the same bits); each warp keeps a running (max, sum, output) online-softmax state in
+float32, rescaled once per group, and accumulates ``p * v`` key by key. The warps' states are
+merged in warp order into the chunk's, the chunks' in chunk order, and the result is rounded
+once to the output dtype. Every order in this depends only on absolute key positions, the row's
+own limit and the head sizes, and a row with one chunk gives the same bits through the single
+launch and through the chunked pair (the first chunk's scale factor is exp(0) = 1).
 
 What it does not do: float32 (MLX's attention there agrees to rounding and the tokens are equal;
 tested), quantized caches, attention sinks, masks other than causal (plus an optional sliding
 window), head sizes that are not a multiple of 32, or more than :data:`MAX_GROUP` query heads per
-KV head (:func:`supported` says which). One block per row and KV head: for one decode row over
-a long context fewer SMs work than in MLX's split-key kernel.
+KV head (:func:`supported` says which).
 """
 
 from __future__ import annotations
@@ -83,35 +86,24 @@ template <> struct Hf2qAttnT<__half> {
 };
 """
 
-# Template arguments: T (bf16/fp16), G (query heads per KV head), D (head size, a multiple of 32),
-# WARPS, WINDOW (0: no sliding window). Inputs q (B, NQ, L, D), k/v (B, NKV, C, D) cache buffers,
-# off (B,) or (1,) int32 position of each batch row's first query row, scale (1,) float32; output
-# o (B, L, NQ, D).
-_SOURCE = r"""
-  constexpr int E = D / 32;  // elements of a key/value/query row per lane
+# The work of one thread block: the keys of one chunk [lo, hi) for one (batch row, query row, KV
+# head). Each warp takes the key groups t (8 keys at absolute positions 8t ..) with
+# t % WARPS == warp and leaves its online-softmax state (max, sum per head; output elements per
+# lane) in shared memory; hf2q_attn_merge_warps then combines them in warp order.
+_CHUNK = r"""
+template <typename T, int G, int D, int WARPS>
+__device__ __forceinline__ void hf2q_attn_warps(const T* qrow, size_t q_head_stride, const T* kb,
+                                                const T* vb, int lo, int hi, float sc,
+                                                float (*sm)[G], float (*sl)[G],
+                                                float (*sacc)[G][D]) {
+  constexpr int E = D / 32;  // elements of a query/key/value row per lane
   constexpr int KG = 8;      // keys per group: loads in flight, one softmax rescale per group
-  const int NQ = q_shape[1];
-  const int L = q_shape[2];
-  const int NKV = k_shape[1];
-  const int C = k_shape[2];
-  const int blk = blockIdx.x;
-  const int h = blk % NKV;
-  const int i = (blk / NKV) % L;
-  const int b = blk / (NKV * L);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  int limit = off[off_shape[0] == 1 ? 0 : b] + i + 1;
-  if (limit > C) limit = C;
-  int start = 0;
-  if (WINDOW > 0 && limit - WINDOW > 0) start = limit - WINDOW;
-  __shared__ float sm[WARPS][G];
-  __shared__ float sl[WARPS][G];
-  __shared__ float sacc[WARPS][G][D];
-  const float sc = scale[0];
   float qr[G][E], m[G], l[G], acc[G][E];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    const T* qp = q + (((size_t)b * NQ + h * G + g) * L + i) * D + lane * E;
+    const T* qp = qrow + g * q_head_stride + lane * E;
 #pragma unroll
     for (int e = 0; e < E; ++e) qr[g][e] = Hf2qAttnT<T>::f(qp[e]) * sc;
     m[g] = -INFINITY;
@@ -119,11 +111,11 @@ _SOURCE = r"""
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
   }
-  const T* kb = k + ((size_t)b * NKV + h) * (size_t)C * D + lane * E;
-  const T* vb = v + ((size_t)b * NKV + h) * (size_t)C * D + lane * E;
-  if (limit > start) {
-    const int g0 = start / KG;
-    const int g1 = (limit - 1) / KG;
+  kb += lane * E;
+  vb += lane * E;
+  if (hi > lo) {
+    const int g0 = lo / KG;
+    const int g1 = (hi - 1) / KG;
     const int first = g0 + (((warp - g0) % WARPS) + WARPS) % WARPS;
     for (int gi = first; gi <= g1; gi += WARPS) {
       const int j0 = gi * KG;
@@ -133,7 +125,7 @@ _SOURCE = r"""
       for (int kk = 0; kk < KG; ++kk) {
         float kf[E];
         const int j = j0 + kk;
-        if (j >= start && j < limit) {
+        if (j >= lo && j < hi) {
           Hf2qAttnT<T>::template load<E>(kb + (size_t)j * D, kf);
         } else {
 #pragma unroll
@@ -155,7 +147,7 @@ _SOURCE = r"""
 #pragma unroll
           for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
           const int j = j0 + kk;
-          s[kk][g] = (j >= start && j < limit) ? x : -INFINITY;
+          s[kk][g] = (j >= lo && j < hi) ? x : -INFINITY;
         }
       // Online softmax, once per group; every lane holds the same scores, hence the same state.
 #pragma unroll
@@ -178,7 +170,7 @@ _SOURCE = r"""
 #pragma unroll
       for (int kk = 0; kk < KG; ++kk) {
         const int j = j0 + kk;
-        if (j < start || j >= limit) continue;
+        if (j < lo || j >= hi) continue;
         float vf[E];
         Hf2qAttnT<T>::template load<E>(vb + (size_t)j * D, vf);
 #pragma unroll
@@ -198,24 +190,139 @@ _SOURCE = r"""
     for (int e = 0; e < E; ++e) sacc[warp][g][lane * E + e] = acc[g][e];
   }
   __syncthreads();
+}
+
+// The chunk's (max, sum, output numerator) for head g, element d: the warps' states in warp order.
+template <int G, int D, int WARPS>
+__device__ __forceinline__ void hf2q_attn_merge_warps(float (*sm)[G], float (*sl)[G],
+                                                      float (*sacc)[G][D], int g, int d, float& m,
+                                                      float& l, float& a) {
+  m = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w) m = fmaxf(m, sm[w][g]);
+  l = 0.0f;
+  a = 0.0f;
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w) {
+    if (sm[w][g] == -INFINITY) continue;
+    const float f = expf(sm[w][g] - m);
+    a += sacc[w][g][d] * f;
+    l += sl[w][g] * f;
+  }
+}
+"""
+
+# The row's visible keys [start, limit) and where this block's (b, i, h) sit; shared by the kernels.
+_ROW = r"""
+  const int NQ = q_shape[1];
+  const int L = q_shape[2];
+  const int NKV = k_shape[1];
+  const int C = k_shape[2];
+  const int h = row % NKV;
+  const int i = (row / NKV) % L;
+  const int b = row / (NKV * L);
+  int limit = off[off_shape[0] == 1 ? 0 : b] + i + 1;
+  if (limit > C) limit = C;
+  int start = 0;
+  if (WINDOW > 0 && limit - WINDOW > 0) start = limit - WINDOW;
+  const T* qrow = q + (((size_t)b * NQ + h * G) * L + i) * D;
+  const T* kb = k + ((size_t)b * NKV + h) * (size_t)C * D;
+  const T* vb = v + ((size_t)b * NKV + h) * (size_t)C * D;
+  __shared__ float sm[WARPS][G];
+  __shared__ float sl[WARPS][G];
+  __shared__ float sacc[WARPS][G][D];
+"""
+
+# Template arguments: T (bf16/fp16), G (query heads per KV head), D (head size, a multiple of 32),
+# WARPS, WINDOW (0: no sliding window); CH (keys per chunk) for the chunked pair. Inputs q
+# (B, NQ, L, D), k/v (B, NKV, C, D) cache buffers, off (B,) or (1,) int32 position of each batch
+# row's first query row, scale (1,) float32.
+
+# Whole rows in one block (every row's keys fit one chunk): output o (B, L, NQ, D).
+_SOURCE = (
+    "  const int row = blockIdx.x;\n"
+    + _ROW
+    + r"""
+  hf2q_attn_warps<T, G, D, WARPS>(qrow, (size_t)L * D, kb, vb, start, limit, scale[0], sm, sl, sacc);
   for (int t = threadIdx.x; t < G * D; t += WARPS * 32) {
     const int g = t / D;
     const int d = t % D;
-    float mx_ = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) mx_ = fmaxf(mx_, sm[w][g]);
-    float num = 0.0f, den = 0.0f;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) {
-      if (sm[w][g] == -INFINITY) continue;
-      const float a = expf(sm[w][g] - mx_);
-      num += sacc[w][g][d] * a;
-      den += sl[w][g] * a;
-    }
-    o[(((size_t)b * L + i) * NQ + h * G + g) * D + d] =
-        Hf2qAttnT<T>::to(den > 0.0f ? num / den : 0.0f);
+    float m, l, a;
+    hf2q_attn_merge_warps<G, D, WARPS>(sm, sl, sacc, g, d, m, l, a);
+    o[(((size_t)b * L + i) * NQ + h * G + g) * D + d] = Hf2qAttnT<T>::to(a / l);
   }
 """
+)
+
+# One block per (row, chunk c of CH keys at positions c*CH ..): the chunk's state, float32, in
+# part (B*L*NKV, NCH, G, D) and ml (B*L*NKV, NCH, G, 2); chunks past the row's keys write nothing.
+_SOURCE_PART = (
+    "  const int NCH = (k_shape[2] + CH - 1) / CH;\n"
+    "  const int row = blockIdx.x / NCH;\n"
+    "  const int c = blockIdx.x % NCH;\n"
+    + _ROW
+    + r"""
+  const int lo = max(start, c * CH);
+  const int hi = min(limit, (c + 1) * CH);
+  if (lo >= hi) return;
+  hf2q_attn_warps<T, G, D, WARPS>(qrow, (size_t)L * D, kb, vb, lo, hi, scale[0], sm, sl, sacc);
+  const size_t base = (size_t)row * NCH + c;
+  for (int t = threadIdx.x; t < G * D; t += WARPS * 32) {
+    const int g = t / D;
+    const int d = t % D;
+    float m, l, a;
+    hf2q_attn_merge_warps<G, D, WARPS>(sm, sl, sacc, g, d, m, l, a);
+    part[base * G * D + t] = a;
+    if (d == 0) {
+      ml[(base * G + g) * 2] = m;
+      ml[(base * G + g) * 2 + 1] = l;
+    }
+  }
+"""
+)
+
+# The chunks of each row merged in chunk order: output o (B, L, NQ, D). For a row with one chunk
+# this is a / l of that chunk, bit for bit what the whole-row kernel writes (the scale factor of
+# the first chunk is exp(0) = 1 and the sums start from it).
+_SOURCE_MERGE = r"""
+  const int NQ = q_shape[1];
+  const int L = q_shape[2];
+  const int NKV = k_shape[1];
+  const int C = k_shape[2];
+  const int NCH = part_shape[1];
+  const int row = blockIdx.x;
+  const int h = row % NKV;
+  const int i = (row / NKV) % L;
+  const int b = row / (NKV * L);
+  int limit = off[off_shape[0] == 1 ? 0 : b] + i + 1;
+  if (limit > C) limit = C;
+  int start = 0;
+  if (WINDOW > 0 && limit - WINDOW > 0) start = limit - WINDOW;
+  const int c0 = start / CH;
+  const int c1 = (limit - 1) / CH;
+  for (int t = threadIdx.x; t < G * D; t += 128) {
+    const int g = t / D;
+    const int d = t % D;
+    float m = -INFINITY;
+    for (int c = c0; c <= c1; ++c) m = fmaxf(m, ml[(((size_t)row * NCH + c) * G + g) * 2]);
+    float a = 0.0f, l = 0.0f;
+    for (int c = c0; c <= c1; ++c) {
+      const size_t base = (size_t)row * NCH + c;
+      const float f = expf(ml[(base * G + g) * 2] - m);
+      if (c == c0) {
+        a = part[base * G * D + t] * f;
+        l = ml[(base * G + g) * 2 + 1] * f;
+      } else {
+        a += part[base * G * D + t] * f;
+        l += ml[(base * G + g) * 2 + 1] * f;
+      }
+    }
+    o[(((size_t)b * L + i) * NQ + h * G + g) * D + d] = Hf2qAttnT<T>::to(a / l);
+  }
+"""
+
+#: Keys per chunk of the chunked pair (a multiple of the 8-key groups; fixed absolute positions).
+CHUNK = 256
 
 
 @cache
@@ -225,6 +332,28 @@ def _kernel() -> Any:
         input_names=["q", "k", "v", "off", "scale"],
         output_names=["o"],
         source=_SOURCE,
+        header=_HEADER + _CHUNK,
+    )
+
+
+@cache
+def _kernel_part() -> Any:
+    return mx.fast.cuda_kernel(
+        name="hf2q_row_attention_part",
+        input_names=["q", "k", "v", "off", "scale"],
+        output_names=["part", "ml"],
+        source=_SOURCE_PART,
+        header=_HEADER + _CHUNK,
+    )
+
+
+@cache
+def _kernel_merge() -> Any:
+    return mx.fast.cuda_kernel(
+        name="hf2q_row_attention_merge",
+        input_names=["q", "k", "off", "part", "ml"],
+        output_names=["o"],
+        source=_SOURCE_MERGE,
         header=_HEADER,
     )
 
@@ -284,21 +413,40 @@ def row_attention_cuda(
         (B, L, n_q, D) in the queries' dtype.
     """
     B, nq, L, D = q.shape
-    nkv = keys.shape[1]
-    nw = warps(nq // nkv, D)
+    nkv, C = keys.shape[1], keys.shape[2]
+    G = nq // nkv
+    nw = warps(G, D)
     if offset.dtype != mx.int32:
         offset = offset.astype(mx.int32)
-    (o,) = _kernel()(
-        inputs=[q, keys, values, offset.reshape(-1) if offset.ndim != 1 else offset, _scale(scale)],
-        template=[
-            ("T", q.dtype),
-            ("G", nq // nkv),
-            ("D", D),
-            ("WARPS", nw),
-            ("WINDOW", int(window or 0)),
-        ],
-        grid=(B * L * nkv * 32 * nw, 1, 1),
+    if offset.ndim != 1:
+        offset = offset.reshape(-1)
+    template = [("T", q.dtype), ("G", G), ("D", D), ("WARPS", nw), ("WINDOW", int(window or 0))]
+    rows = B * L * nkv
+    inputs = [q, keys, values, offset, _scale(scale)]
+    if C <= CHUNK:  # every row's keys in one chunk: one launch
+        (o,) = _kernel()(
+            inputs=inputs,
+            template=template,
+            grid=(rows * 32 * nw, 1, 1),
+            threadgroup=(32 * nw, 1, 1),
+            output_shapes=[(B, L, nq, D)],
+            output_dtypes=[q.dtype],
+        )
+        return o
+    nch = -(-C // CHUNK)
+    part, ml = _kernel_part()(
+        inputs=inputs,
+        template=[*template, ("CH", CHUNK)],
+        grid=(rows * nch * 32 * nw, 1, 1),
         threadgroup=(32 * nw, 1, 1),
+        output_shapes=[(rows, nch, G, D), (rows, nch, G, 2)],
+        output_dtypes=[mx.float32, mx.float32],
+    )
+    (o,) = _kernel_merge()(
+        inputs=[q, keys, offset, part, ml],
+        template=[*template, ("CH", CHUNK)],
+        grid=(rows * 128, 1, 1),
+        threadgroup=(128, 1, 1),  # the merge source steps by 128 threads
         output_shapes=[(B, L, nq, D)],
         output_dtypes=[q.dtype],
     )
