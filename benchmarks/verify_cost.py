@@ -631,11 +631,20 @@ def bench_paths(target, drafter, args, dtype, results, budget, log, quick: bool 
             logits = drafter(block, feats, dcache)
             mx.eval(mx.argmax(logits, axis=-1))
 
+        def draft_layer_calls():
+            logits = drafter._head(drafter.hidden(block, feats, dcache, fast=False)[:, 1:])
+            mx.eval(mx.argmax(logits, axis=-1))
+
         def trim():
             for c in dcache:
                 c.trim(new_rows)
 
-        return measure(draft, reps=args.reps, warmup=args.warmup, after=trim)
+        out = measure(draft, reps=args.reps, warmup=args.warmup, after=trim)
+        if drafter.fast_enabled():  # the same forward through each layer's own call, for scale
+            slow = measure(draft_layer_calls, reps=args.reps, warmup=args.warmup, after=trim)
+            out["layer_calls_median_ms"] = slow["median_ms"]
+            log(f"  draft{T} through the layers' own calls: {slow['median_ms']:.3f} ms")
+        return out
 
     guarded(results, f"draft{T}", draft_bench, budget, log)
 

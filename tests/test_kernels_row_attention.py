@@ -12,6 +12,7 @@ from __future__ import annotations
 import checkpoints as ck
 import cuda_emu
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx_lm.models import qwen3_5
@@ -68,9 +69,9 @@ def _inputs(B, nq, nkv, L, D, C, dtype, seed=0):
     return q, k, v
 
 
-def _reference(q, k, v, first, scale, window=None):
+def _reference(q, k, v, first, scale, window=None, causal=True):
     """float64 attention of the (rounded) inputs, (B, L, nq, D); row i of batch row b sits at
-    position first[b] + i."""
+    position first[b] + i (``causal=False``: it sees the whole block)."""
     qf, kf, vf = (np.array(a.astype(mx.float32), dtype=np.float64) for a in (q, k, v))
     B, nq, L, D = qf.shape
     G = nq // kf.shape[1]
@@ -78,8 +79,9 @@ def _reference(q, k, v, first, scale, window=None):
     first = [int(f) for f in np.array(first).reshape(-1)]
     for b in range(B):
         for i in range(L):
-            hi = first[b if len(first) > 1 else 0] + i + 1
-            lo = max(0, hi - window) if window else 0
+            pos = first[b if len(first) > 1 else 0] + i
+            hi = pos + 1 if causal else pos - i + L
+            lo = max(0, pos + 1 - window) if window else 0
             for h in range(nq):
                 s = kf[b, h // G, lo:hi] @ qf[b, h, i] * scale
                 p = np.exp(s - s.max())
@@ -88,13 +90,15 @@ def _reference(q, k, v, first, scale, window=None):
 
 
 CASES = [
-    # B, nq, nkv, L, D, C, first positions, window
+    # B, nq, nkv, L, D, C, first positions, window (negative: the same, not causal)
     (1, 8, 2, 3, 64, 100, [70], None),  # GQA group 4 (the demo's), tiles split over warps
     (2, 4, 4, 2, 32, 70, [5, 40], None),  # no grouping; ragged rows
     (1, 4, 2, 1, 128, 300, [290], None),  # one decode row over two chunks (merge launch)
     (2, 4, 2, 3, 64, 520, [100, 500], None),  # ragged rows: one chunk and two chunks
     (1, 4, 1, 4, 64, 128, [100], 16),  # sliding window, a key group starts inside the window
     (1, 8, 1, 2, 256, 80, [60], None),  # group 8 of 256: four warps (the merge buffer's limit)
+    (2, 4, 2, 5, 64, 300, [20, 270], 0),  # not causal (a draft block), ragged, one and two chunks
+    (1, 4, 2, 6, 32, 64, [30], -8),  # not causal, sliding window
 ]
 
 
@@ -102,11 +106,13 @@ CASES = [
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
 def test_kernel_computes_causal_attention(emulated, case, dtype):
     B, nq, nkv, L, D, C, first, window = case
+    causal = window is None or window > 0
+    window = abs(window) if window else None
     q, k, v = _inputs(B, nq, nkv, L, D, C, dtype)
     off = mx.array(first, dtype=mx.int32)
-    out = ca.row_attention_cuda(q, k, v, off, D**-0.5, window=window)
+    out = ca.row_attention_cuda(q, k, v, off, D**-0.5, window=window, causal=causal)
     assert out.shape == (B, L, nq, D) and out.dtype == dtype
-    ref = _reference(q, k, v, off, D**-0.5, window)
+    ref = _reference(q, k, v, off, D**-0.5, window, causal)
     got = np.array(out.astype(mx.float32), dtype=np.float64)
     ulp = 2.0**-8 if dtype == mx.bfloat16 else 2.0**-11
     # One rounding of a float32 result (its own error is far below that).
@@ -265,3 +271,88 @@ def test_cuda_kernel_row_is_the_decode_step_at_the_4b_shape():
     assert np.all(np.abs(got - ref) <= 2.0**-8 * np.abs(ref) + 1e-5 * np.abs(ref).max())
     alone = ca.row_attention_cuda(q[:, :, 9:10], k, v, mx.array([1017]), 256**-0.5)
     assert mx.array_equal(alone[:, 0], block[:, 9])
+
+
+# -- the drafter's fast layer path (compiled pieces around the kernel) ----------------------------
+
+
+def _drafter(**overrides):
+    from hf2q.runtime.drafter import DFlashConfig, DFlashDraftModel
+
+    cfg = DFlashConfig.from_dict(ck.drafter_config(head_dim=32, layers=2, **overrides))
+    mx.random.seed(11)
+    drafter = DFlashDraftModel(cfg)
+    drafter.set_dtype(mx.bfloat16)
+    embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+    head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+    embed.set_dtype(mx.bfloat16)
+    head.set_dtype(mx.bfloat16)
+    mx.eval(drafter.parameters(), embed.parameters(), head.parameters())
+    return drafter.bind(embed, head)
+
+
+def _draft_rounds(drafter, caches, fast, ctx_rows, rows=1, prepare=None):
+    """Three drafting rounds (new context rows ``ctx_rows[r]``); the hidden states of each."""
+    mx.random.seed(5)
+    F = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
+    outs = []
+    for r, S in enumerate(ctx_rows):
+        feats = (mx.random.normal((rows, S, F)) * 0.5).astype(mx.bfloat16)
+        block = mx.concatenate(
+            [mx.full((rows, 1), 3 + r), mx.full((rows, 7), drafter.mask_token_id)], axis=1
+        ).astype(mx.int32)
+        if prepare is not None:
+            for c in caches:
+                c.prepare(lengths=prepare[r])
+        outs.append(drafter.hidden(block, feats, caches, fast=fast).astype(mx.float32))
+        mx.eval(outs[-1])
+    return outs
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},  # full attention, the block not causal (the z-lab Qwen3.5 drafters)
+        {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6},
+    ],
+)
+def test_drafter_fast_layers_equal_the_layer_call(emulated, overrides):
+    """Drafting through the compiled pieces and the kernel gives the hidden states of the
+    layers' own calls (bf16 rounding), and leaves the cache holding the same context."""
+    drafter = _drafter(**overrides)
+    ref_cache, fast_cache = drafter.make_cache(), drafter.make_cache()
+    ref = _draft_rounds(drafter, ref_cache, False, [5, 3, 1])
+    got = _draft_rounds(drafter, fast_cache, True, [5, 3, 1])
+    for a, b in zip(ref, got):
+        assert mx.allclose(a, b, rtol=3e-2, atol=3e-2), float(mx.abs(a - b).max())
+    for rc, fc in zip(ref_cache, fast_cache):
+        assert rc.offset == fc.offset == 9
+        assert mx.array_equal(rc.keys[..., :9, :], fc.keys[..., :9, :])
+        assert mx.array_equal(rc.values[..., :9, :], fc.values[..., :9, :])
+
+
+def test_drafter_fast_layers_with_ragged_slot_rows(emulated):
+    """Two slots appending different numbers of context rows per round (ragged offsets)."""
+    from hf2q.runtime.slot_cache import make_slot_draft_cache
+
+    drafter = _drafter()
+    lengths = [[5, 2], [3, 3], [1, 4]]
+    ref_cache = make_slot_draft_cache(drafter, 2)
+    fast_cache = make_slot_draft_cache(drafter, 2)
+    ref = _draft_rounds(drafter, ref_cache, False, [5, 4, 4], rows=2, prepare=lengths)
+    got = _draft_rounds(drafter, fast_cache, True, [5, 4, 4], rows=2, prepare=lengths)
+    for a, b in zip(ref, got):
+        assert mx.allclose(a, b, rtol=3e-2, atol=3e-2), float(mx.abs(a - b).max())
+    for rc, fc in zip(ref_cache, fast_cache):
+        assert rc.lengths == fc.lengths == [9, 9]
+
+
+def test_drafter_fast_path_is_chosen_where_it_applies():
+    drafter = _drafter()
+    layer = drafter.layers[0]
+    x = mx.zeros((1, 4, drafter.config.hidden_size), dtype=mx.bfloat16)
+    assert layer.fast_supported(x, KVCache())
+    assert layer.fast_supported(x, SlotKVCache(2))
+    assert not layer.fast_supported(x.astype(mx.float32), KVCache())
+    assert not layer.fast_supported(x, RotatingKVCache(max_size=8))
+    assert drafter.fast_enabled() == select.row_attention_enabled()

@@ -2,7 +2,8 @@
 
 What it does: ``row_attention_cuda(q, keys, values, offset, scale)`` computes causal scaled
 dot-product attention of query row i of batch row b over the keys at positions
-``0 .. offset[b] + i`` of that batch row (and only those) and returns it as (B, L, n_q, D), the
+``0 .. offset[b] + i`` of that batch row (and only those; ``causal=False``: the whole block,
+``0 .. offset[b] + L - 1``, as a DFlash draft block attends) and returns it as (B, L, n_q, D), the
 layout the output projection reads: one ``mx.fast.cuda_kernel`` launch while the cache holds at
 most :data:`CHUNK` positions, else one launch per chunk of keys and one merging them. The
 offsets are the cache's own (its positions before the new rows), so no position or mask array is
@@ -221,10 +222,11 @@ _ROW = r"""
   const int h = row % NKV;
   const int i = (row / NKV) % L;
   const int b = row / (NKV * L);
-  int limit = off[off_shape[0] == 1 ? 0 : b] + i + 1;
+  const int first = off[off_shape[0] == 1 ? 0 : b];
+  int limit = CAUSAL ? first + i + 1 : first + L;
   if (limit > C) limit = C;
   int start = 0;
-  if (WINDOW > 0 && limit - WINDOW > 0) start = limit - WINDOW;
+  if (WINDOW > 0 && first + i + 1 - WINDOW > 0) start = first + i + 1 - WINDOW;
   const T* qrow = q + (((size_t)b * NQ + h * G) * L + i) * D;
   const T* kb = k + ((size_t)b * NKV + h) * (size_t)C * D;
   const T* vb = v + ((size_t)b * NKV + h) * (size_t)C * D;
@@ -234,7 +236,9 @@ _ROW = r"""
 """
 
 # Template arguments: T (bf16/fp16), G (query heads per KV head), D (head size, a multiple of 32),
-# WARPS, WINDOW (0: no sliding window); CH (keys per chunk) for the chunked pair. Inputs q
+# WARPS, CAUSAL (1: row i sees keys up to its own position; 0: every row sees the whole block, as
+# a DFlash draft block does), WINDOW (0: no sliding window; else keys within WINDOW of the row's
+# position); CH (keys per chunk) for the chunked pair. Inputs q
 # (B, NQ, L, D), k/v (B, NKV, C, D) cache buffers, off (B,) or (1,) int32 position of each batch
 # row's first query row, scale (1,) float32.
 
@@ -294,10 +298,11 @@ _SOURCE_MERGE = r"""
   const int h = row % NKV;
   const int i = (row / NKV) % L;
   const int b = row / (NKV * L);
-  int limit = off[off_shape[0] == 1 ? 0 : b] + i + 1;
+  const int first = off[off_shape[0] == 1 ? 0 : b];
+  int limit = CAUSAL ? first + i + 1 : first + L;
   if (limit > C) limit = C;
   int start = 0;
-  if (WINDOW > 0 && limit - WINDOW > 0) start = limit - WINDOW;
+  if (WINDOW > 0 && first + i + 1 - WINDOW > 0) start = first + i + 1 - WINDOW;
   const int c0 = start / CH;
   const int c1 = (limit - 1) / CH;
   for (int t = threadIdx.x; t < G * D; t += 128) {
@@ -398,8 +403,9 @@ def row_attention_cuda(
     scale: float,
     *,
     window: int | None = None,
+    causal: bool = True,
 ) -> mx.array:
-    """Causal attention of query rows over their own keys; see the module docstring.
+    """Attention of query rows over their own keys; see the module docstring.
 
     Args:
         q: (B, n_q, L, D) queries (rotated), bf16 or fp16.
@@ -408,6 +414,8 @@ def row_attention_cuda(
             cache's offset before the new rows); query row i sees keys ``0 .. offset + i`` (the
             last ``window`` of them with a sliding window).
         scale: the softmax scale.
+        causal: False: every query row sees keys ``0 .. offset + L - 1`` (the whole block of L
+            new rows, as a DFlash draft block attends), still within ``window`` of its position.
 
     Returns:
         (B, L, n_q, D) in the queries' dtype.
@@ -420,7 +428,14 @@ def row_attention_cuda(
         offset = offset.astype(mx.int32)
     if offset.ndim != 1:
         offset = offset.reshape(-1)
-    template = [("T", q.dtype), ("G", G), ("D", D), ("WARPS", nw), ("WINDOW", int(window or 0))]
+    template = [
+        ("T", q.dtype),
+        ("G", G),
+        ("D", D),
+        ("WARPS", nw),
+        ("CAUSAL", bool(causal)),
+        ("WINDOW", int(window or 0)),
+    ]
     rows = B * L * nkv
     inputs = [q, keys, values, offset, _scale(scale)]
     if C <= CHUNK:  # every row's keys in one chunk: one launch

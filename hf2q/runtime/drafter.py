@@ -12,6 +12,7 @@ acceptance, or touch the target's caches. Facts about the format: ``shared/docs/
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +26,18 @@ from mlx_lm.models.qwen3 import MLP
 from mlx_lm.models.rope_utils import initialize_rope
 
 from hf2q.errors import DrafterError
+from hf2q.kernels import cuda_attention
+from hf2q.kernels.attention import reads_buffer_in_place
 from hf2q.kernels.gdn import concat_linears, mlp_fused
 from hf2q.kernels.linear import linear, swiglu_mlp
-from hf2q.kernels.select import bucketed, fuse_proj_enabled, sdpa_bucket, small_mm_enabled
+from hf2q.kernels.select import (
+    bucketed,
+    compile_enabled,
+    fuse_proj_enabled,
+    row_attention_enabled,
+    sdpa_bucket,
+    small_mm_enabled,
+)
 
 DRAFTER_ARCHITECTURE = "DFlashDraftModel"
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -260,13 +270,49 @@ class DFlashConfig:
 class DraftPass:
     """What the layers of one drafter forward share: the attention masks made so far (all layers
     see the same positions), and the switches read once a forward: whether projections are
-    concatenated (``HF2Q_FUSE_PROJ``), the key-length bucket (``sdpa_bucket()``) and whether
-    products go through the small-M kernel (``small_mm_enabled()``; never in training)."""
+    concatenated (``HF2Q_FUSE_PROJ``), the key-length bucket (``sdpa_bucket()``), whether
+    products go through the small-M kernel (``small_mm_enabled()``; never in training) and
+    whether layers run compiled around the row attention kernel (``fast``, see
+    :meth:`DFlashDecoderLayer.fast_supported`)."""
 
     masks: dict[Any, mx.array | None] = field(default_factory=dict)
     fuse: bool = False
     bucket: int | None = None
     mm: bool = False
+    fast: bool = False
+
+
+class _CompiledLayer:
+    """``mx.compile``'d pieces of one drafter layer for inference (a plain object: it must not
+    join the drafter's parameters). The layer's weights are constants of the traces, so it is
+    rebuilt whenever any of them was replaced (``sources``)."""
+
+    def __init__(self, layer: DFlashDecoderLayer, mm: bool) -> None:
+        self.sources = [a for _, a in tree_flatten(layer.parameters())]
+        self.mm = mm
+        ref = weakref.ref(layer)  # the drafter owns the layer; these functions must not keep it
+
+        def context(ctx: mx.array, offset: mx.array) -> tuple[mx.array, mx.array]:
+            return ref().self_attn.keys_values(ctx, offset, mm)
+
+        def block(x: mx.array, offset: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+            lay = ref()
+            h = lay.input_layernorm(x)
+            k, v = lay.self_attn.keys_values(h, offset, mm)
+            return lay.self_attn.queries(h, offset, mm), k, v
+
+        def post(x: mx.array, o: mx.array) -> mx.array:
+            # o: (B, L, heads, d) attention output in row order.
+            lay = ref()
+            B, L, _ = x.shape
+            h = x + linear(lay.self_attn.o_proj, o.reshape(B, L, -1), mm)
+            return h + swiglu_mlp(lay.mlp, lay.post_attention_layernorm(h), mm)
+
+        self.context, self.block, self.post = (
+            mx.compile(context),
+            mx.compile(block),
+            mx.compile(post),
+        )
 
 
 @dataclass
@@ -510,9 +556,60 @@ class DFlashDecoderLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
+    def fast_supported(self, x: mx.array, cache: Any) -> bool:
+        """Whether :meth:`fast` can run this layer: a cache read in place (mlx-lm's ``KVCache``,
+        hf2q's slot cache), half precision and head sizes the row attention kernel takes."""
+        if not reads_buffer_in_place(cache) or x.dtype not in (mx.bfloat16, mx.float16):
+            return False
+        a = self.self_attn
+        G = a.n_heads // a.n_kv_heads if a.n_heads % a.n_kv_heads == 0 else 0
+        return a.head_dim % 32 == 0 and 1 <= G <= cuda_attention.MAX_GROUP
+
+    def fast(self, x: mx.array, ctx: mx.array, cache: Any, mm: bool = False) -> mx.array:
+        """The layer's inference forward with fewer graph nodes (same math as ``__call__``):
+        compiled projections, norms and RoPE; the context rows' and then the block's keys and
+        values written into the cache buffer, the block attending over the buffer in place with
+        :func:`hf2q.kernels.cuda_attention.row_attention_cuda` (no key concatenation, padding or
+        mask), the block's entries dropped again (the cache keeps verified context only); a
+        compiled output projection and MLP. ``mm``: products through the small-M kernel."""
+        hit = self.__dict__.get("_compiled")
+        if (
+            hit is None
+            or hit.mm != mm
+            or any(
+                a is not b
+                for a, b in zip(hit.sources, (a for _, a in tree_flatten(self.parameters())))
+            )
+        ):
+            hit = _CompiledLayer(self, mm)
+            object.__setattr__(self, "_compiled", hit)
+        a = self.self_attn
+        if ctx.shape[1] > 0:
+            k, v = hit.context(ctx, mx.array(cache.offset, dtype=mx.int32))
+            cache.update_and_fetch(k, v)
+        offset = mx.array(cache.offset, dtype=mx.int32)  # the block's first position, per row
+        # The kernel takes (B,) or (1,): a Python int offset becomes a constant, not a node.
+        first = offset if offset.ndim == 1 else mx.array([cache.offset], dtype=mx.int32)
+        q, k, v = hit.block(x, offset)
+        L = x.shape[1]
+        cache.update_and_fetch(k, v)
+        o = cuda_attention.row_attention_cuda(
+            q,
+            cache.keys,
+            cache.values,
+            first,
+            a.scale,
+            window=a.sliding_window,
+            causal=a.is_causal,
+        )
+        cache.trim(L)
+        return hit.post(x, o)
+
     def __call__(
         self, x: mx.array, ctx: mx.array, cache: KVCache, fw: DraftPass | None = None
     ) -> mx.array:
+        if fw is not None and fw.fast and self.fast_supported(x, cache):
+            return self.fast(x, ctx, cache, fw.mm)
         h = x + self.self_attn(self.input_layernorm(x), ctx, cache, fw)
         hn = self.post_attention_layernorm(h)
         mods = [self.mlp.gate_proj, self.mlp.up_proj]
@@ -580,7 +677,20 @@ class DFlashDraftModel(nn.Module):
         for layer, c in zip(self.layers, cache, strict=True):
             layer.self_attn.append_context(ctx, c, mm)
 
-    def hidden(self, block: mx.array, features: mx.array, cache: list[KVCache]) -> mx.array:
+    @staticmethod
+    def fast_enabled() -> bool:
+        """Whether drafting runs :meth:`DFlashDecoderLayer.fast` where a layer allows it: on
+        CUDA with the row attention kernel (``HF2Q_ROW_ATTENTION``) and ``HF2Q_COMPILE`` on."""
+        return row_attention_enabled() and compile_enabled()
+
+    def hidden(
+        self,
+        block: mx.array,
+        features: mx.array,
+        cache: list[KVCache],
+        *,
+        fast: bool | None = None,
+    ) -> mx.array:
         """Final-normed hidden states (B, L, H) of the block rows.
 
         Args:
@@ -588,11 +698,18 @@ class DFlashDraftModel(nn.Module):
             features: (B, S, n_ids*H) target features of the S newly verified positions; they are
                 appended to ``cache`` and stay there (the cache holds verified context only).
             cache: from :meth:`make_cache`.
+            fast: layers through :meth:`DFlashDecoderLayer.fast` where they allow it (None:
+                :meth:`fast_enabled`).
         """
         if self._embed is None:
             raise RuntimeError("DFlashDraftModel.bind(embed, head) must be called before drafting")
         h = self._embed(block)
-        fw = DraftPass(fuse=fuse_proj_enabled(), bucket=sdpa_bucket(), mm=small_mm_enabled())
+        fw = DraftPass(
+            fuse=fuse_proj_enabled(),
+            bucket=sdpa_bucket(),
+            mm=small_mm_enabled(),
+            fast=self.fast_enabled() if fast is None else fast,
+        )
         ctx = self.context(features, fw.mm)
         for layer, c in zip(self.layers, cache, strict=True):
             h = layer(h, ctx, c, fw)
