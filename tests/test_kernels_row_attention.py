@@ -32,14 +32,14 @@ HAS_CUDA = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="MLX's CUDA backend is not available")
 
 
-@pytest.fixture
-def emulated(monkeypatch, tmp_path):
-    """The kernels' own sources, run by the CPU emulator in place of MLX's CUDA backend."""
-    if HAS_CUDA:
-        return None  # the real kernels
-    if cuda_emu.compiler() is None:
-        pytest.skip("no C++ compiler for the CUDA emulator")
-    kernels = {
+@pytest.fixture(scope="module")
+def _emulated_kernels(tmp_path_factory):
+    """The kernels' own sources built once for the module by the CPU emulator (compiling them is
+    most of these tests' time)."""
+    if HAS_CUDA or cuda_emu.compiler() is None:
+        return None
+    workdir = tmp_path_factory.mktemp("row_attention_emu")
+    specs = {
         "_kernel": ("hf2q_row_attention", ["q", "k", "v", "off", "scale"], ["o"], ca._SOURCE),
         "_kernel_part": (
             "hf2q_row_attention_part",
@@ -54,9 +54,27 @@ def emulated(monkeypatch, tmp_path):
             ca._SOURCE_MERGE,
         ),
     }
-    for attr, (name, ins, outs, src) in kernels.items():
-        header = ca._HEADER if attr == "_kernel_merge" else ca._HEADER + ca._CHUNK
-        kern = cuda_emu.EmulatedKernel(name, ins, outs, src, header, workdir=tmp_path)
+    return {
+        attr: cuda_emu.EmulatedKernel(
+            name,
+            ins,
+            outs,
+            src,
+            ca._HEADER if attr == "_kernel_merge" else ca._HEADER + ca._CHUNK,
+            workdir=workdir,
+        )
+        for attr, (name, ins, outs, src) in specs.items()
+    }
+
+
+@pytest.fixture
+def emulated(monkeypatch, _emulated_kernels):
+    """The kernels' own sources, run by the CPU emulator in place of MLX's CUDA backend."""
+    if HAS_CUDA:
+        return None  # the real kernels
+    if _emulated_kernels is None:
+        pytest.skip("no C++ compiler for the CUDA emulator")
+    for attr, kern in _emulated_kernels.items():
         monkeypatch.setattr(ca, attr, lambda k=kern: k)
     return True
 
@@ -329,6 +347,12 @@ def test_drafter_fast_layers_equal_the_layer_call(emulated, overrides):
         assert rc.offset == fc.offset == 9
         assert mx.array_equal(rc.keys[..., :9, :], fc.keys[..., :9, :])
         assert mx.array_equal(rc.values[..., :9, :], fc.values[..., :9, :])
+    # New weights (a checkpoint loaded into the same model): the compiled pieces follow them.
+    mlp = drafter.layers[-1].mlp
+    mlp.down_proj.weight = -mlp.down_proj.weight
+    ref = _draft_rounds(drafter, ref_cache, False, [2])
+    got = _draft_rounds(drafter, fast_cache, True, [2])
+    assert mx.allclose(ref[0], got[0], rtol=3e-2, atol=3e-2), float(mx.abs(ref[0] - got[0]).max())
 
 
 def test_drafter_fast_layers_with_ragged_slot_rows(emulated):

@@ -282,13 +282,21 @@ class DraftPass:
     fast: bool = False
 
 
+def _layer_weights(layer: DFlashDecoderLayer) -> list[mx.array]:
+    """The arrays of a drafter layer, by attribute (cheaper than ``parameters()`` per forward)."""
+    a, m = layer.self_attn, layer.mlp
+    mods = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, a.q_norm, a.k_norm, m.gate_proj, m.up_proj)
+    mods += (m.down_proj, layer.input_layernorm, layer.post_attention_layernorm)
+    return [mod.weight for mod in mods] + [mod.bias for mod in mods if "bias" in mod]
+
+
 class _CompiledLayer:
     """``mx.compile``'d pieces of one drafter layer for inference (a plain object: it must not
     join the drafter's parameters). The layer's weights are constants of the traces, so it is
     rebuilt whenever any of them was replaced (``sources``)."""
 
     def __init__(self, layer: DFlashDecoderLayer, mm: bool) -> None:
-        self.sources = [a for _, a in tree_flatten(layer.parameters())]
+        self.sources = _layer_weights(layer)
         self.mm = mm
         ref = weakref.ref(layer)  # the drafter owns the layer; these functions must not keep it
 
@@ -573,13 +581,12 @@ class DFlashDecoderLayer(nn.Module):
         mask), the block's entries dropped again (the cache keeps verified context only); a
         compiled output projection and MLP. ``mm``: products through the small-M kernel."""
         hit = self.__dict__.get("_compiled")
+        weights = _layer_weights(self)
         if (
             hit is None
             or hit.mm != mm
-            or any(
-                a is not b
-                for a, b in zip(hit.sources, (a for _, a in tree_flatten(self.parameters())))
-            )
+            or len(weights) != len(hit.sources)
+            or any(a is not b for a, b in zip(hit.sources, weights))
         ):
             hit = _CompiledLayer(self, mm)
             object.__setattr__(self, "_compiled", hit)
@@ -587,6 +594,8 @@ class DFlashDecoderLayer(nn.Module):
         if ctx.shape[1] > 0:
             k, v = hit.context(ctx, mx.array(cache.offset, dtype=mx.int32))
             cache.update_and_fetch(k, v)
+        elif hasattr(cache, "prepare"):
+            cache.prepare(lengths=None)  # no context rows: the block write advances every row
         offset = mx.array(cache.offset, dtype=mx.int32)  # the block's first position, per row
         # The kernel takes (B,) or (1,): a Python int offset becomes a constant, not a node.
         first = offset if offset.ndim == 1 else mx.array([cache.offset], dtype=mx.int32)
