@@ -33,6 +33,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -407,17 +408,9 @@ class StockPath:
         raise NotImplementedError("mlx-lm's ArraysCache cannot be rolled back")
 
 
-def _path(
-    impl: str,
-    record: str,
-    compiled: bool,
-    fuse_proj: bool = False,
-    mm: bool = False,
-    rows: bool = False,
-):
-    return lambda t: LayerFnPath(
-        t, impl=impl, record=record, compiled=compiled, fuse_proj=fuse_proj, mm=mm, rows=rows
-    )
+def _path(impl: str, record: str, compiled: bool, **switches: bool) -> Callable[..., LayerFnPath]:
+    """A :class:`LayerFnPath` constructor (``switches``: its ``fuse_proj`` / ``mm`` / ``rows``)."""
+    return functools.partial(LayerFnPath, impl=impl, record=record, compiled=compiled, **switches)
 
 
 def paths_for(backend: str) -> dict[str, Callable[[TargetModel], Any]]:
@@ -428,7 +421,7 @@ def paths_for(backend: str) -> dict[str, Callable[[TargetModel], Any]]:
         "ops-final": _path("ops", "final", False),
         "ops-compiled-states": _path("ops", "states", True),
         "ops-compiled-final": _path("ops", "final", True),
-        "ops-compiled-final+proj": _path("ops", "final", True, True),
+        "ops-compiled-final+proj": _path("ops", "final", True, fuse_proj=True),
     }
     if backend == "cuda":
         paths.update(
@@ -438,8 +431,8 @@ def paths_for(backend: str) -> dict[str, Callable[[TargetModel], Any]]:
                 "fused-final": _path("cuda", "final", False),
                 "fused-compiled-states": _path("cuda", "states", True),
                 "fused-compiled-final": _path("cuda", "final", True),
-                "fused-compiled-states+proj": _path("cuda", "states", True, True),
-                "fused-compiled-final+proj": _path("cuda", "final", True, True),
+                "fused-compiled-states+proj": _path("cuda", "states", True, fuse_proj=True),
+                "fused-compiled-final+proj": _path("cuda", "final", True, fuse_proj=True),
                 # products through hf2q's small-M tensor-core kernel (hf2q.kernels.linear)
                 "fused-compiled-states+mm": _path("cuda", "states", True, mm=True),
                 "fused-compiled-final+mm": _path("cuda", "final", True, mm=True),

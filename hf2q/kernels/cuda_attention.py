@@ -56,35 +56,23 @@ template <typename T> struct Hf2qAttnT;
 template <> struct Hf2qAttnT<__nv_bfloat16> {
   static __device__ __forceinline__ float f(__nv_bfloat16 x) { return __bfloat162float(x); }
   static __device__ __forceinline__ __nv_bfloat16 to(float x) { return __float2bfloat16(x); }
-  template <int N>
-  static __device__ __forceinline__ void load(const __nv_bfloat16* p, float* out) {
-    if constexpr (N == 8) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(p);
-      const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&raw);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) out[u] = __bfloat162float(e[u]);
-    } else {
-#pragma unroll
-      for (int u = 0; u < N; ++u) out[u] = __bfloat162float(p[u]);
-    }
-  }
 };
 template <> struct Hf2qAttnT<__half> {
   static __device__ __forceinline__ float f(__half x) { return __half2float(x); }
   static __device__ __forceinline__ __half to(float x) { return __float2half(x); }
-  template <int N>
-  static __device__ __forceinline__ void load(const __half* p, float* out) {
-    if constexpr (N == 8) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(p);
-      const __half* e = reinterpret_cast<const __half*>(&raw);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) out[u] = __half2float(e[u]);
-    } else {
-#pragma unroll
-      for (int u = 0; u < N; ++u) out[u] = __half2float(p[u]);
-    }
-  }
 };
+template <typename T, int N>
+__device__ __forceinline__ void hf2q_attn_load(const T* p, float* out) {
+  if constexpr (N == 8) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) out[u] = Hf2qAttnT<T>::f(e[u]);
+  } else {
+#pragma unroll
+    for (int u = 0; u < N; ++u) out[u] = Hf2qAttnT<T>::f(p[u]);
+  }
+}
 """
 
 # The work of one thread block: the keys of one chunk [lo, hi) for one (batch row, query row, KV
@@ -127,7 +115,7 @@ __device__ __forceinline__ void hf2q_attn_warps(const T* qrow, size_t q_head_str
         float kf[E];
         const int j = j0 + kk;
         if (j >= lo && j < hi) {
-          Hf2qAttnT<T>::template load<E>(kb + (size_t)j * D, kf);
+          hf2q_attn_load<T, E>(kb + (size_t)j * D, kf);
         } else {
 #pragma unroll
           for (int e = 0; e < E; ++e) kf[e] = 0.0f;
@@ -173,7 +161,7 @@ __device__ __forceinline__ void hf2q_attn_warps(const T* qrow, size_t q_head_str
         const int j = j0 + kk;
         if (j < lo || j >= hi) continue;
         float vf[E];
-        Hf2qAttnT<T>::template load<E>(vb + (size_t)j * D, vf);
+        hf2q_attn_load<T, E>(vb + (size_t)j * D, vf);
 #pragma unroll
         for (int g = 0; g < G; ++g)
 #pragma unroll
