@@ -34,36 +34,13 @@ cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="MLX's CUDA backend is not a
 
 @pytest.fixture(scope="module")
 def _emulated_kernels(tmp_path_factory):
-    """The kernels' own sources built once for the module by the CPU emulator (compiling them is
-    most of these tests' time)."""
+    """The kernels' own sources built once for the module by the CPU emulator."""
     if HAS_CUDA or cuda_emu.compiler() is None:
         return None
     workdir = tmp_path_factory.mktemp("row_attention_emu")
-    specs = {
-        "_kernel": ("hf2q_row_attention", ["q", "k", "v", "off", "scale"], ["o"], ca._SOURCE),
-        "_kernel_part": (
-            "hf2q_row_attention_part",
-            ["q", "k", "v", "off", "scale"],
-            ["part", "ml"],
-            ca._SOURCE_PART,
-        ),
-        "_kernel_merge": (
-            "hf2q_row_attention_merge",
-            ["q", "k", "off", "part", "ml"],
-            ["o"],
-            ca._SOURCE_MERGE,
-        ),
-    }
     return {
-        attr: cuda_emu.EmulatedKernel(
-            name,
-            ins,
-            outs,
-            src,
-            ca._HEADER if attr == "_kernel_merge" else ca._HEADER + ca._CHUNK,
-            workdir=workdir,
-        )
-        for attr, (name, ins, outs, src) in specs.items()
+        kind: cuda_emu.EmulatedKernel(name, ins, outs, src, header, workdir=workdir)
+        for kind, (name, ins, outs, src, header) in ca.SPECS.items()
     }
 
 
@@ -74,8 +51,7 @@ def emulated(monkeypatch, _emulated_kernels):
         return None  # the real kernels
     if _emulated_kernels is None:
         pytest.skip("no C++ compiler for the CUDA emulator")
-    for attr, kern in _emulated_kernels.items():
-        monkeypatch.setattr(ca, attr, lambda k=kern: k)
+    monkeypatch.setattr(ca, "_kernel", lambda kind="whole": _emulated_kernels[kind])
     return True
 
 

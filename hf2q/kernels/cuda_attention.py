@@ -201,8 +201,8 @@ __device__ __forceinline__ void hf2q_attn_merge_warps(float (*sm)[G], float (*sl
 }
 """
 
-# The row's visible keys [start, limit) and where this block's (b, i, h) sit; shared by the kernels.
-_ROW = r"""
+# Which (b, i, h) this block's ``row`` is and its visible keys [start, limit); every kernel.
+_LIMITS = r"""
   const int NQ = q_shape[1];
   const int L = q_shape[2];
   const int NKV = k_shape[1];
@@ -215,6 +215,12 @@ _ROW = r"""
   if (limit > C) limit = C;
   int start = 0;
   if (WINDOW > 0 && first + i + 1 - WINDOW > 0) start = first + i + 1 - WINDOW;
+"""
+
+# The row's query, key and value pointers and the warps' merge buffers (the attending kernels).
+_ROW = (
+    _LIMITS
+    + r"""
   const T* qrow = q + (((size_t)b * NQ + h * G) * L + i) * D;
   const T* kb = k + ((size_t)b * NKV + h) * (size_t)C * D;
   const T* vb = v + ((size_t)b * NKV + h) * (size_t)C * D;
@@ -222,6 +228,7 @@ _ROW = r"""
   __shared__ float sl[WARPS][G];
   __shared__ float sacc[WARPS][G][D];
 """
+)
 
 # Template arguments: T (bf16/fp16), G (query heads per KV head), D (head size, a multiple of 32),
 # WARPS, CAUSAL (1: row i sees keys up to its own position; 0: every row sees the whole block, as
@@ -276,21 +283,11 @@ _SOURCE_PART = (
 # The chunks of each row merged in chunk order: output o (B, L, NQ, D). For a row with one chunk
 # this is a / l of that chunk, bit for bit what the whole-row kernel writes (the scale factor of
 # the first chunk is exp(0) = 1 and the sums start from it).
-_SOURCE_MERGE = r"""
-  const int NQ = q_shape[1];
-  const int L = q_shape[2];
-  const int NKV = k_shape[1];
-  const int C = k_shape[2];
-  const int NCH = part_shape[1];
-  const int row = blockIdx.x;
-  const int h = row % NKV;
-  const int i = (row / NKV) % L;
-  const int b = row / (NKV * L);
-  const int first = off[off_shape[0] == 1 ? 0 : b];
-  int limit = CAUSAL ? first + i + 1 : first + L;
-  if (limit > C) limit = C;
-  int start = 0;
-  if (WINDOW > 0 && first + i + 1 - WINDOW > 0) start = first + i + 1 - WINDOW;
+_SOURCE_MERGE = (
+    "  const int NCH = part_shape[1];\n"
+    "  const int row = blockIdx.x;\n"
+    + _LIMITS
+    + r"""
   const int c0 = start / CH;
   const int c1 = (limit - 1) / CH;
   for (int t = threadIdx.x; t < G * D; t += 128) {
@@ -313,41 +310,44 @@ _SOURCE_MERGE = r"""
     o[(((size_t)b * L + i) * NQ + h * G + g) * D + d] = Hf2qAttnT<T>::to(a / l);
   }
 """
+)
 
 #: Keys per chunk of the chunked pair (a multiple of the 8-key groups; fixed absolute positions).
 CHUNK = 256
 
 
-@cache
-def _kernel() -> Any:
-    return mx.fast.cuda_kernel(
-        name="hf2q_row_attention",
-        input_names=["q", "k", "v", "off", "scale"],
-        output_names=["o"],
-        source=_SOURCE,
-        header=_HEADER + _CHUNK,
-    )
+#: Each launch's name, input names, output names, source and header (the CPU tests build the
+#: same in their emulator).
+SPECS: dict[str, tuple[str, list[str], list[str], str, str]] = {
+    "whole": (
+        "hf2q_row_attention",
+        ["q", "k", "v", "off", "scale"],
+        ["o"],
+        _SOURCE,
+        _HEADER + _CHUNK,
+    ),
+    "part": (
+        "hf2q_row_attention_part",
+        ["q", "k", "v", "off", "scale"],
+        ["part", "ml"],
+        _SOURCE_PART,
+        _HEADER + _CHUNK,
+    ),
+    "merge": (
+        "hf2q_row_attention_merge",
+        ["q", "k", "off", "part", "ml"],
+        ["o"],
+        _SOURCE_MERGE,
+        _HEADER,
+    ),
+}
 
 
 @cache
-def _kernel_part() -> Any:
+def _kernel(kind: str = "whole") -> Any:
+    name, inputs, outputs, source, header = SPECS[kind]
     return mx.fast.cuda_kernel(
-        name="hf2q_row_attention_part",
-        input_names=["q", "k", "v", "off", "scale"],
-        output_names=["part", "ml"],
-        source=_SOURCE_PART,
-        header=_HEADER + _CHUNK,
-    )
-
-
-@cache
-def _kernel_merge() -> Any:
-    return mx.fast.cuda_kernel(
-        name="hf2q_row_attention_merge",
-        input_names=["q", "k", "off", "part", "ml"],
-        output_names=["o"],
-        source=_SOURCE_MERGE,
-        header=_HEADER,
+        name=name, input_names=inputs, output_names=outputs, source=source, header=header
     )
 
 
@@ -437,7 +437,7 @@ def row_attention_cuda(
         )
         return o
     nch = -(-C // CHUNK)
-    part, ml = _kernel_part()(
+    part, ml = _kernel("part")(
         inputs=inputs,
         template=[*template, ("CH", CHUNK)],
         grid=(rows * nch * 32 * nw, 1, 1),
@@ -445,7 +445,7 @@ def row_attention_cuda(
         output_shapes=[(rows, nch, G, D), (rows, nch, G, 2)],
         output_dtypes=[mx.float32, mx.float32],
     )
-    (o,) = _kernel_merge()(
+    (o,) = _kernel("merge")(
         inputs=[q, keys, offset, part, ml],
         template=[*template, ("CH", CHUNK)],
         grid=(rows * 128, 1, 1),
