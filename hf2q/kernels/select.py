@@ -14,9 +14,10 @@ layer, and pick
 ``HF2Q_COMPILE=0`` turns ``mx.compile`` of the layer runners off; ``HF2Q_FUSE_PROJ=1`` makes them
 and the drafter concatenate each layer's projections; ``HF2Q_SMALL_MM=0`` keeps their bf16/fp16
 products with few rows on MLX's matmul instead of hf2q's tensor-core kernel
-(:func:`small_mm_enabled`); ``HF2Q_ROW_ATTENTION=0`` keeps MLX's attention in them instead of
-hf2q's row-invariant kernel (:func:`row_attention_enabled`). :func:`sdpa_bucket` says whether multi-token attention pads its keys
-to a bucket length (``HF2Q_SDPA_BUCKET``; on CUDA by default).
+(:func:`small_mm_enabled`); ``HF2Q_ROW_ATTENTION=0`` keeps MLX's attention in them (and in the
+drafter) instead of hf2q's row-invariant kernel (:func:`row_attention_enabled`).
+:func:`sdpa_bucket` says whether multi-token attention pads its keys to a bucket length
+(``HF2Q_SDPA_BUCKET``; on CUDA by default).
 :func:`describe` returns what is active, for ``--stats``.
 
 What it does not do: run anything itself beyond a dispatch in :func:`gated_delta_steps`.
