@@ -150,6 +150,18 @@ def fitted_pairs(
     }
 
 
+def load_fitted(target_dir: Path, draft_dir: Path):
+    """``(lm, target, drafter)`` of a fitted pair: mlx-lm's loaded model, hf2q's ``TargetModel``
+    over it, and the drafter bound to the target's embedding and head (fresh objects each call)."""
+    from hf2q.loading import load_model
+    from hf2q.runtime.drafter import load_drafter
+    from hf2q.runtime.target import TargetModel
+
+    lm = load_model(target_dir)
+    target = TargetModel(lm.model, lm.tokenizer)
+    return lm, target, load_drafter(draft_dir).bind(target.embed, target.head)
+
+
 def assert_greedy_dflash_equals_plain(
     target, drafter, prompts, max_tokens, *, blocks, slots, eos=()
 ) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from conftest import FIT_NEW_TOKENS, FIT_TEXTS
+from conftest import FIT_NEW_TOKENS, FIT_TEXTS, load_fitted
 
 from hf2q.loading import load_model
 from hf2q.runtime.dflash import RoundDone, Summary, dflash_generate, plain_generate, run
@@ -30,10 +30,7 @@ _cache: dict[Path, tuple] = {}
 def _load(target_dir: Path, draft_dir: Path):
     key = (target_dir, draft_dir)
     if key not in _cache:
-        lm = load_model(target_dir)
-        target = TargetModel(lm.model, lm.tokenizer)
-        drafter = load_drafter(draft_dir).bind(target.embed, target.head)
-        _cache[key] = (lm, target, drafter)
+        _cache[key] = load_fitted(target_dir, draft_dir)
     return _cache[key]
 
 

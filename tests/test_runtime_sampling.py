@@ -10,11 +10,10 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import FIT_TEXTS
+from conftest import FIT_TEXTS, load_fitted
 from scipy.stats import chisquare
 
 from hf2q.errors import UsageError
-from hf2q.loading import load_model
 from hf2q.runtime import dflash as dflash_mod
 from hf2q.runtime import sampling
 from hf2q.runtime.dflash import (
@@ -25,9 +24,7 @@ from hf2q.runtime.dflash import (
     plain_generate,
     run,
 )
-from hf2q.runtime.drafter import load_drafter
 from hf2q.runtime.sampling import SamplingParams, accept_greedy, accept_rejection, probs
-from hf2q.runtime.target import TargetModel
 
 
 def _chi2_pvalue(counts: dict, expected: dict, n: int) -> float:
@@ -134,10 +131,7 @@ BLOCK = 16  # the block the fitted drafter was trained with: its q overlaps p pa
 
 @pytest.fixture(scope="module")
 def pair(fitted_pairs):
-    target_dir, draft_dir = fitted_pairs["qwen35"]
-    lm = load_model(target_dir)
-    target = TargetModel(lm.model, lm.tokenizer)
-    drafter = load_drafter(draft_dir).bind(target.embed, target.head)
+    lm, target, drafter = load_fitted(*fitted_pairs["qwen35"])
     prompt = lm.tokenizer.encode(FIT_TEXTS[0])[:4]
     return target, drafter, prompt
 

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from conftest import FIT_TEXTS, assert_greedy_dflash_equals_plain
+from conftest import FIT_TEXTS, assert_greedy_dflash_equals_plain, load_fitted
 from mlx_lm.models.cache import KVCache
 
 from hf2q.errors import UsageError
 from hf2q.kernels import select
-from hf2q.loading import load_model
 from hf2q.runtime.cache import BucketedKVCache, make_target_cache
-from hf2q.runtime.drafter import load_drafter
 from hf2q.runtime.slot_cache import SlotKVCache, make_slot_target_cache
-from hf2q.runtime.target import TargetModel
 
 
 def _attend(q, cache, k_new, v_new):
@@ -97,10 +94,7 @@ def bucket16(monkeypatch):
 
 
 def test_drafter_logits_with_padded_keys_equal_exact_ones(fitted_pairs, monkeypatch):
-    target_dir, draft_dir = fitted_pairs["qwen35"]
-    lm = load_model(target_dir)
-    target = TargetModel(lm.model, lm.tokenizer)
-    drafter = load_drafter(draft_dir).bind(target.embed, target.head)
+    lm, target, drafter = load_fitted(*fitted_pairs["qwen35"])
     feats = mx.random.normal((1, 21, len(drafter.config.target_layer_ids) * target.hidden_size))
     block = mx.array([[5] + [drafter.mask_token_id] * 15])
     outs = []
@@ -114,10 +108,7 @@ def test_drafter_logits_with_padded_keys_equal_exact_ones(fitted_pairs, monkeypa
 
 @pytest.mark.parametrize("name", ["qwen35", "qwen35_causal"])
 def test_greedy_dflash_with_padded_keys_equals_plain(name, fitted_pairs, bucket16):
-    target_dir, draft_dir = fitted_pairs[name]
-    lm = load_model(target_dir)
-    target = TargetModel(lm.model, lm.tokenizer)
-    drafter = load_drafter(draft_dir).bind(target.embed, target.head)
+    lm, target, drafter = load_fitted(*fitted_pairs[name])
     assert any(isinstance(c, BucketedKVCache) for c in make_target_cache(target))
     assert all(c.bucket == 16 for c in make_slot_target_cache(target, 2) if hasattr(c, "bucket"))
     prompts = [lm.tokenizer.encode(t)[:4] for t in FIT_TEXTS[:3]] + [

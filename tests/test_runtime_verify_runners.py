@@ -14,7 +14,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import FIT_TEXTS, assert_greedy_dflash_equals_plain
+from conftest import FIT_TEXTS, assert_greedy_dflash_equals_plain, load_fitted
 
 import hf2q.runtime.verify as verify
 from hf2q.errors import UsageError
@@ -22,7 +22,6 @@ from hf2q.kernels import select
 from hf2q.loading import load_model
 from hf2q.runtime.cache import GDNRollbackCache, make_target_cache
 from hf2q.runtime.dflash import plain_generate, run
-from hf2q.runtime.drafter import load_drafter
 from hf2q.runtime.slot_cache import make_slot_target_cache
 from hf2q.runtime.slots import Request, run_slots
 from hf2q.runtime.target import TargetModel
@@ -104,10 +103,7 @@ def test_runner_verify_on_ragged_slot_rows(target):
 def test_greedy_dflash_with_runners_equals_plain(name, fuse, fitted_pairs, monkeypatch):
     monkeypatch.setattr(verify, "use_runners", lambda: True)  # the CUDA choice, here on ops
     monkeypatch.setenv(select.FUSE_PROJ_ENV, fuse)
-    target_dir, draft_dir = fitted_pairs[name]
-    lm = load_model(target_dir)
-    target = TargetModel(lm.model, lm.tokenizer)
-    drafter = load_drafter(draft_dir).bind(target.embed, target.head)
+    lm, target, drafter = load_fitted(*fitted_pairs[name])
     prompts = [lm.tokenizer.encode(t)[:5] for t in FIT_TEXTS[:3]]
     assert_greedy_dflash_equals_plain(
         target,
@@ -185,10 +181,9 @@ def _draft_logits(target, drafter, ids):
 def test_drafter_with_concatenated_projections_drafts_the_same(fitted_pairs, monkeypatch):
     from mlx.utils import tree_flatten
 
-    target_dir, draft_dir = fitted_pairs["qwen35_causal"]  # 3 layers, sliding-window layers
-    lm = load_model(target_dir)
-    target = TargetModel(lm.model, lm.tokenizer)
-    drafter = load_drafter(draft_dir).bind(target.embed, target.head)
+    lm, target, drafter = load_fitted(
+        *fitted_pairs["qwen35_causal"]
+    )  # 3 layers, sliding-window layers
     ids = lm.tokenizer.encode(FIT_TEXTS[0] + " " + FIT_TEXTS[1])
     names = sorted(k for k, _ in tree_flatten(drafter.parameters()))
     monkeypatch.setenv(select.FUSE_PROJ_ENV, "0")

@@ -14,12 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import FIT_TEXTS
+from conftest import FIT_TEXTS, load_fitted
 
 from hf2q.errors import UsageError
-from hf2q.loading import load_model
 from hf2q.runtime.dflash import dflash_generate, plain_generate, run
-from hf2q.runtime.drafter import load_drafter
 from hf2q.runtime.sampling import SamplingParams
 from hf2q.runtime.slots import (
     Request,
@@ -31,7 +29,6 @@ from hf2q.runtime.slots import (
     slots_dflash_generate,
     slots_plain_generate,
 )
-from hf2q.runtime.target import TargetModel
 
 _cache: dict[tuple, tuple] = {}
 
@@ -39,13 +36,8 @@ _cache: dict[tuple, tuple] = {}
 def _pair(target_dir: Path, draft_dir: Path):
     key = (target_dir, draft_dir)
     if key not in _cache:
-        lm = load_model(target_dir)
-        target = TargetModel(lm.model, lm.tokenizer)
-        _cache[key] = (
-            lm.tokenizer,
-            target,
-            load_drafter(draft_dir).bind(target.embed, target.head),
-        )
+        lm, target, drafter = load_fitted(target_dir, draft_dir)
+        _cache[key] = (lm.tokenizer, target, drafter)
     return _cache[key]
 
 
