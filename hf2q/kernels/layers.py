@@ -89,6 +89,24 @@ def attention_runner(
     )
 
 
+def gdn_runnable(layer: nn.Module, cache: Any) -> bool:
+    """Whether a Gated-DeltaNet decoder layer can go through :func:`gdn_layer_runner`: an
+    unsharded layer over an ``ArraysCache`` without padded lengths."""
+    return (
+        isinstance(cache, ArraysCache)
+        and cache.lengths is None
+        and getattr(layer.linear_attn, "sharding_group", None) is None
+    )
+
+
+def attention_runnable(layer: nn.Module, cache: Any) -> bool:
+    """Whether a decoder layer is a Qwen3.5 full-attention layer :func:`attention_runner` takes:
+    over mlx-lm's ``KVCache`` or any cache with its protocol (hf2q's slot and bucketed caches)."""
+    return isinstance(getattr(layer, "self_attn", None), Qwen3NextAttention) and hasattr(
+        cache, "update_and_fetch"
+    )
+
+
 def fast_layer_fn(
     *, fuse_proj: bool = False, mm: bool = False, rows: bool = False
 ) -> Callable[[int, nn.Module, mx.array, Any, Any], mx.array]:
@@ -105,12 +123,7 @@ def fast_layer_fn(
     def run(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any) -> mx.array:
         if getattr(layer, "is_linear", False):
             attn = layer.linear_attn
-            if (
-                mask is not None
-                or not isinstance(cache, ArraysCache)
-                or cache.lengths is not None
-                or getattr(attn, "sharding_group", None) is not None
-            ):
+            if mask is not None or not gdn_runnable(layer, cache):
                 return layer(h, mask=mask, cache=cache)
             impl = select.gdn_impl(attn)
             if impl == "mlx" or (impl == "ops" and h.shape[1] > MAX_OPS_STEPS):
@@ -127,9 +140,7 @@ def fast_layer_fn(
             cache[0], cache[1] = rec.final_conv_state, rec.final_state
             cache.advance(h.shape[1])
             return out
-        if isinstance(getattr(layer, "self_attn", None), Qwen3NextAttention) and hasattr(
-            cache, "update_and_fetch"
-        ):  # mlx-lm's KVCache or any cache with its protocol (hf2q's slot caches)
+        if attention_runnable(layer, cache):
             return attention_runner(layer, fuse_proj=fuse_proj, mm=mm, rows=rows)(h, mask, cache)
         return layer(h, mask=mask, cache=cache)
 

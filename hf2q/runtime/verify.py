@@ -29,13 +29,18 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.gated_delta import compute_g, normalize_qk
-from mlx_lm.models.qwen3_next import Qwen3NextAttention
 
 from hf2q.kernels import select
 from hf2q.kernels.cuda_gated_delta import gdn_fused_cuda
 from hf2q.kernels.gated_delta import gated_delta_steps
 from hf2q.kernels.gdn import empty_states
-from hf2q.kernels.layers import attention_runner, decode_runners_active, gdn_layer_runner
+from hf2q.kernels.layers import (
+    attention_runnable,
+    attention_runner,
+    decode_runners_active,
+    gdn_layer_runner,
+    gdn_runnable,
+)
 from hf2q.runtime.cache import GDNRollbackCache, TargetCache
 from hf2q.runtime.target import TargetModel
 
@@ -180,16 +185,11 @@ def _runner_verify(
 
 
 def _runnable(layer: nn.Module, cache: Any) -> bool:
-    """Whether a layer can go through the compiled runners (unsharded, no padded lengths)."""
+    """Whether a layer can go through the compiled runners (as plain decoding's layer function
+    decides; Gated-DeltaNet layers also need a cache that records for rollback)."""
     if getattr(layer, "is_linear", False):
-        return (
-            isinstance(cache, GDNRollbackCache)
-            and cache.lengths is None
-            and getattr(layer.linear_attn, "sharding_group", None) is None
-        )
-    return isinstance(getattr(layer, "self_attn", None), Qwen3NextAttention) and hasattr(
-        cache, "update_and_fetch"
-    )
+        return isinstance(cache, GDNRollbackCache) and gdn_runnable(layer, cache)
+    return attention_runnable(layer, cache)
 
 
 def verify_layer(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any) -> mx.array:
