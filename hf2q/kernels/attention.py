@@ -108,18 +108,15 @@ def compile_attention_layer(
     def run(x: mx.array, mask: Any, cache: Any) -> mx.array:
         if cache is None or hasattr(cache, "bits"):
             return _alive(ref)(x, mask=mask, cache=cache)
-        offset = mx.array(cache.offset, dtype=mx.int32)
-        queries, keys, values, gate = cpre(x, offset)
+        first = cache.offset  # positions before the new rows: int, or (B,) per slot row
+        queries, keys, values, gate = cpre(x, mx.array(first, dtype=mx.int32))
         if (
             rows
             and reads_buffer_in_place(cache)
             and cuda_attention.supported(queries, keys, values) is None
         ):
-            # The kernel takes each batch row's first position, (B,) or (1,): a Python int
-            # offset becomes a constant, not one more graph node.
-            off = offset if offset.ndim == 1 else mx.array([cache.offset], dtype=mx.int32)
             cache.update_and_fetch(keys, values)
-            out = cuda_attention.row_attention_cuda(queries, cache.keys, cache.values, off, scale)
+            out = cuda_attention.row_attention_cuda(queries, cache.keys, cache.values, first, scale)
             return cpost_rows(x, out, gate)
         keys, values = cache.update_and_fetch(keys, values)
         out = scaled_dot_product_attention(

@@ -387,7 +387,7 @@ def row_attention_cuda(
     q: mx.array,
     keys: mx.array,
     values: mx.array,
-    offset: mx.array,
+    offset: int | mx.array,
     scale: float,
     *,
     window: int | None = None,
@@ -398,9 +398,10 @@ def row_attention_cuda(
     Args:
         q: (B, n_q, L, D) queries (rotated), bf16 or fp16.
         keys, values: (B, n_kv, C, D) cache buffers; row b's key at position p sits at index p.
-        offset: (B,) or (1,) int32, the position of each batch row's first query row (the
-            cache's offset before the new rows); query row i sees keys ``0 .. offset + i`` (the
-            last ``window`` of them with a sliding window).
+        offset: the position of each batch row's first query row (the cache's offset before
+            the new rows): an int (every row; passed as a constant, not a graph node) or an
+            int32 array (B,); query row i sees keys ``0 .. offset + i`` (the last ``window`` of
+            them with a sliding window).
         scale: the softmax scale.
         causal: False: every query row sees keys ``0 .. offset + L - 1`` (the whole block of L
             new rows, as a DFlash draft block attends), still within ``window`` of its position.
@@ -412,10 +413,13 @@ def row_attention_cuda(
     nkv, C = keys.shape[1], keys.shape[2]
     G = nq // nkv
     nw = warps(G, D)
-    if offset.dtype != mx.int32:
-        offset = offset.astype(mx.int32)
-    if offset.ndim != 1:
-        offset = offset.reshape(-1)
+    if isinstance(offset, int):
+        offset = mx.array([offset], dtype=mx.int32)
+    else:  # slot caches already hold (B,) int32: nothing to add to the graph then
+        if offset.dtype != mx.int32:
+            offset = offset.astype(mx.int32)
+        if offset.ndim != 1:
+            offset = offset.reshape(-1)
     template = [
         ("T", q.dtype),
         ("G", G),

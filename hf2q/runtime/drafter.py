@@ -20,7 +20,6 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.qwen3 import MLP
 from mlx_lm.models.rope_utils import initialize_rope
@@ -290,14 +289,26 @@ def _layer_weights(layer: DFlashDecoderLayer) -> list[mx.array]:
     return [mod.weight for mod in mods] + [mod.bias for mod in mods if "bias" in mod]
 
 
+def _kept(owner: nn.Module, name: str, sources: list[mx.array], build: Callable[[], Any]) -> Any:
+    """``build()``'s result kept on ``owner`` as a plain attribute (not a parameter: saving and
+    training never see it), rebuilt whenever any of the ``sources`` arrays it was built from was
+    replaced (new weights loaded, a dtype change)."""
+    hit = owner.__dict__.get(name)
+    if (
+        hit is None
+        or len(hit[0]) != len(sources)
+        or any(a is not b for a, b in zip(hit[0], sources))
+    ):
+        hit = (sources, build())
+        object.__setattr__(owner, name, hit)
+    return hit[1]
+
+
 class _CompiledLayer:
-    """``mx.compile``'d pieces of one drafter layer for inference (a plain object: it must not
-    join the drafter's parameters). The layer's weights are constants of the traces, so it is
-    rebuilt whenever any of them was replaced (``sources``)."""
+    """``mx.compile``'d pieces of one drafter layer for inference; the layer's weights are
+    constants of the traces (:func:`_kept` rebuilds it when they change)."""
 
     def __init__(self, layer: DFlashDecoderLayer, mm: bool) -> None:
-        self.sources = _layer_weights(layer)
-        self.mm = mm
         ref = weakref.ref(layer)  # the drafter owns the layer; these functions must not keep it
 
         def context(ctx: mx.array, offset: mx.array) -> tuple[mx.array, mx.array]:
@@ -323,32 +334,12 @@ class _CompiledLayer:
         )
 
 
-@dataclass
-class _Concatenated:
-    """Linear layers concatenated into one (``HF2Q_FUSE_PROJ``) and the arrays they were built from.
-
-    A plain object, not a module: it must not join the drafter's parameters (saving, training).
-    """
-
-    sources: list[mx.array]
-    linear: nn.Module
-
-
 def _concatenated(owner: nn.Module, name: str, mods: list[nn.Module]) -> nn.Module | None:
-    """One linear computing ``mods`` side by side (None for layers with a bias), kept on
-    ``owner`` and rebuilt whenever any of their parameters was replaced."""
+    """One linear computing ``mods`` side by side (``HF2Q_FUSE_PROJ``; None for layers with a
+    bias), kept on ``owner`` (see :func:`_kept`)."""
     if any("bias" in m for m in mods):
         return None
-    sources = [a for m in mods for _, a in tree_flatten(m.parameters())]
-    hit = owner.__dict__.get(name)
-    if (
-        hit is None
-        or len(hit.sources) != len(sources)
-        or any(a is not b for a, b in zip(hit.sources, sources))
-    ):
-        hit = _Concatenated(sources, concat_linears(mods))
-        object.__setattr__(owner, name, hit)
-    return hit.linear
+    return _kept(owner, name, [m.weight for m in mods], lambda: concat_linears(mods))
 
 
 class DFlashAttention(nn.Module):
@@ -580,26 +571,16 @@ class DFlashDecoderLayer(nn.Module):
         :func:`hf2q.kernels.cuda_attention.row_attention_cuda` (no key concatenation, padding or
         mask), the block's entries dropped again (the cache keeps verified context only); a
         compiled output projection and MLP. ``mm``: products through the small-M kernel."""
-        hit = self.__dict__.get("_compiled")
-        weights = _layer_weights(self)
-        if (
-            hit is None
-            or hit.mm != mm
-            or len(weights) != len(hit.sources)
-            or any(a is not b for a, b in zip(hit.sources, weights))
-        ):
-            hit = _CompiledLayer(self, mm)
-            object.__setattr__(self, "_compiled", hit)
+        name = "_compiled_mm" if mm else "_compiled"
+        hit = _kept(self, name, _layer_weights(self), lambda: _CompiledLayer(self, mm))
         a = self.self_attn
         if ctx.shape[1] > 0:
             k, v = hit.context(ctx, mx.array(cache.offset, dtype=mx.int32))
             cache.update_and_fetch(k, v)
         elif hasattr(cache, "prepare"):
             cache.prepare(lengths=None)  # no context rows: the block write advances every row
-        offset = mx.array(cache.offset, dtype=mx.int32)  # the block's first position, per row
-        # The kernel takes (B,) or (1,): a Python int offset becomes a constant, not a node.
-        first = offset if offset.ndim == 1 else mx.array([cache.offset], dtype=mx.int32)
-        q, k, v = hit.block(x, offset)
+        first = cache.offset  # the block's first position, per row (int or (B,))
+        q, k, v = hit.block(x, mx.array(first, dtype=mx.int32))
         L = x.shape[1]
         cache.update_and_fetch(k, v)
         o = cuda_attention.row_attention_cuda(
