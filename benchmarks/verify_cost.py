@@ -8,7 +8,9 @@ and reports, as medians:
 * decode-1: one plain decode step (stock mlx-lm, and hf2q's layer path with each kernel choice);
 * verify-16: one target forward over a 16-token block capturing the drafter's features, with
   argmax; for stock mlx-lm and for each implementation of the Gated-DeltaNet layers;
-* rollback: restoring every layer's cache to n kept tokens (n = 8) from the verify record;
+* rollback: restoring every layer's cache to n kept tokens (n = 8) from the verify record (the
+  runtime's in one launch where ``select.rollback_kernel_enabled()``; ``rollback_per_layer``
+  times it with ops per layer, for scale);
 * draft-16: one drafter forward over a 16-token block with 8 new context rows, plus argmax;
 * E = t(decode-1) / t(draft-16 + verify-16 + rollback), against stock decode and against the
   same implementation's decode;
@@ -537,6 +539,18 @@ class PathRun:
         self.reset()
         return dt
 
+    def rollback_per_layer(self) -> float:
+        """The rollback with ``HF2Q_ROLLBACK_KERNEL=0``: each layer with ops, not one launch."""
+        before = os.environ.get(select.ROLLBACK_KERNEL_ENV)
+        os.environ[select.ROLLBACK_KERNEL_ENV] = "0"
+        try:
+            return self.rollback()
+        finally:
+            if before is None:
+                del os.environ[select.ROLLBACK_KERNEL_ENV]
+            else:
+                os.environ[select.ROLLBACK_KERNEL_ENV] = before
+
 
 def interleaved(runs: list[PathRun], phase: str, key: str, args, results, budget, log) -> None:
     """Time ``phase`` of every path round-robin (so load changes hit all paths alike); medians."""
@@ -603,6 +617,13 @@ def bench_paths(target, drafter, args, dtype, results, budget, log, quick: bool 
     interleaved(runs, "verify", f"verify{T}", args, results, budget, log)
     with_rollback = [r for r in runs if r.name != "stock"]
     interleaved(with_rollback, "rollback", "rollback", args, results, budget, log)
+    one_launch = (
+        [r for r in runs if r.name == "runtime"] if select.rollback_kernel_enabled() else []
+    )
+    if one_launch:  # the same rollback per layer with ops, for scale
+        interleaved(
+            one_launch, "rollback_per_layer", "rollback_per_layer", args, results, budget, log
+        )
     runs.clear()
 
     # draft-16: drafter forward over [last, MASK x 15] with 8 new context rows, and argmax.

@@ -61,27 +61,53 @@ def test_every_variant_compiles_for_sm90_without_spills(tmp_path: Path, fused, d
             spec["header"],
             template,
         )
-        cu = tmp_path / f"{spec['name']}.cu"
-        cu.write_text(src)
-        res = subprocess.run(
-            [
-                NVCC,
-                "-gencode=arch=compute_90a,code=sm_90a",
-                "-std=c++17",
-                "-cubin",
-                "-Xptxas",
-                "-v",
-                "-Werror",
-                "all-warnings",
-                "-o",
-                str(tmp_path / "k.cubin"),
-                str(cu),
-            ],
-            capture_output=True,
-            text=True,
-        )
-        assert res.returncode == 0, res.stderr[-3000:]
-        report = res.stderr
-        assert re.search(
-            r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report
-        ), report
+        _assert_compiles_without_spills(tmp_path, spec["name"], src)
+
+
+@pytest.mark.parametrize("layers", [6, 24, 48])
+def test_rollback_kernel_compiles_for_sm90_without_spills(tmp_path: Path, layers):
+    import cuda_emu
+
+    from hf2q.kernels import cuda_rollback as cr
+
+    name, ins, outs, source = cr.spec(layers)
+    dt = mx.bfloat16
+    src = cuda_emu.mlx_cuda_source(
+        name,
+        ins,
+        [dt] * layers + [mx.float32] * layers + [mx.int32],
+        [3] * layers + [5] * layers + [1],
+        outs,
+        [dt] * layers + [mx.float32] * layers,
+        source,
+        "",
+        [("CT", dt), ("T", 16), ("K1", 3), ("C", 8192), ("S4", 131072), ("NT", cr.THREADS)],
+    )
+    _assert_compiles_without_spills(tmp_path, name, src)
+
+
+def _assert_compiles_without_spills(tmp_path: Path, name: str, src: str) -> None:
+    cu = tmp_path / f"{name}.cu"
+    cu.write_text(src)
+    res = subprocess.run(
+        [
+            NVCC,
+            "-gencode=arch=compute_90a,code=sm_90a",
+            "-std=c++17",
+            "-cubin",
+            "-Xptxas",
+            "-v",
+            "-Werror",
+            "all-warnings",
+            "-o",
+            str(tmp_path / "k.cubin"),
+            str(cu),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = res.stderr
+    assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report), (
+        report
+    )

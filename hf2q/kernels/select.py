@@ -58,6 +58,10 @@ SMALL_MM_ENV = "HF2Q_SMALL_MM"
 #: row-invariant kernel of :mod:`hf2q.kernels.cuda_attention` (CUDA only; default on there).
 ROW_ATTENTION_ENV = "HF2Q_ROW_ATTENTION"
 
+#: HF2Q_ROLLBACK_KERNEL=0: a verify's Gated-DeltaNet rollback runs per layer with ops instead of
+#: one launch of :mod:`hf2q.kernels.cuda_rollback` for all layers (CUDA only; default on there).
+ROLLBACK_KERNEL_ENV = "HF2Q_ROLLBACK_KERNEL"
+
 
 def _flag(env: str, default: str) -> bool:
     value = os.environ.get(env, default).strip().lower() or default
@@ -90,6 +94,14 @@ def row_attention_enabled() -> bool:
     verify row and the decode step it stands for give the same bits: on CUDA unless
     ``HF2Q_KERNELS=ops`` or ``HF2Q_ROW_ATTENTION=0``; never elsewhere (CUDA-only kernel)."""
     on = _flag(ROW_ATTENTION_ENV, "1")  # a bad value is an error on every backend
+    return on and backend() == "cuda" and kernel_mode() != "ops"
+
+
+def rollback_kernel_enabled() -> bool:
+    """Whether a verify's Gated-DeltaNet rollback copies every layer's kept conv rows and state
+    in one launch (:mod:`hf2q.kernels.cuda_rollback`, bit-exact copies) instead of a few ops per
+    layer: on CUDA unless ``HF2Q_KERNELS=ops`` or ``HF2Q_ROLLBACK_KERNEL=0``; never elsewhere."""
+    on = _flag(ROLLBACK_KERNEL_ENV, "1")
     return on and backend() == "cuda" and kernel_mode() != "ops"
 
 
@@ -247,6 +259,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
             "ops": "ops (portable)",
         }[impl]
         info["gdn_record"] = gdn_record(impl)
+        if info["gdn_record"] == "states" and rollback_kernel_enabled():
+            info["gdn_record"] += " (one launch for all layers)"
     info["recurrence"] = (
         "CUDA kernel" if info["backend"] == "cuda" and info["mode"] != "ops" else "ops"
     )

@@ -28,7 +28,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-from hf2q.kernels.select import bucketed, sdpa_bucket
+from hf2q.kernels import cuda_rollback
+from hf2q.kernels.select import bucketed, rollback_kernel_enabled, sdpa_bucket
 
 
 @dataclass
@@ -97,21 +98,30 @@ class GDNRollbackCache(ArraysCache):
         if isinstance(n_keep, int):
             if not 1 <= n_keep <= T:
                 raise ValueError(f"n_keep must be in 1..{T}, got {n_keep}")
-            if n_keep < T:
-                self[0] = mx.contiguous(rec.conv_input[:, n_keep : n_keep + K1])
-                self[1] = rec.after(n_keep)
-            back = T - n_keep
-        else:
-            keep_list = [
-                int(x) for x in (n_keep.tolist() if isinstance(n_keep, mx.array) else n_keep)
-            ]
-            if not all(1 <= x <= T for x in keep_list):
-                raise ValueError(f"n_keep values must be in 1..{T}, got {keep_list}")
-            keep = mx.array(keep_list, dtype=mx.int32)  # (B,)
-            pos = (keep[:, None] + mx.arange(K1))[..., None]  # (B, K-1, 1)
-            self[0] = mx.take_along_axis(rec.conv_input, pos, axis=1)
-            self[1] = rec.rows_after(keep, keep_list)
-            back = T - keep
+            if n_keep == T:  # the forward already left the state after every position
+                self.restore(None, None, 0)
+                return
+            conv = mx.contiguous(rec.conv_input[:, n_keep : n_keep + K1])
+            self.restore(conv, rec.after(n_keep), T - n_keep)
+            return
+        keep_list = [int(x) for x in (n_keep.tolist() if isinstance(n_keep, mx.array) else n_keep)]
+        if not all(1 <= x <= T for x in keep_list):
+            raise ValueError(f"n_keep values must be in 1..{T}, got {keep_list}")
+        keep = mx.array(keep_list, dtype=mx.int32)  # (B,)
+        pos = (keep[:, None] + mx.arange(K1))[..., None]  # (B, K-1, 1)
+        conv = mx.take_along_axis(rec.conv_input, pos, axis=1)
+        self.restore(conv, rec.rows_after(keep, keep_list), T - keep)
+
+    def restore(self, conv: mx.array | None, state: mx.array | None, back: int | mx.array) -> None:
+        """Install the states after the kept positions and drop the record.
+
+        Args:
+            conv, state: the conv state (B, K-1, C) and recurrent state (B, Hv, Dv, Dk) after
+                the kept positions (None: the current ones are already those).
+            back: positions dropped (int, or (B,) per row).
+        """
+        if conv is not None:
+            self[0], self[1] = conv, state
         # Undo the part of ``advance(T)`` that covered the dropped positions (batched padding).
         if self.lengths is not None:
             self.lengths = self.lengths + back
@@ -127,6 +137,40 @@ class GDNRollbackCache(ArraysCache):
         cache = GDNRollbackCache(len(self.cache))
         cache.cache = [c[idx : idx + 1] if c is not None else None for c in self.cache]
         return cache
+
+
+def rollback_in_one_launch(caches: Sequence[GDNRollbackCache], keep: Sequence[int]) -> bool:
+    """Restore every layer of ``caches`` after its rows' kept positions in one CUDA launch.
+
+    ``keep``: positions kept per batch row, already checked to be in ``1..T``. Returns False (and
+    changes nothing) where the launch does not apply: off CUDA, ``HF2Q_ROLLBACK_KERNEL=0``, or
+    records not held as one stacked array of per-step states each; the caller then rolls each
+    layer back itself. Same bits as :meth:`GDNRollbackCache.rollback` (both only copy).
+    """
+    if not caches or not rollback_kernel_enabled():
+        return False
+    recs = [c.record for c in caches]
+    if any(r is None or not r.stacked for r in recs):
+        return False
+    convs = [r.conv_input for r in recs]
+    states = [r.states for r in recs]
+    keep_arr = mx.array(list(keep), dtype=mx.int32)
+    if cuda_rollback.supported(convs, states, keep_arr) is not None:
+        return False
+    T = recs[0].length
+    conv_out, state_out = cuda_rollback.rollback_cuda(convs, states, keep_arr)
+    back: int | mx.array = T - keep[0] if len(set(keep)) == 1 else T - keep_arr
+    for c, conv, state in zip(caches, conv_out, state_out, strict=True):
+        c.restore(conv, state, back)
+    return True
+
+
+def _rows(caches: Sequence[GDNRollbackCache]) -> int:
+    """Batch rows of the Gated-DeltaNet records (1 when there is none)."""
+    for c in caches:
+        if c.record is not None:
+            return int(c.record.conv_input.shape[0])
+    return 1
 
 
 def key_mask(q_pos: mx.array, K: int, window_size: int | None = None) -> mx.array:
@@ -228,9 +272,12 @@ class TargetCache(list):
         if not 1 <= n_keep <= T:
             raise ValueError(f"n_keep must be in 1..{T}, got {n_keep}")
         drop = T - n_keep
+        gdn = [c for c in self if isinstance(c, GDNRollbackCache)]
+        done = bool(drop) and rollback_in_one_launch(gdn, [n_keep] * _rows(gdn))
         for c in self:
             if isinstance(c, GDNRollbackCache):
-                c.rollback(n_keep)
+                if not done:
+                    c.rollback(n_keep)
             elif drop:
                 if not c.is_trimmable():
                     raise TypeError(f"{type(c).__name__} cannot be rolled back")

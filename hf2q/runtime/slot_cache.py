@@ -33,7 +33,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, _BaseCache
 
 from hf2q.kernels.select import bucketed, sdpa_bucket
-from hf2q.runtime.cache import GDNRollbackCache, TargetCache, key_mask
+from hf2q.runtime.cache import GDNRollbackCache, TargetCache, key_mask, rollback_in_one_launch
 
 
 def _per_row(value: int | Sequence[int] | mx.array, rows: int, what: str) -> list[int]:
@@ -282,9 +282,12 @@ class SlotTargetCache(TargetCache):
             raise ValueError(f"n_keep must be in 1..{T} per row, got {keep}")
         drop = [T - k for k in keep]
         uniform = len(set(keep)) == 1
+        gdn = [c for c in self if isinstance(c, GDNRollbackCache)]
+        done = keep != [T] * len(keep) and rollback_in_one_launch(gdn, keep)
         for c in self:
             if isinstance(c, GDNRollbackCache):
-                c.rollback(keep[0] if uniform else keep)
+                if not done:
+                    c.rollback(keep[0] if uniform else keep)
             elif isinstance(c, SlotKVCache):
                 c.rollback(drop)
             else:

@@ -1,0 +1,134 @@
+"""Rollback of every Gated-DeltaNet layer of a verify in one CUDA launch (``mx.fast.cuda_kernel``).
+
+What it does: after a verify of T positions each Gated-DeltaNet layer holds a record (the conv
+input window ``(B, K-1+T, C)`` and the float32 state after every position ``(B, T, Hv, Dv, Dk)``,
+what the fused kernel writes); keeping the first ``n_b`` positions of batch row b means taking
+the conv rows ``n_b .. n_b+K-2`` and the state after position ``n_b``. With ops that is a slice,
+a squeeze and a contiguous copy per layer (a gather and its index arithmetic per layer for ragged
+rows): five graph nodes or more per layer, about 120 for a 4B-shaped target, each costing the host
+a few microseconds to encode on an H200 while the copies themselves are tiny.
+:func:`rollback_cuda` copies the kept conv rows and states of all layers in one launch: one graph
+node. The kept counts are an int32 array (B,), so the same compiled kernel serves every round.
+
+What it does not do: decide acceptance, trim attention caches (that is an offset change), or run
+anywhere but an NVIDIA GPU (``hf2q.runtime.cache`` keeps the ops path elsewhere). Its copies are
+bit-exact, so results equal the ops rollback bit for bit.
+
+Layout: grid (x: enough threads for the larger of one row's state in float4 and one row's kept
+conv elements, y: batch row, z: layer); each thread copies one float4 of the state and one conv
+element of its row and layer. The layer's pointers come from a switch generated for the number of
+layers (one compiled kernel per layer count, dtype and shape).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import mlx.core as mx
+
+#: Threads per block.
+THREADS = 256
+
+
+def _source(layers: int) -> str:
+    cases = "\n".join(
+        f"    case {i}: cs = c{i}; ss = s{i}; cd = oc{i}; sd = os{i}; break;" for i in range(layers)
+    )
+    return f"""
+  const unsigned b = blockIdx.y;
+  const unsigned i = blockIdx.x * NT + threadIdx.x;
+  const int n = keep[b];  // positions kept in this row, 1..T
+  const CT* cs = nullptr; const float* ss = nullptr; CT* cd = nullptr; float* sd = nullptr;
+  switch (blockIdx.z) {{
+{cases}
+    default: return;
+  }}
+  if (i < S4) {{
+    const float4* src = reinterpret_cast<const float4*>(ss) + ((size_t)b * T + (n - 1)) * S4;
+    reinterpret_cast<float4*>(sd)[(size_t)b * S4 + i] = src[i];
+  }}
+  if (i < K1 * C) {{
+    cd[(size_t)b * K1 * C + i] = cs[((size_t)b * (K1 + T) + n) * C + i];
+  }}
+"""
+
+
+def spec(layers: int) -> tuple[str, list[str], list[str], str]:
+    """(name, input names, output names, source) of the kernel for ``layers`` layers (the CPU
+    tests build the same in their emulator)."""
+    ins = [f"c{i}" for i in range(layers)] + [f"s{i}" for i in range(layers)] + ["keep"]
+    outs = [f"oc{i}" for i in range(layers)] + [f"os{i}" for i in range(layers)]
+    return f"hf2q_gdn_rollback_{layers}", ins, outs, _source(layers)
+
+
+@cache
+def _kernel(layers: int) -> Any:
+    name, ins, outs, source = spec(layers)
+    return mx.fast.cuda_kernel(name=name, input_names=ins, output_names=outs, source=source)
+
+
+def supported(convs: list[mx.array], states: list[mx.array], keep: mx.array) -> str | None:
+    """Why :func:`rollback_cuda` cannot restore these records (None when it can)."""
+    if not convs or len(convs) != len(states):
+        return f"{len(convs)} conv records for {len(states)} state records"
+    c0, s0 = convs[0], states[0]
+    if c0.ndim != 3 or s0.ndim < 3:
+        return f"records of shapes {c0.shape} / {s0.shape}"
+    B, T = s0.shape[0], s0.shape[1]
+    if any(c.shape != c0.shape or c.dtype != c0.dtype for c in convs):
+        return "conv records of different shapes or dtypes"
+    if any(s.shape != s0.shape or s.dtype != mx.float32 for s in states):
+        return "state records of different shapes, or not float32"
+    if c0.shape[0] != B or c0.shape[1] <= T:
+        return f"conv record {c0.shape} does not hold the {T} verified positions of {B} rows"
+    per_row = 1
+    for d in s0.shape[2:]:
+        per_row *= d
+    if per_row % 4:
+        return f"a state of {per_row} floats is not a whole number of float4"
+    if keep.shape != (B,) or keep.dtype != mx.int32:
+        return f"kept counts {keep.shape} {keep.dtype} (needs int32 ({B},))"
+    return None
+
+
+def rollback_cuda(
+    convs: list[mx.array], states: list[mx.array], keep: mx.array
+) -> tuple[list[mx.array], list[mx.array]]:
+    """The conv states and recurrent states after each row's kept positions, all layers at once.
+
+    Args:
+        convs: per layer the conv input window (B, K-1+T, C) of the verify.
+        states: per layer the float32 state after every verified position (B, T, ...).
+        keep: int32 (B,), positions kept per batch row, each in ``1..T`` (not checked here:
+            callers validate the counts before they become an array).
+
+    Returns:
+        (conv states (B, K-1, C) in the records' dtype, states (B, ...) float32), per layer.
+    """
+    L = len(convs)
+    B, T = states[0].shape[0], states[0].shape[1]
+    C = convs[0].shape[2]
+    K1 = convs[0].shape[1] - T
+    state_shape = states[0].shape[2:]
+    S4 = 1
+    for d in state_shape:
+        S4 *= d
+    S4 //= 4
+    width = max(S4, K1 * C)
+    outs = _kernel(L)(
+        inputs=[*convs, *states, keep],
+        template=[
+            ("CT", convs[0].dtype),
+            ("T", T),
+            ("K1", K1),
+            ("C", C),
+            ("S4", S4),
+            ("NT", THREADS),
+        ],
+        grid=(-(-width // THREADS) * THREADS, B, L),
+        threadgroup=(THREADS, 1, 1),
+        output_shapes=[(B, K1, C)] * L + [(B, *state_shape)] * L,
+        output_dtypes=[convs[0].dtype] * L + [mx.float32] * L,
+    )
+    return list(outs[:L]), list(outs[L:])
