@@ -320,6 +320,16 @@ class _CompiledLayer:
             k, v = lay.self_attn.keys_values(h, offset, mm)
             return lay.self_attn.queries(h, offset, mm), k, v
 
+        def joint(
+            x: mx.array, ctx: mx.array, offset: mx.array
+        ) -> tuple[mx.array, mx.array, mx.array]:
+            # Context rows then block rows through one k and one v product (rows are
+            # independent: the same bits as two calls where the products are row-invariant).
+            lay = ref()
+            h = lay.input_layernorm(x)
+            k, v = lay.self_attn.keys_values(mx.concatenate([ctx, h], axis=1), offset, mm)
+            return lay.self_attn.queries(h, offset + ctx.shape[1], mm), k, v
+
         def post(x: mx.array, o: mx.array) -> mx.array:
             # o: (B, L, heads, d) attention output in row order.
             lay = ref()
@@ -327,9 +337,10 @@ class _CompiledLayer:
             h = x + linear(lay.self_attn.o_proj, o.reshape(B, L, -1), mm)
             return h + swiglu_mlp(lay.mlp, lay.post_attention_layernorm(h), mm)
 
-        self.context, self.block, self.post = (
+        self.context, self.block, self.joint, self.post = (
             mx.compile(context),
             mx.compile(block),
+            mx.compile(joint),
             mx.compile(post),
         )
 
@@ -567,22 +578,29 @@ class DFlashDecoderLayer(nn.Module):
     def fast(self, x: mx.array, ctx: mx.array, cache: Any, mm: bool = False) -> mx.array:
         """The layer's inference forward with fewer graph nodes (same math as ``__call__``):
         compiled projections, norms and RoPE; the context rows' and then the block's keys and
-        values written into the cache buffer, the block attending over the buffer in place with
+        values written into the cache buffer (for one sequence both in one product and one
+        write), the block attending over the buffer in place with
         :func:`hf2q.kernels.cuda_attention.row_attention_cuda` (no key concatenation, padding or
         mask), the block's entries dropped again (the cache keeps verified context only); a
         compiled output projection and MLP. ``mm``: products through the small-M kernel."""
         name = "_compiled_mm" if mm else "_compiled"
         hit = _kept(self, name, _layer_weights(self), lambda: _CompiledLayer(self, mm))
         a = self.self_attn
-        if ctx.shape[1] > 0:
-            k, v = hit.context(ctx, mx.array(cache.offset, dtype=mx.int32))
-            cache.update_and_fetch(k, v)
-        elif hasattr(cache, "prepare"):
-            cache.prepare(lengths=None)  # no context rows: the block write advances every row
-        first = cache.offset  # the block's first position, per row (int or (B,))
-        q, k, v = hit.block(x, mx.array(first, dtype=mx.int32))
         L = x.shape[1]
-        cache.update_and_fetch(k, v)
+        if ctx.shape[1] > 0 and type(cache) is KVCache:
+            # One sequence: context and block keys/values in one trace and one cache write.
+            q, k, v = hit.joint(x, ctx, mx.array(cache.offset, dtype=mx.int32))
+            cache.update_and_fetch(k, v)
+            first = cache.offset - L
+        else:
+            if ctx.shape[1] > 0:  # slot rows: each row's context lands at its own length
+                k, v = hit.context(ctx, mx.array(cache.offset, dtype=mx.int32))
+                cache.update_and_fetch(k, v)
+            elif hasattr(cache, "prepare"):
+                cache.prepare(lengths=None)  # no context rows: the block write advances every row
+            first = cache.offset  # the block's first position, per row (int or (B,))
+            q, k, v = hit.block(x, mx.array(first, dtype=mx.int32))
+            cache.update_and_fetch(k, v)
         o = cuda_attention.row_attention_cuda(
             q,
             cache.keys,
