@@ -44,6 +44,7 @@ def kernel(monkeypatch, tmp_path):
     """The kernel's own source (emulated here, real on CUDA) with its launches counted; the
     caches are told the kernel applies, as they are on CUDA."""
     if HAS_CUDA:
+        cr._launcher.cache_clear()  # compiled launches call the kernel function when traced
         real, counted = cr._kernel, {}
         monkeypatch.setattr(cr, "_kernel", lambda L: counted.setdefault(L, _Counted(real(L))))
         return counted

@@ -40,6 +40,8 @@ KV head (:func:`supported` says which).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -409,10 +411,6 @@ def row_attention_cuda(
     Returns:
         (B, L, n_q, D) in the queries' dtype.
     """
-    B, nq, L, D = q.shape
-    nkv, C = keys.shape[1], keys.shape[2]
-    G = nq // nkv
-    nw = warps(G, D)
     if isinstance(offset, int):
         offset = mx.array([offset], dtype=mx.int32)
     else:  # slot caches already hold (B,) int32: nothing to add to the graph then
@@ -420,6 +418,38 @@ def row_attention_cuda(
             offset = offset.astype(mx.int32)
         if offset.ndim != 1:
             offset = offset.reshape(-1)
+    return _launcher(float(scale), int(window or 0), bool(causal))(q, keys, values, offset)
+
+
+@cache
+def _launcher(scale: float, window: int, causal: bool) -> Callable[..., mx.array]:
+    """The launches for one (scale, window, causal), ``mx.compile``'d on CUDA: MLX builds a
+    custom kernel's whole source text on every call of its Python function (about as long as
+    the header), a compiled trace replays the kernel node instead. Elsewhere (the CPU tests'
+    emulator) the plain function."""
+    fn = functools.partial(_launch, scale=scale, window=window, causal=causal)
+    return mx.compile(fn) if _on_cuda() else fn
+
+
+def _on_cuda() -> bool:
+    cuda = getattr(mx, "cuda", None)
+    return mx.default_device() == mx.gpu and cuda is not None and cuda.is_available()
+
+
+def _launch(
+    q: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    offset: mx.array,
+    *,
+    scale: float,
+    window: int,
+    causal: bool,
+) -> mx.array:
+    B, nq, L, D = q.shape
+    nkv, C = keys.shape[1], keys.shape[2]
+    G = nq // nkv
+    nw = warps(G, D)
     template = [
         ("T", q.dtype),
         ("G", G),

@@ -22,6 +22,7 @@ layers (one compiled kernel per layer count, dtype and shape).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -107,6 +108,26 @@ def rollback_cuda(
         (conv states (B, K-1, C) in the records' dtype, states (B, ...) float32), per layer.
     """
     L = len(convs)
+    outs = _launcher(L)(*convs, *states, keep)
+    return list(outs[:L]), list(outs[L:])
+
+
+@cache
+def _launcher(layers: int) -> Callable[..., list[mx.array]]:
+    """The launch for ``layers`` layers, ``mx.compile``'d on CUDA: MLX builds a custom kernel's
+    source text and signature (here about a hundred parameters) on every call of its Python
+    function, about 0.4 ms at the 4B shape (``benchmarks/rollback_cost.py``); a compiled trace
+    replays the kernel node instead. Elsewhere (the CPU tests' emulator) the plain function."""
+
+    def launch(*arrays: mx.array) -> list[mx.array]:
+        return _launch(list(arrays[:layers]), list(arrays[layers : 2 * layers]), arrays[-1])
+
+    on_cuda = mx.default_device() == mx.gpu and getattr(mx, "cuda", None) is not None
+    return mx.compile(launch) if on_cuda and mx.cuda.is_available() else launch
+
+
+def _launch(convs: list[mx.array], states: list[mx.array], keep: mx.array) -> list[mx.array]:
+    L = len(convs)
     B, T = states[0].shape[0], states[0].shape[1]
     C = convs[0].shape[2]
     K1 = convs[0].shape[1] - T
@@ -131,4 +152,4 @@ def rollback_cuda(
         output_shapes=[(B, K1, C)] * L + [(B, *state_shape)] * L,
         output_dtypes=[convs[0].dtype] * L + [mx.float32] * L,
     )
-    return list(outs[:L]), list(outs[L:])
+    return outs
