@@ -67,6 +67,14 @@ def bench(
             "slot whose request ends takes the next one).",
         ),
     ] = 1,
+    lookup: Annotated[
+        bool,
+        typer.Option(
+            "--lookup/--no-lookup",
+            help="DFlash rounds may draft by n-gram lookup, as hf2q generate does by default "
+            "(--no-lookup: the drafter only).",
+        ),
+    ] = True,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random workload.")] = 0,
     idle: Annotated[
         str,
@@ -120,6 +128,7 @@ def bench(
         seed=seed,
         idle=idle,
         requests_per_slot=requests_per_slot,
+        lookup=lookup,
     ).validate()
     if dtype is not None and dtype not in DTYPE_CHOICES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")

@@ -47,6 +47,14 @@ def generate(
             "--block-size", "-b", help="DFlash block size B (2..drafter's; default the drafter's)."
         ),
     ] = None,
+    lookup: Annotated[
+        bool,
+        typer.Option(
+            "--lookup/--no-lookup",
+            help="Greedy DFlash rounds may draft the continuation of the text's own last n-gram "
+            "when that accepts more than the drafter (same output).",
+        ),
+    ] = True,
     chat: Annotated[
         bool | None,
         typer.Option(
@@ -143,6 +151,7 @@ def generate(
             sampling=sampling,
             block_size=block_size,
             eos_token_ids=eos,
+            lookup=lookup,
         )
     else:
         events = plain_generate(

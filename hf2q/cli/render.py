@@ -79,7 +79,7 @@ class GenerateView:
         self.tps = (ev.generated - 1) / ev.elapsed if ev.elapsed > 0 else 0.0
         row = (
             str(ev.index),
-            str(ev.drafted),
+            f"{ev.drafted} {'lookup' if getattr(ev, 'source', 'drafter') == 'lookup' else ''}".strip(),
             str(ev.accepted),
             str(ev.rolled_back),
             str(len(ev.committed)),
@@ -169,7 +169,12 @@ def summary_rows(summary: Any, extra: dict[str, Any]) -> dict[str, str]:
         total = summary.t_draft + summary.t_verify + summary.t_rollback
         rows.update(
             {
-                "rounds": str(summary.rounds),
+                "rounds": str(summary.rounds)
+                + (
+                    f" ({summary.lookup_rounds} drafted by lookup)"
+                    if summary.lookup_rounds is not None
+                    else ""
+                ),
                 "block size": str(summary.block_size),
                 "tau (mean a+1)": f"{summary.tau:.2f}" if summary.tau is not None else "-",
                 "acceptance rate": _pct(summary.acceptance_rate),
@@ -253,6 +258,7 @@ def json_record(summary: Any, text: str, extra: dict[str, Any]) -> dict[str, Any
                 "t_draft": summary.t_draft,
                 "t_verify": summary.t_verify,
                 "t_rollback": summary.t_rollback,
+                "lookup_rounds": summary.lookup_rounds,
             }
         )
     if summary.seed is not None:

@@ -63,6 +63,7 @@ class BenchConfig:
     seed: int = 0
     idle: str = "compact"
     requests_per_slot: int = 1  # K: N slots decode K x N requests (K > 1: continuous batching)
+    lookup: bool = True  # DFlash rounds may draft by n-gram lookup (hf2q.runtime.lookup)
 
     def validate(self) -> BenchConfig:
         """Raise :class:`UsageError` naming the bad option; return self."""
@@ -183,6 +184,7 @@ class RunResult:
     accepted_histogram_per_slot: list[list[int]] | None
     acceptance_rate: float | None
     tokens: list[list[int]]  # per request, for the lossless check
+    lookup_share: float | None = None  # of the requests' DFlash rounds, those lookup drafted
 
 
 def _run_slots_mode(
@@ -208,6 +210,7 @@ def _run_slots_mode(
             block_size=config.block_size,
             eos_token_ids=eos,
             idle=config.idle,
+            lookup=config.lookup,
         )
     s = run_slots(events)
     rounds = max(s.rounds, 1)
@@ -229,7 +232,16 @@ def _run_slots_mode(
         accepted_histogram_per_slot=[x.accepted_histogram for x in s.per_slot] if dflash else None,
         acceptance_rate=s.acceptance_rate,
         tokens=[r.tokens for r in s.requests],
+        lookup_share=_lookup_share(s.requests) if dflash else None,
     )
+
+
+def _lookup_share(sums: Sequence[Any]) -> float | None:
+    """Share of the requests' DFlash rounds drafted by lookup (None when lookup was off)."""
+    if any(x.lookup_rounds is None for x in sums):
+        return None
+    rounds = sum(x.rounds or 0 for x in sums)
+    return sum(x.lookup_rounds for x in sums) / rounds if rounds else 0.0
 
 
 def _run_sequential(
@@ -257,6 +269,7 @@ def _run_sequential(
                 max_tokens=config.gen_tokens,
                 block_size=config.block_size,
                 eos_token_ids=eos,
+                lookup=config.lookup,
             )
         )
         for p in prompts
@@ -285,6 +298,7 @@ def _run_sequential(
         rollback_s=sum(s.t_rollback or 0 for s in sums) / r,
         rounds=rounds,
         busy_rows=1.0,
+        lookup_share=_lookup_share(sums),
         generation_tokens=sum(s.generation_tokens for s in sums),
         peak_memory_gb=max(s.peak_memory_gb for s in sums),
         tau=tau,
@@ -345,7 +359,8 @@ def run_bench(
         ``round_ms`` (median; ``_min`` / ``_max``), ``draft_ms``, ``verify_ms``, ``rollback_ms``,
         ``E``, ``speedup_vs_plain``, ``scaling_vs_1_slot``, ``peak_memory_gb``, ``rounds``,
         ``busy_rows`` (mean requests decoding per round: below ``slots`` when some requests
-        finish early and the batch runs on for the rest), ``generation_tokens``,
+        finish early and the batch runs on for the rest), ``lookup_share`` (DFlash rows: the
+        share of rounds drafted by n-gram lookup, None with ``lookup`` off), ``generation_tokens``,
         ``matches_plain`` and ``trials``.
     """
     config.validate()
@@ -433,6 +448,7 @@ def _rows_for(N: int, runs: dict[str, list[RunResult]], B: int) -> list[dict[str
             "peak_memory_gb": _rnd(max(r.peak_memory_gb for r in results), 4),
             "rounds": last.rounds,
             "busy_rows": _rnd(last.busy_rows, 2),
+            "lookup_share": _rnd(last.lookup_share),
             "generation_tokens": last.generation_tokens,
             "block_size": None if mode == "plain" else B,
             "matches_plain": None,

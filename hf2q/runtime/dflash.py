@@ -37,6 +37,7 @@ from hf2q.kernels.layers import decode_layer_fn
 from hf2q.kernels.select import small_mm_enabled
 from hf2q.runtime.cache import TargetCache, make_target_cache
 from hf2q.runtime.drafter import DFlashDraftModel
+from hf2q.runtime.lookup import LookupChooser
 from hf2q.runtime.sampling import (
     KeyStream,
     SamplingParams,
@@ -81,6 +82,7 @@ class RoundDone:
     generated: int  # tokens generated so far, the first one included
     elapsed: float  # seconds since the first token
     finish_reason: str | None
+    source: str = "drafter"  # who drafted: "drafter" or "lookup" (``lookup=True``, greedy)
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,7 @@ class Summary:
     t_draft: float | None = None  # totals over rounds, seconds
     t_verify: float | None = None
     t_rollback: float | None = None
+    lookup_rounds: int | None = None  # rounds drafted by lookup (``lookup=True``), else None
 
 
 Event = PrefillDone | RoundDone | StepDone | Summary
@@ -220,6 +223,7 @@ def dflash_generate(
     block_size: int | None = None,
     eos_token_ids: Iterable[int] = (),
     prefill_step_size: int = PREFILL_STEP_SIZE,
+    lookup: bool = False,
 ) -> Iterator[Event]:
     """Generate with DFlash speculative decoding; yield events (see the module docstring).
 
@@ -231,6 +235,10 @@ def dflash_generate(
         sampling: temperature / top-p / top-k / seed; default greedy.
         block_size: B, 2..drafter.block_size; default the drafter's.
         eos_token_ids: tokens that stop generation (included in the output).
+        lookup: greedy rounds may draft the continuation of the sequence's own last n-gram
+            instead of running the drafter, when that has been accepting more
+            (:mod:`hf2q.runtime.lookup`); the output is the same, only the rounds differ.
+            Ignored with sampling (T > 0).
 
     Raises:
         UsageError: empty prompt, ``max_tokens < 1``, block size out of range, bad sampling.
@@ -253,6 +261,7 @@ def dflash_generate(
         B,
         frozenset(eos_token_ids),
         prefill_step_size,
+        lookup,
     )
 
 
@@ -265,6 +274,7 @@ def _dflash(
     B: int,
     eos: frozenset[int],
     step_size: int,
+    lookup: bool = False,
 ) -> Iterator[Event]:
     keys = None if sampling.greedy else KeyStream(sampling.seed)
     mask_id = drafter.mask_token_id
@@ -286,21 +296,31 @@ def _dflash(
     finish = _finish(token, 1, max_tokens, eos)
     yield PrefillDone(len(prompt), prefill_time, len(prompt) / prefill_time, token, finish)
 
-    def submit_draft(last: int, ctx: mx.array) -> tuple[mx.array, mx.array | None, int]:
-        """Queue the drafter forward for block [last, MASK x (bs-1)]; return (draft, q, bs)."""
+    chooser = LookupChooser([*prompt, token]) if lookup and sampling.greedy else None
+    unseen: list[mx.array] = []  # verified context rows the drafter has not been given yet
+
+    def submit_draft(last: int, ctx: mx.array) -> tuple[mx.array, mx.array | None, int, str]:
+        """Queue the draft of block [last, MASK x (bs-1)]: the drafter forward, or the lookup
+        proposal when the chooser picks it; return (draft, q, bs, source)."""
         bs = min(B, max_tokens - len(tokens) + 1)  # never draft more than can be committed
+        unseen.append(ctx)
+        proposal = chooser.proposal(bs - 1) if chooser is not None else None
+        if proposal is not None:  # the drafter catches up on these rows in its next forward
+            return mx.array(proposal, dtype=mx.int32), None, bs, "lookup"
+        rows = unseen[0] if len(unseen) == 1 else mx.concatenate(unseen, axis=1)
+        unseen.clear()
         block = mx.array([[last] + [mask_id] * (bs - 1)], dtype=mx.int32)
-        dlogits = drafter(block, ctx, dcache)[0]  # (bs-1, V)
+        dlogits = drafter(block, rows, dcache)[0]  # (bs-1, V)
         if sampling.greedy:
             draft, q = mx.argmax(dlogits, axis=-1).astype(mx.int32), None
         else:
             q = probs(dlogits, sampling)
             draft = mx.random.categorical(mx.log(q), axis=-1, key=keys.next()).astype(mx.int32)
         mx.async_eval(draft)
-        return draft, q, bs
+        return draft, q, bs, "drafter"
 
     hist = [0] * B
-    n_rounds = sum_a = sum_drafted = 0
+    n_rounds = sum_a = sum_drafted = n_lookup = 0
     t_draft_sum = t_verify_sum = t_roll_sum = 0.0
     tq = time.perf_counter()
     pending = submit_draft(tokens[-1], ctx) if finish is None else None
@@ -311,7 +331,7 @@ def _dflash(
         # the loop still had to wait for. The verify graph is built while the draft may still
         # be running (it cannot start earlier).
         t0 = time.perf_counter()
-        draft, q, bs = pending
+        draft, q, bs, source = pending
         last = tokens[-1]
         vin = mx.concatenate([mx.array([last], dtype=mx.int32), draft])[None]  # (1, bs)
         vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
@@ -337,6 +357,10 @@ def _dflash(
             if finish is not None:
                 break
         tokens.extend(kept)
+        if chooser is not None:
+            chooser.record(source, a)
+            chooser.extend(kept)
+            n_lookup += source == "lookup"
         t_draft = t1 - t0 + t_queue
         t_roll = t3 - t2
         if finish is None:
@@ -368,6 +392,7 @@ def _dflash(
             generated=len(tokens),
             elapsed=time.perf_counter() - t_first,
             finish_reason=finish,
+            source=source,
         )
 
     decode_time = time.perf_counter() - t_first
@@ -391,6 +416,7 @@ def _dflash(
         t_draft=t_draft_sum,
         t_verify=t_verify_sum,
         t_rollback=t_roll_sum,
+        lookup_rounds=n_lookup if chooser is not None else None,
     )
 
 

@@ -55,6 +55,7 @@ from hf2q.runtime.dflash import (
     tokens_per_s,
 )
 from hf2q.runtime.drafter import DFlashDraftModel
+from hf2q.runtime.lookup import LookupChooser
 from hf2q.runtime.sampling import KeyStream, SamplingParams, accept_rejection, choose, probs
 from hf2q.runtime.slot_cache import (
     SlotTargetCache,
@@ -188,6 +189,8 @@ class _Live:
     t_draft: float = 0.0
     t_verify: float = 0.0
     t_rollback: float = 0.0
+    chooser: LookupChooser | None = None  # lookup drafts (greedy, ``lookup=True``)
+    lookup_rounds: int = 0
 
     @property
     def remaining(self) -> int:
@@ -229,6 +232,7 @@ class _Live:
             t_draft=self.t_draft if dflash else None,
             t_verify=self.t_verify if dflash else None,
             t_rollback=self.t_rollback if dflash else None,
+            lookup_rounds=self.lookup_rounds if self.chooser is not None else None,
         )
 
 
@@ -378,6 +382,7 @@ def slots_dflash_generate(
     eos_token_ids: Iterable[int] = (),
     idle: str = "compact",
     prefill_step_size: int = PREFILL_STEP_SIZE,
+    lookup: bool = False,
 ) -> Iterator[SlotEvent]:
     """Decode ``requests`` with DFlash, up to ``slots`` at a time; yield events.
 
@@ -390,6 +395,9 @@ def slots_dflash_generate(
         block_size: B, 2..drafter.block_size; default the drafter's.
         eos_token_ids: tokens that stop a request (included in its tokens).
         idle: ``"compact"`` (drop rows without work from the batch) or ``"keep"``.
+        lookup: in greedy rounds a row may take the continuation of its own last n-gram
+            instead of the drafter's tokens (:mod:`hf2q.runtime.lookup`, per row); outputs are
+            unchanged. Ignored with sampling.
 
     Raises:
         UsageError: bad slot count, empty prompt, ``max_tokens < 1``, block size out of range.
@@ -404,7 +412,16 @@ def slots_dflash_generate(
     if not drafter.is_bound:
         drafter.bind(target.embed, target.head)
     return _dflash_slots(
-        target, drafter, reqs, slots, sampling, B, frozenset(eos_token_ids), idle, prefill_step_size
+        target,
+        drafter,
+        reqs,
+        slots,
+        sampling,
+        B,
+        frozenset(eos_token_ids),
+        idle,
+        prefill_step_size,
+        lookup and sampling.greedy,
     )
 
 
@@ -418,6 +435,7 @@ def _dflash_slots(
     eos: frozenset[int],
     idle: str,
     step_size: int,
+    lookup: bool = False,
 ) -> Iterator[SlotEvent]:
     mask_id = drafter.mask_token_id
     ids = drafter.config.target_layer_ids
@@ -431,9 +449,9 @@ def _dflash_slots(
     ctx_len = [1] * slots  # rows of ``ctx`` each row appends
     st = _Stats(slots, B)
 
-    def submit() -> tuple[mx.array, list[mx.array | None], list[int], list[int], float]:
+    def submit() -> tuple[mx.array, list[mx.array | None], list[int], list[int], list[str], float]:
         """Queue the drafter forward for every row; return (draft (R, B_r-1), q per row (T > 0),
-        drafts each row may accept + 1, last tokens, host seconds spent)."""
+        drafts each row may accept + 1, last tokens, who drafted each row, host seconds)."""
         tic = time.perf_counter()
         bs_row = [min(B, x.remaining + 1) if x is not None else 2 for x in rows]
         bs = max(bs_row)
@@ -443,8 +461,19 @@ def _dflash_slots(
         block = mx.array([[t] + [mask_id] * (bs - 1) for t in last], dtype=mx.int32)  # (R, bs)
         dlogits = drafter(block, ctx, dcache)  # (R, bs-1, V)
         q_rows: list[mx.array | None] = [None] * len(rows)
+        sources = ["drafter"] * len(rows)
         if sampling.greedy:
             draft = mx.argmax(dlogits, axis=-1).astype(mx.int32)  # (R, bs-1)
+            picked = [
+                x.chooser.proposal(bs_row[r] - 1) if x is not None and x.chooser else None
+                for r, x in enumerate(rows)
+            ]
+            if any(pr is not None for pr in picked):  # those rows verify their lookup draft
+                pad = [mask_id] * (bs - 1)
+                lk = mx.array([(pr or []) + pad[len(pr or []) :] for pr in picked], dtype=mx.int32)
+                use = mx.array([pr is not None for pr in picked])
+                draft = mx.where(use[:, None], lk, draft)
+                sources = ["lookup" if pr is not None else "drafter" for pr in picked]
         else:
             drafts = []
             for r, x in enumerate(rows):
@@ -458,7 +487,7 @@ def _dflash_slots(
                 drafts.append(mx.concatenate([d.astype(mx.int32), pad]))
             draft = mx.stack(drafts)
         mx.async_eval(draft)
-        return draft, q_rows, bs_row, last, time.perf_counter() - tic
+        return draft, q_rows, bs_row, last, sources, time.perf_counter() - tic
 
     pending = None  # the next round's queued draft (same rows), or None
     while True:
@@ -485,6 +514,8 @@ def _dflash_slots(
                 live = _Live(index, slot, len(req.prompt), req.max_tokens, keys, 0.0, [])
                 live.hist = [0] * B
                 live.commit([int(first.item())], eos)
+                if lookup:
+                    live.chooser = LookupChooser([*req.prompt, *live.tokens])
                 if live.finish is None:
                     tcache.insert(r, one_t)
                     insert_draft_rows(dcache, r, one_d)
@@ -515,7 +546,7 @@ def _dflash_slots(
         queued = pending is not None
         if not queued:
             pending = submit()
-        draft, q_rows, bs_row, last, t_submit = pending
+        draft, q_rows, bs_row, last, sources, t_submit = pending
         pending = None
         t_pre = t_submit if queued else 0.0  # queuing time spent before t0
         R, bs = len(rows), draft.shape[1] + 1
@@ -571,6 +602,10 @@ def _dflash_slots(
                 continue
             a = acc[r]
             kept = x.commit(draft_host[r][:a] + [bonus[r]], eos)
+            if x.chooser is not None:
+                x.chooser.record(sources[r], a)
+                x.chooser.extend(kept)
+                x.lookup_rounds += sources[r] == "lookup"
             x.rounds += 1
             x.sum_a += a
             x.drafted += bs_row[r] - 1

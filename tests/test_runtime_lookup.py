@@ -1,0 +1,130 @@
+"""Lookup drafts (hf2q/runtime/lookup.py): the n-gram index, the per-sequence choice, and the
+lossless contract with lookup on (greedy DFlash, single sequence and slots, equal to plain
+greedy decoding) on the embedded demo pair, whose fibonacci prompt falls into a loop."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from hf2q.runtime.lookup import LookupChooser, NgramIndex
+
+
+def test_proposes_what_followed_the_longest_earlier_suffix():
+    idx = NgramIndex([1, 2, 3, 4, 9, 2, 3, 4, 7, 5, 2, 3, 4])
+    # suffix [2, 3, 4] last occurred ending at index 8 (followed by 7, 5, ...)
+    assert idx.propose(3) == ([7, 5, 2], 3)
+    idx.extend([7])
+    assert idx.propose(2) == ([5, 2], 4)  # [2, 3, 4, 7] now matches, 4 tokens long
+
+
+def test_a_loop_is_proposed_in_full_past_the_end_of_the_sequence():
+    loop = [11, 12, 13]
+    idx = NgramIndex([5, *loop, *loop])
+    proposal, n = idx.propose(7)
+    assert proposal == [11, 12, 13, 11, 12, 13, 11] and n >= 2
+
+
+def test_no_proposal_without_a_repeated_suffix_and_incremental_equals_whole():
+    assert NgramIndex([1, 2, 3, 4, 5]).propose(4) is None
+    assert NgramIndex([7]).propose(4) is None
+    seq = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6, 4, 3, 3, 8, 3, 2]
+    grown = NgramIndex(seq[:3])
+    for t in seq[3:]:
+        grown.extend([t])
+        assert grown.propose(5) == NgramIndex(grown.seq).propose(5)
+    with pytest.raises(ValueError, match="min_n"):
+        NgramIndex([], min_n=3, max_n=2)
+
+
+def test_chooser_tries_lookup_then_lets_the_drafter_compare():
+    c = LookupChooser([1, 2, 3, 1, 2])
+    assert c.proposal(2) == [3, 1]  # lookup untried: try it
+    c.record("lookup", 0)
+    assert c.proposal(2) is None  # the drafter has not drafted yet
+    c.record("drafter", 3)
+    assert c.proposal(2) is None  # drafter ahead (3 > 0)
+    c.record("drafter", 0)
+    assert c.proposal(2) is None  # 0 + 2 x EXPLORE < the drafter's 1.5
+    for _ in range(3):
+        c.record("drafter", 0)  # the drafter stops accepting: lookup's turn again
+    assert c.proposal(2) == [3, 1]
+    c.record("lookup", 5)
+    assert c.avg["lookup"] == 2.5 and c.since_lookup == 0
+
+
+# -- the lossless contract with lookup on, on the demo pair -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def demo():
+    from hf2q.runtime.bench import BUILTIN_PROMPTS
+    from hf2q.runtime.pair import encode_prompt, load_pair
+
+    pair = load_pair(None, None)
+    prompts = [encode_prompt(pair.tokenizer, p, chat=False) for p in BUILTIN_PROMPTS[:4]]
+    return pair, prompts
+
+
+def test_greedy_dflash_with_lookup_equals_plain_decoding(demo):
+    from hf2q.runtime.dflash import dflash_generate, plain_generate, run
+    from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
+
+    pair, prompts = demo
+    t, d = pair.target, pair.drafter
+    want, used = [], 0
+    for i, p in enumerate(prompts):
+        plain = run(plain_generate(t, p, max_tokens=64)).tokens
+        want.append(plain)
+        for B in (16, 4):
+            s = run(dflash_generate(t, d, p, max_tokens=64, block_size=B, lookup=True))
+            assert s.tokens == plain, f"prompt {i} block {B}"
+            assert s.lookup_rounds is not None
+            used += s.lookup_rounds
+    assert used > 0  # lookup drafted rounds (the fibonacci prompt loops)
+    reqs = [Request(p, max_tokens=64) for p in prompts]
+    batched = run_slots(slots_dflash_generate(t, d, reqs, slots=3, lookup=True))
+    assert [r.tokens for r in batched.requests] == want
+    assert sum(r.lookup_rounds for r in batched.requests) > 0
+
+
+def test_lookup_cuts_the_rounds_of_the_looping_prompt(demo):
+    """The fibonacci prompt's greedy continuation repeats a loop the drafter misses."""
+    from hf2q.runtime.dflash import dflash_generate, run
+
+    pair, prompts = demo
+    off = run(dflash_generate(pair.target, pair.drafter, prompts[0], max_tokens=96))
+    on = run(dflash_generate(pair.target, pair.drafter, prompts[0], max_tokens=96, lookup=True))
+    assert on.tokens == off.tokens
+    assert off.lookup_rounds is None and on.lookup_rounds > 0
+    assert on.rounds < off.rounds / 2
+
+
+def test_sampling_ignores_lookup(demo):
+    from hf2q.runtime.dflash import dflash_generate, run
+    from hf2q.runtime.sampling import SamplingParams
+
+    pair, prompts = demo
+    s = run(
+        dflash_generate(
+            pair.target,
+            pair.drafter,
+            prompts[0],
+            max_tokens=16,
+            sampling=SamplingParams(temperature=0.8, seed=1),
+            lookup=True,
+        )
+    )
+    assert s.lookup_rounds is None
+
+
+def test_generate_cli_reports_lookup_rounds_and_can_turn_it_off(capsys, monkeypatch):
+    from hf2q.cli.app import main
+
+    for flag, expect_none in (("--lookup", False), ("--no-lookup", True)):
+        monkeypatch.setattr("sys.stdin", io.StringIO(""))  # nothing piped in: the demo prompt
+        assert main(["generate", "-n", "24", flag, "--json"]) == 0
+        rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert (rec["lookup_rounds"] is None) == expect_none
