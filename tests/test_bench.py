@@ -34,6 +34,7 @@ ROW_KEYS = {
     "peak_memory_gb",
     "rounds",
     "busy_rows",
+    "lookup_share",
     "generation_tokens",
     "block_size",
     "matches_plain",
@@ -66,6 +67,7 @@ def test_bench_runs_end_to_end_and_reports_documented_json(fitted_pairs, tmp_pat
     report = _json_line(capsys)
     assert json.loads(out_file.read_text()) == report
     assert report["config"]["slots"] == [1, 2] and report["config"]["block_size"] == 8
+    assert report["config"]["lookup"] is True
     assert report["dtype"] == "float32" and report["model"] == str(target)
     assert report["platform"]["backend"] == "cpu"
     rows = report["results"]
@@ -86,6 +88,7 @@ def test_bench_runs_end_to_end_and_reports_documented_json(fitted_pairs, tmp_pat
         assert n * 2 <= r["generation_tokens"] <= n * 12
         if r["mode"] == "plain":
             assert r["tau"] is None and r["E"] is None and r["matches_plain"] is None
+            assert r["lookup_share"] is None
             # One step per token after the first, rows in lockstep.
             assert r["rounds"] >= (r["generation_tokens"] - n) / n
             # Each busy row commits one token per step.
@@ -93,6 +96,7 @@ def test_bench_runs_end_to_end_and_reports_documented_json(fitted_pairs, tmp_pat
             continue
         # DFlash rows: lossless at T = 0 (float32), tau within 1..B, a histogram per slot.
         assert r["matches_plain"] == 1.0
+        assert 0.0 <= r["lookup_share"] <= 1.0  # lookup on by default, as in hf2q generate
         assert 1.0 <= r["tau"] <= 8.0 and len(r["tau_per_slot"]) == n
         hists = r["accepted_histogram_per_slot"]
         assert len(hists) == n and all(len(h) == 8 for h in hists)
