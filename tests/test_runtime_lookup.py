@@ -102,22 +102,37 @@ def test_lookup_cuts_the_rounds_of_the_looping_prompt(demo):
     assert on.rounds < off.rounds / 2
 
 
-def test_sampling_ignores_lookup(demo):
+def test_sampling_with_lookup_reproduces_per_seed_and_drafts_by_lookup(demo):
+    """T > 0 with lookup: a seed gives the same tokens every run, and on the looping prompt
+    lookup drafts rounds (its q is point masses: tests/test_runtime_sampling.py checks that the
+    committed tokens then follow the target's distribution)."""
     from hf2q.runtime.dflash import dflash_generate, run
     from hf2q.runtime.sampling import SamplingParams
+    from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
 
     pair, prompts = demo
-    s = run(
-        dflash_generate(
+    sp = SamplingParams(temperature=0.3, seed=1)
+    runs = [
+        run(
+            dflash_generate(
+                pair.target, pair.drafter, prompts[0], max_tokens=48, sampling=sp, lookup=True
+            )
+        )
+        for _ in range(2)
+    ]
+    assert runs[0].tokens == runs[1].tokens
+    assert runs[0].lookup_rounds > 0
+    batched = run_slots(
+        slots_dflash_generate(
             pair.target,
             pair.drafter,
-            prompts[0],
-            max_tokens=16,
-            sampling=SamplingParams(temperature=0.8, seed=1),
+            [Request(p, 48) for p in prompts[:2]],
+            slots=2,
+            sampling=sp,
             lookup=True,
         )
     )
-    assert s.lookup_rounds is None
+    assert sum(r.lookup_rounds for r in batched.requests) > 0
 
 
 def test_generate_cli_reports_lookup_rounds_and_can_turn_it_off(capsys, monkeypatch):

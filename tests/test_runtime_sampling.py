@@ -85,6 +85,34 @@ def test_rejection_sampling_commits_tokens_distributed_as_p(rule):
         assert min(pv1, pv2) < 1e-6, (pv1, pv2)
 
 
+@pytest.mark.parametrize("rule", ["exact", "wrong"])
+def test_a_lookup_draft_commits_tokens_distributed_as_p(rule):
+    """A lookup draft is one fixed proposal (q = point masses on its tokens); rejection sampling
+    then keeps token i with probability p_i(d_i) and otherwise draws from p_i without it, so
+    every committed token follows p exactly whatever the proposal was."""
+    p, _ = _synthetic(1)
+    accept = accept_rejection if rule == "exact" else _wrong_rule
+    keys = sampling.KeyStream(2)
+    draft = mx.array([int(np.argmax(np.array(p[0]))), 2, 0])  # likely, then arbitrary tokens
+    q = sampling.point_masses(draft, p.shape[-1])
+    assert np.array_equal(np.array(q).sum(axis=-1), [1, 1, 1])
+    first, second = {}, {}
+    N = 3000
+    for _ in range(N):
+        a, bonus = accept(draft, q, p, keys.next())
+        a, bonus = int(a.item()), int(bonus.item())
+        committed = draft.tolist()[:a] + [bonus]
+        first[committed[0]] = first.get(committed[0], 0) + 1
+        if len(committed) > 1:
+            second[committed[1]] = second.get(committed[1], 0) + 1
+    pv1 = _chi2_pvalue(first, dict(enumerate(np.array(p[0]).tolist())), N)
+    pv2 = _chi2_pvalue(second, dict(enumerate(np.array(p[1]).tolist())), sum(second.values()))
+    if rule == "exact":
+        assert pv1 > 1e-3 and pv2 > 1e-3, (pv1, pv2)
+    else:  # the bonus from p instead of p without the rejected token: caught
+        assert pv1 < 1e-6, pv1
+
+
 def test_greedy_acceptance_counts_leading_matches_and_takes_the_bonus_there():
     a, bonus = accept_greedy(mx.array([5, 7, 9]), mx.array([5, 7, 1, 4]))
     assert (int(a.item()), int(bonus.item())) == (2, 1)

@@ -51,8 +51,8 @@ def generate(
         bool,
         typer.Option(
             "--lookup/--no-lookup",
-            help="Greedy DFlash rounds may draft the continuation of the text's own last n-gram "
-            "when that accepts more than the drafter (same output).",
+            help="DFlash rounds may draft the continuation of the text's own last n-gram when "
+            "that accepts more than the drafter (same output; same distribution at T > 0).",
         ),
     ] = True,
     chat: Annotated[

@@ -44,6 +44,7 @@ from hf2q.runtime.sampling import (
     accept_greedy,
     accept_rejection,
     choose,
+    point_masses,
     probs,
 )
 from hf2q.runtime.target import TargetModel
@@ -235,10 +236,11 @@ def dflash_generate(
         sampling: temperature / top-p / top-k / seed; default greedy.
         block_size: B, 2..drafter.block_size; default the drafter's.
         eos_token_ids: tokens that stop generation (included in the output).
-        lookup: greedy rounds may draft the continuation of the sequence's own last n-gram
-            instead of running the drafter, when that has been accepting more
-            (:mod:`hf2q.runtime.lookup`); the output is the same, only the rounds differ.
-            Ignored with sampling (T > 0).
+        lookup: a round may draft the continuation of the sequence's own last n-gram instead
+            of running the drafter, when that has been accepting more
+            (:mod:`hf2q.runtime.lookup`); greedy output is the same, sampled output keeps the
+            target's distribution (the proposal's q puts all mass on each proposed token);
+            only the rounds differ.
 
     Raises:
         UsageError: empty prompt, ``max_tokens < 1``, block size out of range, bad sampling.
@@ -296,7 +298,7 @@ def _dflash(
     finish = _finish(token, 1, max_tokens, eos)
     yield PrefillDone(len(prompt), prefill_time, len(prompt) / prefill_time, token, finish)
 
-    chooser = LookupChooser([*prompt, token]) if lookup and sampling.greedy else None
+    chooser = LookupChooser([*prompt, token]) if lookup else None
     unseen: list[mx.array] = []  # verified context rows the drafter has not been given yet
 
     def submit_draft(last: int, ctx: mx.array) -> tuple[mx.array, mx.array | None, int, str]:
@@ -338,6 +340,8 @@ def _dflash(
         if sampling.greedy:
             a_arr, bonus_arr = accept_greedy(draft, mx.argmax(vlogits[0], axis=-1).astype(mx.int32))
         else:
+            if source == "lookup":  # a deterministic proposal: all of q's mass on each token
+                q = point_masses(draft, vlogits.shape[-1])
             a_arr, bonus_arr = accept_rejection(draft, q, probs(vlogits[0], sampling), keys.next())
         mx.eval(draft)
         t1 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Lookup drafts: propose the continuation of the sequence's own last n-gram (greedy rounds).
+"""Lookup drafts: propose the continuation of the sequence's own last n-gram as a round's draft.
 
 What it does: :class:`NgramIndex` keeps, for every n-gram of 2..8 tokens of a sequence (prompt
 and generated tokens), where its latest occurrence ended, updated in O(8) per token. Its
@@ -15,9 +15,10 @@ fibonacci prompt accepts nothing in most rounds with the drafter while its greed
 repeats a 7-token loop. The target verifies a lookup proposal exactly like a drafted one, so
 greedy output is unchanged (token-identical to plain greedy decoding); only the rounds differ.
 
-What it does not do: sampling (T > 0 would need the proposal's distribution; a lookup proposal
-is deterministic, so the runtimes use it only for greedy rounds), or search anything but the
-sequence itself.
+With sampling (T > 0) a proposal is deterministic: its q puts all mass on each proposed token
+(``hf2q.runtime.sampling.point_masses``), and rejection sampling keeps the target's distribution.
+
+What it does not do: search anything but the sequence itself (no corpus, no other requests).
 """
 
 from __future__ import annotations

@@ -122,6 +122,13 @@ def accept_greedy(draft: mx.array, target_choice: mx.array) -> tuple[mx.array, m
     return a, mx.take(target_choice, a)
 
 
+def point_masses(tokens: mx.array, vocab_size: int) -> mx.array:
+    """(n, V) float32 distributions with all mass on ``tokens[i]``: the q of a deterministic
+    proposal (a lookup draft), for which :func:`accept_rejection` keeps token i with
+    probability p(token) and otherwise draws from p without it, renormalised: exactly p."""
+    return (mx.arange(vocab_size)[None, :] == tokens[:, None]).astype(mx.float32)
+
+
 def accept_rejection(
     draft: mx.array, q: mx.array, p: mx.array, key: mx.array
 ) -> tuple[mx.array, mx.array]:

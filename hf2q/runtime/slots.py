@@ -56,7 +56,14 @@ from hf2q.runtime.dflash import (
 )
 from hf2q.runtime.drafter import DFlashDraftModel
 from hf2q.runtime.lookup import LookupChooser
-from hf2q.runtime.sampling import KeyStream, SamplingParams, accept_rejection, choose, probs
+from hf2q.runtime.sampling import (
+    KeyStream,
+    SamplingParams,
+    accept_rejection,
+    choose,
+    point_masses,
+    probs,
+)
 from hf2q.runtime.slot_cache import (
     SlotTargetCache,
     insert_draft_rows,
@@ -395,9 +402,9 @@ def slots_dflash_generate(
         block_size: B, 2..drafter.block_size; default the drafter's.
         eos_token_ids: tokens that stop a request (included in its tokens).
         idle: ``"compact"`` (drop rows without work from the batch) or ``"keep"``.
-        lookup: in greedy rounds a row may take the continuation of its own last n-gram
-            instead of the drafter's tokens (:mod:`hf2q.runtime.lookup`, per row); outputs are
-            unchanged. Ignored with sampling.
+        lookup: a row may verify the continuation of its own last n-gram instead of the
+            drafter's tokens (:mod:`hf2q.runtime.lookup`, per row); greedy outputs are
+            unchanged and sampled ones keep the target's distribution.
 
     Raises:
         UsageError: bad slot count, empty prompt, ``max_tokens < 1``, block size out of range.
@@ -421,7 +428,7 @@ def slots_dflash_generate(
         frozenset(eos_token_ids),
         idle,
         prefill_step_size,
-        lookup and sampling.greedy,
+        lookup,
     )
 
 
@@ -461,25 +468,30 @@ def _dflash_slots(
         block = mx.array([[t] + [mask_id] * (bs - 1) for t in last], dtype=mx.int32)  # (R, bs)
         dlogits = drafter(block, ctx, dcache)  # (R, bs-1, V)
         q_rows: list[mx.array | None] = [None] * len(rows)
-        sources = ["drafter"] * len(rows)
+        picked = [  # rows whose lookup proposal is verified instead of their drafted tokens
+            x.chooser.proposal(bs_row[r] - 1) if x is not None and x.chooser else None
+            for r, x in enumerate(rows)
+        ]
+        sources = ["lookup" if pr is not None else "drafter" for pr in picked]
         if sampling.greedy:
             draft = mx.argmax(dlogits, axis=-1).astype(mx.int32)  # (R, bs-1)
-            picked = [
-                x.chooser.proposal(bs_row[r] - 1) if x is not None and x.chooser else None
-                for r, x in enumerate(rows)
-            ]
-            if any(pr is not None for pr in picked):  # those rows verify their lookup draft
+            if any(pr is not None for pr in picked):
                 pad = [mask_id] * (bs - 1)
                 lk = mx.array([(pr or []) + pad[len(pr or []) :] for pr in picked], dtype=mx.int32)
                 use = mx.array([pr is not None for pr in picked])
                 draft = mx.where(use[:, None], lk, draft)
-                sources = ["lookup" if pr is not None else "drafter" for pr in picked]
         else:
             drafts = []
             for r, x in enumerate(rows):
                 n = bs_row[r] - 1
                 if x is None:
                     drafts.append(mx.full((bs - 1,), mask_id, dtype=mx.int32))
+                    continue
+                if picked[r] is not None:
+                    d = mx.array(picked[r], dtype=mx.int32)
+                    q_rows[r] = point_masses(d, dlogits.shape[-1])
+                    pad = mx.full((bs - 1 - n,), mask_id, dtype=mx.int32)
+                    drafts.append(mx.concatenate([d, pad]))
                     continue
                 q_rows[r] = probs(dlogits[r, :n], sampling)
                 d = mx.random.categorical(mx.log(q_rows[r]), axis=-1, key=x.keys.next())
