@@ -269,7 +269,7 @@ def _write_wordlevel_tokenizer(folder: Path, vocab: int) -> None:
 
 
 # ---- implementations ---------------------------------------------------------------------------
-def run_hf2q(pair, prompt: list[int], args, dflash: bool) -> Run:
+def run_hf2q(pair, prompt: list[int], args, dflash: bool, lookup: bool = False) -> Run:
     from hf2q.runtime.dflash import PrefillDone, Summary, dflash_generate, plain_generate
 
     if dflash:
@@ -280,6 +280,7 @@ def run_hf2q(pair, prompt: list[int], args, dflash: bool) -> Run:
             max_tokens=args.max_tokens,
             block_size=args.block_size,
             eos_token_ids=pair.eos_token_ids,
+            lookup=lookup,
         )
     else:
         events = plain_generate(
@@ -491,7 +492,9 @@ def main() -> None:
     prompts = prompts[: args.prompts]
 
     rows: dict[tuple[str, int], Row] = {}
-    impls = ["hf2q dflash", "hf2q plain", "mlx-lm plain"]
+    # "hf2q dflash": the drafter only (what z-lab's reference does); "+lookup": as `hf2q
+    # generate` runs by default (rounds may draft by n-gram lookup; same tokens).
+    impls = ["hf2q dflash", "hf2q dflash+lookup", "hf2q plain", "mlx-lm plain"]
     zlab = None if args.no_zlab else ZLab(Path(model), Path(draft), args)
     if zlab is not None and zlab.error is None:
         impls.append("z-lab dflash")
@@ -500,6 +503,8 @@ def main() -> None:
             for impl in impls:  # interleaved: background load hits every implementation alike
                 if impl == "hf2q dflash":
                     r = run_hf2q(pair, prompt, args, dflash=True)
+                elif impl == "hf2q dflash+lookup":
+                    r = run_hf2q(pair, prompt, args, dflash=True, lookup=True)
                 elif impl == "hf2q plain":
                     r = run_hf2q(pair, prompt, args, dflash=False)
                 elif impl == "mlx-lm plain":
@@ -527,14 +532,16 @@ def main() -> None:
     if zlab is not None and zlab.error:
         print(f"# {zlab.error}")
     names = [
-        n for n in ("hf2q dflash", "hf2q plain", "mlx-lm plain", "z-lab dflash") if (n, 0) in rows
+        n
+        for n in ("hf2q dflash", "hf2q dflash+lookup", "hf2q plain", "mlx-lm plain", "z-lab dflash")
+        if (n, 0) in rows
     ]
     print(
         "| prompt | "
         + " | ".join(f"{n} tok/s" for n in names)
-        + " | tau hf2q | tau z-lab | tokens | tokens equal (all) |"
+        + " | tau hf2q | tau hf2q+lookup | tau z-lab | tokens | tokens equal (all) |"
     )
-    print("|" + "---|" * (len(names) + 5))
+    print("|" + "---|" * (len(names) + 6))
     summary: dict[str, list[float]] = {n: [] for n in names}
     result = {"facts": facts, "args": vars(args), "rows": []}
     for i in range(len(prompts)):
@@ -549,7 +556,8 @@ def main() -> None:
         print(
             f"| {i} | "
             + " | ".join(f"{meds[n]:.1f}" for n in names)
-            + f" | {_fmt(rows[('hf2q dflash', i)].tau)} | {_fmt(tz.tau if tz else None)}"
+            + f" | {_fmt(rows[('hf2q dflash', i)].tau)}"
+            + f" | {_fmt(rows[('hf2q dflash+lookup', i)].tau)} | {_fmt(tz.tau if tz else None)}"
             + f" | {len(ref)} | {equal}"
             + ("" if equal else " (" + ", ".join(f"{n}: {d}" for n, d in diverge.items()) + ")")
             + " |"
