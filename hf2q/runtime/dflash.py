@@ -83,7 +83,7 @@ class RoundDone:
     generated: int  # tokens generated so far, the first one included
     elapsed: float  # seconds since the first token
     finish_reason: str | None
-    source: str = "drafter"  # who drafted: "drafter" or "lookup" (``lookup=True``, greedy)
+    source: str = "drafter"  # who drafted: "drafter" or "lookup" (``lookup=True``)
 
 
 @dataclass(frozen=True)

@@ -196,7 +196,7 @@ class _Live:
     t_draft: float = 0.0
     t_verify: float = 0.0
     t_rollback: float = 0.0
-    chooser: LookupChooser | None = None  # lookup drafts (greedy, ``lookup=True``)
+    chooser: LookupChooser | None = None  # lookup drafts (``lookup=True``)
     lookup_rounds: int = 0
 
     @property
