@@ -54,8 +54,9 @@ class NgramIndex:
             seq.append(int(t))
 
     def propose(self, k: int) -> tuple[list[int], int] | None:
-        """Up to ``k`` tokens that followed the longest earlier occurrence of the sequence's
-        suffix, with that suffix's length; None when no suffix of ``min_n`` tokens recurs."""
+        """The ``k`` tokens that followed the longest earlier occurrence of the sequence's
+        suffix (repeated with the match's period where they run past the end), with that
+        suffix's length; None when no suffix of ``min_n`` tokens recurs."""
         seq, L = self.seq, len(self.seq)
         for n in range(min(self.max_n, L), self.min_n - 1, -1):
             start = self._last.get(tuple(seq[L - n :]))
@@ -88,15 +89,11 @@ class LookupChooser:
 
     def proposal(self, k: int) -> list[int] | None:
         """The lookup draft of ``k`` tokens for this round, or None (draft with the drafter)."""
-        found = self.index.propose(k)
-        if found is None:
-            return None
         lk, dr = self.avg["lookup"], self.avg["drafter"]
-        if lk is None:  # not tried yet in this sequence
-            return found[0]
-        if dr is None:  # the drafter has not drafted yet: let it, to compare
-            return None
-        return found[0] if lk + EXPLORE * self.since_lookup >= dr else None
+        if lk is not None and (dr is None or lk + EXPLORE * self.since_lookup < dr):
+            return None  # the drafter's turn (to compare, or it is ahead): no search needed
+        found = self.index.propose(k)
+        return None if found is None else found[0]
 
     def record(self, source: str, accepted: int) -> None:
         """``source`` ("lookup" or "drafter") drafted a round that accepted ``accepted`` tokens."""
