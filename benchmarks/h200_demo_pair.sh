@@ -2,7 +2,9 @@
 # One H200 call (after .device/s2/install.sh) measuring the embedded demo pair:
 # 1. step_trace.py: plain vs DFlash step/round times in one process (first run = JIT warm-up).
 # 2. hf2q bench --slots $SLOTS (default 1,2,4,8) once per value of RPS (requests per slot,
-#    default "1"; e.g. RPS="1 4" also measures a queue of 4 x N requests on N slots).
+#    default "1"; e.g. RPS="1 4" also measures a queue of 4 x N requests on N slots) and per
+#    value of LOOKUPS (default "lookup", hf2q's default; LOOKUPS="lookup no-lookup" measures
+#    DFlash with and without lookup drafts back to back).
 # 3. CUDA tests ($TESTS, default the kernel attention/layers files; TESTS=none skips them) in the
 #    time left.
 # TRACE=0 skips step 1; NODES=1 first counts graph nodes per step (benchmarks/graph_nodes.py) at
@@ -25,18 +27,21 @@ fi
   > "$OUT/trace_bucket.log" 2>&1
 [ "${TRACE:-1}" = 1 ] && { echo "trace exit $? [$(( $(date +%s) - S ))s]"; cut -c1-330 "$OUT/trace_bucket.log"; }
 for k in ${RPS:-1}; do
-  f="$OUT/slots-demo-rps$k"
+for lk in ${LOOKUPS:-lookup}; do
+  f="$OUT/slots-demo-rps$k-$lk"
   timeout "${BENCH_S:-240}" python3 -m hf2q bench --slots "${SLOTS:-1,2,4,8}" --requests-per-slot "$k" \
-    --gen-tokens 128 --trials 3 --warmup 1 --json --out "$f.json" > "$f.log" 2>&1
-  echo "bench rps $k exit $? [$(( $(date +%s) - S ))s]"
+    --"$lk" --gen-tokens 128 --trials 3 --warmup 1 --json --out "$f.json" > "$f.log" 2>&1
+  echo "bench rps $k $lk exit $? [$(( $(date +%s) - S ))s]"
   python3 - "$f.json" <<'PY' || tail -c 600 "$f.log"
 import json, sys
 r = json.load(open(sys.argv[1]))
 for x in r["results"]:
     print(x["slots"], x["mode"], x["tokens_per_s"], "round", x["round_ms"], "split",
           x["draft_ms"], x["verify_ms"], x["rollback_ms"], "busy", x["busy_rows"], "tau", x["tau"],
-          "E", x["E"], "xplain", x["speedup_vs_plain"], "=", x["matches_plain"])
+          "E", x["E"], "xplain", x["speedup_vs_plain"], "=", x["matches_plain"],
+          "lookup", x.get("lookup_share"))
 PY
+done
 done
 t=$(left)
 # shellcheck disable=SC2086  # TESTS is a list of paths
