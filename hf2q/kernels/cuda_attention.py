@@ -47,6 +47,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from hf2q.kernels import select
+
 #: Warps per thread block where the merge buffer fits (see :func:`warps`).
 WARPS = 8
 #: Query heads per KV head the kernel keeps in registers.
@@ -428,12 +430,7 @@ def _launcher(scale: float, window: int, causal: bool) -> Callable[..., mx.array
     the header), a compiled trace replays the kernel node instead. Elsewhere (the CPU tests'
     emulator) the plain function."""
     fn = functools.partial(_launch, scale=scale, window=window, causal=causal)
-    return mx.compile(fn) if _on_cuda() else fn
-
-
-def _on_cuda() -> bool:
-    cuda = getattr(mx, "cuda", None)
-    return mx.default_device() == mx.gpu and cuda is not None and cuda.is_available()
+    return mx.compile(fn) if select.backend() == "cuda" else fn
 
 
 def _launch(

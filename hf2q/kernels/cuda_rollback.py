@@ -28,6 +28,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from hf2q.kernels import select
+
 #: Threads per block.
 THREADS = 256
 
@@ -122,8 +124,7 @@ def _launcher(layers: int) -> Callable[..., list[mx.array]]:
     def launch(*arrays: mx.array) -> list[mx.array]:
         return _launch(list(arrays[:layers]), list(arrays[layers : 2 * layers]), arrays[-1])
 
-    on_cuda = mx.default_device() == mx.gpu and getattr(mx, "cuda", None) is not None
-    return mx.compile(launch) if on_cuda and mx.cuda.is_available() else launch
+    return mx.compile(launch) if select.backend() == "cuda" else launch
 
 
 def _launch(convs: list[mx.array], states: list[mx.array], keep: mx.array) -> list[mx.array]:

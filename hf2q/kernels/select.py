@@ -93,16 +93,20 @@ def row_attention_enabled() -> bool:
     hf2q's row-invariant kernel (:mod:`hf2q.kernels.cuda_attention`), so that in bf16/fp16 a
     verify row and the decode step it stands for give the same bits: on CUDA unless
     ``HF2Q_KERNELS=ops`` or ``HF2Q_ROW_ATTENTION=0``; never elsewhere (CUDA-only kernel)."""
-    on = _flag(ROW_ATTENTION_ENV, "1")  # a bad value is an error on every backend
-    return on and backend() == "cuda" and kernel_mode() != "ops"
+    return _cuda_kernel_switch(ROW_ATTENTION_ENV)
 
 
 def rollback_kernel_enabled() -> bool:
     """Whether a verify's Gated-DeltaNet rollback copies every layer's kept conv rows and state
     in one launch (:mod:`hf2q.kernels.cuda_rollback`, bit-exact copies) instead of a few ops per
     layer: on CUDA unless ``HF2Q_KERNELS=ops`` or ``HF2Q_ROLLBACK_KERNEL=0``; never elsewhere."""
-    on = _flag(ROLLBACK_KERNEL_ENV, "1")
-    return on and backend() == "cuda" and kernel_mode() != "ops"
+    return _cuda_kernel_switch(ROLLBACK_KERNEL_ENV)
+
+
+def _cuda_kernel_switch(env: str) -> bool:
+    """A CUDA-only kernel's switch: ``env`` (default on; a bad value is an error on every
+    backend), and only on CUDA unless ``HF2Q_KERNELS=ops``."""
+    return _flag(env, "1") and backend() == "cuda" and kernel_mode() != "ops"
 
 
 def sdpa_bucket() -> int | None:
