@@ -139,10 +139,11 @@ class GDNRollbackCache(ArraysCache):
         return cache
 
 
-def rollback_in_one_launch(caches: Sequence[GDNRollbackCache], keep: Sequence[int]) -> bool:
+def rollback_in_one_launch(caches: Sequence[GDNRollbackCache], keep: int | Sequence[int]) -> bool:
     """Restore every layer of ``caches`` after its rows' kept positions in one CUDA launch.
 
-    ``keep``: positions kept per batch row, already checked to be in ``1..T``. Returns False (and
+    ``keep``: positions kept, one count for every batch row or one per row, already checked to
+    be in ``1..T``. Returns False (and
     changes nothing) where the launch does not apply: off CUDA, ``HF2Q_ROLLBACK_KERNEL=0``, or
     records not held as one stacked array of per-step states each; the caller then rolls each
     layer back itself. Same bits as :meth:`GDNRollbackCache.rollback` (both only copy).
@@ -154,6 +155,8 @@ def rollback_in_one_launch(caches: Sequence[GDNRollbackCache], keep: Sequence[in
         return False
     convs = [r.conv_input for r in recs]
     states = [r.states for r in recs]
+    if isinstance(keep, int):
+        keep = [keep] * convs[0].shape[0]
     keep_arr = mx.array(list(keep), dtype=mx.int32)
     if cuda_rollback.supported(convs, states, keep_arr) is not None:
         return False
@@ -163,14 +166,6 @@ def rollback_in_one_launch(caches: Sequence[GDNRollbackCache], keep: Sequence[in
     for c, conv, state in zip(caches, conv_out, state_out, strict=True):
         c.restore(conv, state, back)
     return True
-
-
-def _rows(caches: Sequence[GDNRollbackCache]) -> int:
-    """Batch rows of the Gated-DeltaNet records (1 when there is none)."""
-    for c in caches:
-        if c.record is not None:
-            return int(c.record.conv_input.shape[0])
-    return 1
 
 
 def key_mask(q_pos: mx.array, K: int, window_size: int | None = None) -> mx.array:
@@ -273,7 +268,7 @@ class TargetCache(list):
             raise ValueError(f"n_keep must be in 1..{T}, got {n_keep}")
         drop = T - n_keep
         gdn = [c for c in self if isinstance(c, GDNRollbackCache)]
-        done = bool(drop) and rollback_in_one_launch(gdn, [n_keep] * _rows(gdn))
+        done = bool(drop) and rollback_in_one_launch(gdn, n_keep)
         for c in self:
             if isinstance(c, GDNRollbackCache):
                 if not done:
