@@ -79,7 +79,7 @@ class GenerateView:
         self.tps = (ev.generated - 1) / ev.elapsed if ev.elapsed > 0 else 0.0
         row = (
             str(ev.index),
-            f"{ev.drafted} {'lookup' if getattr(ev, 'source', 'drafter') == 'lookup' else ''}".strip(),
+            f"{ev.drafted} lookup" if ev.source == "lookup" else str(ev.drafted),
             str(ev.accepted),
             str(ev.rolled_back),
             str(len(ev.committed)),

@@ -322,7 +322,7 @@ def _dflash(
         return draft, q, bs, "drafter"
 
     hist = [0] * B
-    n_rounds = sum_a = sum_drafted = n_lookup = 0
+    n_rounds = sum_a = sum_drafted = 0
     t_draft_sum = t_verify_sum = t_roll_sum = 0.0
     tq = time.perf_counter()
     pending = submit_draft(tokens[-1], ctx) if finish is None else None
@@ -362,9 +362,7 @@ def _dflash(
                 break
         tokens.extend(kept)
         if chooser is not None:
-            chooser.record(source, a)
-            chooser.extend(kept)
-            n_lookup += source == "lookup"
+            chooser.round_done(source, a, kept)
         t_draft = t1 - t0 + t_queue
         t_roll = t3 - t2
         if finish is None:
@@ -420,7 +418,7 @@ def _dflash(
         t_draft=t_draft_sum,
         t_verify=t_verify_sum,
         t_rollback=t_roll_sum,
-        lookup_rounds=n_lookup if chooser is not None else None,
+        lookup_rounds=chooser.lookup_rounds if chooser is not None else None,
     )
 
 

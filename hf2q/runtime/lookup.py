@@ -83,9 +83,17 @@ class LookupChooser:
         self.decay = decay
         self.avg: dict[str, float | None] = {"lookup": None, "drafter": None}
         self.since_lookup = 0  # rounds since lookup last drafted
+        self.lookup_rounds = 0  # rounds lookup drafted in this sequence
 
     def extend(self, tokens: Iterable[int]) -> None:
         self.index.extend(tokens)
+
+    def round_done(self, source: str, accepted: int, committed: Iterable[int]) -> None:
+        """After a round: ``source`` drafted it, ``accepted`` drafts were kept and ``committed``
+        tokens joined the sequence (:meth:`record` and :meth:`extend`, and the count)."""
+        self.record(source, accepted)
+        self.extend(committed)
+        self.lookup_rounds += source == "lookup"
 
     def proposal(self, k: int) -> list[int] | None:
         """The lookup draft of ``k`` tokens for this round, or None (draft with the drafter)."""

@@ -197,7 +197,6 @@ class _Live:
     t_verify: float = 0.0
     t_rollback: float = 0.0
     chooser: LookupChooser | None = None  # lookup drafts (``lookup=True``)
-    lookup_rounds: int = 0
 
     @property
     def remaining(self) -> int:
@@ -239,7 +238,7 @@ class _Live:
             t_draft=self.t_draft if dflash else None,
             t_verify=self.t_verify if dflash else None,
             t_rollback=self.t_rollback if dflash else None,
-            lookup_rounds=self.lookup_rounds if self.chooser is not None else None,
+            lookup_rounds=self.chooser.lookup_rounds if self.chooser is not None else None,
         )
 
 
@@ -615,9 +614,7 @@ def _dflash_slots(
             a = acc[r]
             kept = x.commit(draft_host[r][:a] + [bonus[r]], eos)
             if x.chooser is not None:
-                x.chooser.record(sources[r], a)
-                x.chooser.extend(kept)
-                x.lookup_rounds += sources[r] == "lookup"
+                x.chooser.round_done(sources[r], a, kept)
             x.rounds += 1
             x.sum_a += a
             x.drafted += bs_row[r] - 1
