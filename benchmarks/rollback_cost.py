@@ -5,8 +5,8 @@ than the per-layer ops it replaces (0.92 vs 0.79 ms at the 4B shape, session 14 
 it is one graph node against about 120. This times the pieces apart on random records of the
 4B shape (24 layers, conv 8192 wide, 32 x 128 x 128 float32 states, T = 16):
 
-* ``ops``: the per-layer rollback ``GDNRollbackCache.rollback`` does (slice views of the states,
-  a contiguous copy of the conv rows; a gather per layer for ragged rows);
+* ``ops``: ``GDNRollbackCache.rollback`` per layer (slice views of the states, a contiguous copy
+  of the conv rows; a gather per layer for ragged rows);
 * ``ops-copy``: the same with the states copied too (what the kernel writes);
 * ``kernel``: one launch for all layers; ``kernel-per-layer``: one launch per layer;
 * each also as host time only (``async_eval`` returns after encoding).
@@ -28,6 +28,7 @@ import mlx.core as mx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hf2q.kernels import cuda_rollback as cr  # noqa: E402
+from hf2q.runtime.cache import GDNRollbackCache  # noqa: E402
 
 
 def _records(L, B, T, K1, C, state_shape, dtype):
@@ -39,19 +40,14 @@ def _records(L, B, T, K1, C, state_shape, dtype):
 
 
 def _ops(convs, states, keep, copy_states: bool):
-    K1 = convs[0].shape[1] - states[0].shape[1]
+    """The runtime's per-layer rollback (``GDNRollbackCache.rollback``), states copied or not."""
+    n_keep = keep[0] if len(set(keep)) == 1 else keep
     out = []
-    if len(set(keep)) == 1:
-        n = keep[0]
-        for c, s in zip(convs, states):
-            st = s[:, n - 1]
-            out += [mx.contiguous(c[:, n : n + K1]), mx.contiguous(st) if copy_states else st]
-        return out
-    k = mx.array(keep, dtype=mx.int32)
-    pos = (k[:, None] + mx.arange(K1))[..., None]
-    idx = (k - 1).reshape(-1, 1, 1, 1, 1)
-    for c, s in zip(convs, states):
-        out += [mx.take_along_axis(c, pos, axis=1), mx.take_along_axis(s, idx, axis=1)[:, 0]]
+    for conv, st in zip(convs, states):
+        cache = GDNRollbackCache()
+        cache.set_record(conv, st)
+        cache.rollback(n_keep)
+        out += [cache[0], mx.contiguous(cache[1]) if copy_states else cache[1]]
     return out
 
 
