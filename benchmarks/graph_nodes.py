@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mlx.core as mx  # noqa: E402
 
@@ -139,12 +140,28 @@ def main() -> None:
         help="also run once more timing each evaluation call (eval: encoding + waiting for the "
         "device; async_eval: encoding only), without counting",
     )
+    ap.add_argument(
+        "--synthetic",
+        choices=("4b", "small"),
+        default=None,
+        help="profile a random-weight pair of this shape (benchmarks/slots_synthetic.py) instead",
+    )
+    ap.add_argument("--prompt-tokens", type=int, default=1024, help="with --synthetic")
     ap.add_argument("--out", default=None, help="write the JSON here too")
     args = ap.parse_args()
 
-    pair = load_pair(args.model, args.draft)
-    dtype = apply_dtype(pair.target, pair.drafter, args.dtype)
-    prompts = make_prompts(BenchConfig(), max(args.slots, 1), tokenizer=pair.tokenizer)
+    if args.synthetic:  # random weights of a real model's shape (benchmarks/slots_synthetic.py)
+        from slots_synthetic import synthetic_pair
+
+        pair = synthetic_pair(args.synthetic)
+        dtype = "bfloat16"
+        config = BenchConfig(workload="random", prompt_tokens=args.prompt_tokens)
+        vocab = pair.target.args.vocab_size
+    else:
+        pair = load_pair(args.model, args.draft)
+        dtype = apply_dtype(pair.target, pair.drafter, args.dtype)
+        config, vocab = BenchConfig(), None
+    prompts = make_prompts(config, max(args.slots, 1), tokenizer=pair.tokenizer, vocab_size=vocab)
     counter = _Counter()
     single.mx = batched.mx = counter  # type: ignore[assignment]
     report: dict[str, Any] = {

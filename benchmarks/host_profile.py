@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hf2q.runtime.bench import BenchConfig, make_prompts  # noqa: E402
 from hf2q.runtime.dflash import dflash_generate, plain_generate, run  # noqa: E402
@@ -56,12 +57,27 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument(
+        "--synthetic",
+        choices=("4b", "small"),
+        default=None,
+        help="profile a random-weight pair of this shape (benchmarks/slots_synthetic.py) instead",
+    )
+    ap.add_argument("--prompt-tokens", type=int, default=1024, help="with --synthetic")
     ap.add_argument("--out", default=None, help="write a JSON summary here too")
     args = ap.parse_args()
 
-    pair = load_pair(args.model, args.draft)
-    apply_dtype(pair.target, pair.drafter, args.dtype)
-    prompts = make_prompts(BenchConfig(), args.slots, tokenizer=pair.tokenizer)
+    if args.synthetic:  # random weights of a real model's shape (benchmarks/slots_synthetic.py)
+        from slots_synthetic import synthetic_pair
+
+        pair = synthetic_pair(args.synthetic)
+        config = BenchConfig(workload="random", prompt_tokens=args.prompt_tokens)
+        vocab = pair.target.args.vocab_size
+    else:
+        pair = load_pair(args.model, args.draft)
+        apply_dtype(pair.target, pair.drafter, args.dtype)
+        config, vocab = BenchConfig(), None
+    prompts = make_prompts(config, args.slots, tokenizer=pair.tokenizer, vocab_size=vocab)
     summary = {}
     for loop in args.loops.split(","):
         if loop not in LOOPS:

@@ -8,7 +8,8 @@
 # warm-up); part 2 up to DEMO_BENCH_S (300 s: 150 s was not enough for the demo pair at 128 tokens).
 # SHAPE=small runs the same on a CPU in a few minutes (a check of this script, not a result).
 # PARTS=demo runs part 2 only; PAIR="-m TARGET -d DRAFT" measures that pair instead of the
-# embedded one (e.g. a drafter just trained, before it is installed in the package).
+# embedded one (e.g. a drafter just trained, before it is installed in the package). SLOTS (default
+# 1,2,4,8) picks part 1's slot counts; part 1 runs without lookup drafts (LOOKUP=1 allows them).
 set -uo pipefail
 : "${OUT:?set OUT to the folder for the reports}"
 SHAPE=${SHAPE:-4b}
@@ -23,8 +24,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 # 1. Costs: round time and its split, E and slot scaling (random weights: tau about 1).
 if [[ $PARTS == *synthetic* ]]; then
 timeout 420 python3 benchmarks/slots_synthetic.py --shape "$SHAPE" --dtype "$DTYPE" \
-  --slots 1,2,4,8 --gen-tokens 32 --prompt-tokens 64 --trials 3 --warmup 1 \
-  --out "$OUT/slots-$SHAPE.json" > "$OUT/slots-$SHAPE.log" 2>&1
+  --slots "${SLOTS:-1,2,4,8}" --gen-tokens 32 --prompt-tokens 64 --trials 3 --warmup 1 \
+  $([ "${LOOKUP:-0}" = 1 ] && echo --lookup) --out "$OUT/slots-$SHAPE.json" > "$OUT/slots-$SHAPE.log" 2>&1
 echo "synthetic $SHAPE: exit $?"
 python3 - "$OUT/slots-$SHAPE.json" <<'EOF' || tail -n 20 "$OUT/slots-$SHAPE.log"
 import json, sys
@@ -32,7 +33,7 @@ r = json.load(open(sys.argv[1]))
 print(r["model"], "| wall", r["wall_s"], "s |", r["platform"]["device"])
 for x in r["results"]:
     print(f"{x['slots']:>2} {x['mode']:<10} {x['tokens_per_s']:>9} tok/s  round {x['round_ms']} ms"
-          f"  split {x['draft_ms']}/{x['verify_ms']}/{x['rollback_ms']}  E {x['E']}"
+          f"  split {x['draft_ms']}/{x['verify_ms']}/{x['rollback_ms']}  tau {x['tau']}  E {x['E']}"
           f"  x1slot {x['scaling_vs_1_slot']}  xplain {x['speedup_vs_plain']}  = {x['matches_plain']}")
 EOF
 fi

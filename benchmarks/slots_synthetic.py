@@ -120,6 +120,15 @@ def build_pair(shape: str, dtype: str, seed: int):
     return target, drafter
 
 
+def synthetic_pair(shape: str, dtype: str = "bfloat16", seed: int = 0):
+    """``build_pair`` as a ``hf2q.runtime.pair.Pair`` (no tokenizer: use random prompts), for
+    the profiling scripts' ``--synthetic SHAPE``."""
+    from hf2q.runtime.pair import Pair
+
+    target, drafter = build_pair(shape, dtype, seed)
+    return Pair(target, drafter, None, f"synthetic {shape}", f"synthetic {shape}", False)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="4b")
@@ -133,6 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--idle", default="compact", choices=["compact", "keep"])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--lookup",
+        action="store_true",
+        help="let DFlash rounds draft by n-gram lookup (off: every round runs the drafter, so the"
+        " round times are the drafter's costs; random weights often loop, which lookup would catch)",
+    )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
 
@@ -152,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         baseline=not args.no_baseline,
         seed=args.seed,
         idle=args.idle,
+        lookup=args.lookup,
     ).validate()
     tic = time.perf_counter()
     target, drafter = build_pair(args.shape, args.dtype, args.seed)

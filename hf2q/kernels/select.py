@@ -17,7 +17,8 @@ products with few rows on MLX's matmul instead of hf2q's tensor-core kernel
 (:func:`small_mm_enabled`); ``HF2Q_ROW_ATTENTION=0`` keeps MLX's attention in them (and in the
 drafter) instead of hf2q's row-invariant kernel (:func:`row_attention_enabled`).
 :func:`sdpa_bucket` says whether multi-token attention pads its keys to a bucket length
-(``HF2Q_SDPA_BUCKET``; on CUDA by default).
+(``HF2Q_SDPA_BUCKET``; on CUDA by default); :func:`flush_layers` how often a verify forward queues
+its graph (``HF2Q_FLUSH_LAYERS``; on CUDA by default).
 :func:`describe` returns what is active, for ``--stats``.
 
 What it does not do: run anything itself beyond a dispatch in :func:`gated_delta_steps`.
@@ -57,6 +58,13 @@ SMALL_MM_ENV = "HF2Q_SMALL_MM"
 #: HF2Q_ROW_ATTENTION=0: the compiled attention runners keep MLX's attention instead of the
 #: row-invariant kernel of :mod:`hf2q.kernels.cuda_attention` (CUDA only; default on there).
 ROW_ATTENTION_ENV = "HF2Q_ROW_ATTENTION"
+
+#: HF2Q_FLUSH_LAYERS=N: a verify forward queues its graph for the device (``mx.async_eval``) after
+#: every N layers, so the device computes the first layers while the host builds the rest (0: the
+#: whole forward is queued at once when the loop waits for its acceptance).
+FLUSH_LAYERS_ENV = "HF2Q_FLUSH_LAYERS"
+#: The default on CUDA (measured on the H200: docs/BENCHMARKS.md, "H200, session 15").
+FLUSH_LAYERS_CUDA = 8
 
 #: HF2Q_ROLLBACK_KERNEL=0: a verify's Gated-DeltaNet rollback runs per layer with ops instead of
 #: one launch of :mod:`hf2q.kernels.cuda_rollback` for all layers (CUDA only; default on there).
@@ -107,6 +115,30 @@ def _cuda_kernel_switch(env: str) -> bool:
     """A CUDA-only kernel's switch: ``env`` (default on; a bad value is an error on every
     backend), and only on CUDA unless ``HF2Q_KERNELS=ops``."""
     return _flag(env, "1") and backend() == "cuda" and kernel_mode() != "ops"
+
+
+def flush_layers() -> int:
+    """After how many layers a verify forward queues what it has built (0: never).
+
+    Why: for a model the size of Qwen3.5-4B on an H200 a DFlash round is bound by the host: the
+    verify's graph takes milliseconds of Python to build and more to encode, and the device
+    cannot start before the loop evaluates the acceptance at the end. Queuing the graph every
+    few layers (``mx.async_eval``; the values are the same) lets the device compute those layers
+    while the host builds the next ones. ``HF2Q_FLUSH_LAYERS``: a layer count, or 0 for off;
+    default :data:`FLUSH_LAYERS_CUDA` on CUDA, off elsewhere.
+    """
+    raw = os.environ.get(FLUSH_LAYERS_ENV, "").strip()
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise UsageError(
+                f"{FLUSH_LAYERS_ENV}={raw!r} must be 0 (off) or a layer count: fix or unset it"
+            )
+        return value
+    return FLUSH_LAYERS_CUDA if backend() == "cuda" and kernel_mode() != "ops" else 0
 
 
 def sdpa_bucket() -> int | None:
@@ -279,6 +311,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
     info["attention"] = (
         "row-invariant kernel (bf16/fp16)" if row_attention_enabled() else "MLX attention"
     )
+    flush = flush_layers()
+    info["verify_queue"] = f"every {flush} layers" if flush else "at the acceptance"
     bucket = sdpa_bucket()
     info["sdpa_keys"] = f"padded to a multiple of {bucket}" if bucket else "exact length"
     return info
@@ -301,6 +335,7 @@ def summary(model: object | None = None) -> str:
         parts.append(f"projections {info['projections']}")
     parts.append(f"small products {info['small_mm']}")
     parts.append(f"attention {info['attention']}, keys {info['sdpa_keys']}")
+    parts.append(f"verify queued {info['verify_queue']}")
     if info["mode"] != "auto":
         parts.append(f"{ENV}={info['mode']}")
     return "; ".join(parts)

@@ -136,6 +136,7 @@ class TargetModel:
         layer_fn: LayerFn | None = None,
         last_only: bool = False,
         mm: bool | None = None,
+        flush_every: int = 0,
     ) -> tuple[mx.array, mx.array | None]:
         """Run the target on ``tokens`` (B, L), updating ``cache`` in place.
 
@@ -148,6 +149,9 @@ class TargetModel:
             mm: the head's product through the small-M kernel (:meth:`head`); None: as hf2q's
                 paths do (``select.small_mm_enabled()``) when a ``layer_fn`` is given, and
                 mlx-lm's own product without one (the model's own calls stay stock).
+            flush_every: queue the graph built so far (``mx.async_eval``) after every this many
+                layers, so the device starts on them while the rest is built (0: never; the
+                values are the same either way).
 
         Returns:
             ``(logits, features)``: logits (B, L or 1, vocab); features (B, L, len(capture)*H) or
@@ -158,11 +162,14 @@ class TargetModel:
         fa_mask, ssm_mask = self.masks(h, cache)
         want = {lid: k for k, lid in enumerate(capture)}
         captured: list[mx.array | None] = [None] * len(capture)
+        n = len(self.inner.layers)
         for i, layer in enumerate(self.inner.layers):
             c = cache[i] if cache is not None else None
             h = run(i, layer, h, ssm_mask if self.is_linear(i) else fa_mask, c)
             if i in want:
                 captured[want[i]] = h
+            if flush_every and (i + 1) % flush_every == 0 and i + 1 < n:
+                mx.async_eval(h)
         if last_only:
             h = h[:, -1:]
         features = mx.concatenate(captured, axis=-1) if capture else None

@@ -267,4 +267,6 @@ def verify_forward(
         )
     else:
         fn = verify_layer
-    return target.forward(tokens, cache, capture=capture, layer_fn=fn, mm=mm)
+    return target.forward(
+        tokens, cache, capture=capture, layer_fn=fn, mm=mm, flush_every=select.flush_layers()
+    )
