@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from mlx.utils import tree_flatten
 from conftest import FIT_TEXTS, assert_greedy_dflash_equals_plain, load_fitted
+from mlx.utils import tree_flatten
 
 from hf2q.errors import UsageError
 from hf2q.kernels import select
