@@ -18,7 +18,7 @@ products with few rows on MLX's matmul instead of hf2q's tensor-core kernel
 drafter) instead of hf2q's row-invariant kernel (:func:`row_attention_enabled`).
 :func:`sdpa_bucket` says whether multi-token attention pads its keys to a bucket length
 (``HF2Q_SDPA_BUCKET``; on CUDA by default); :func:`flush_layers` how often a verify forward queues
-its graph (``HF2Q_FLUSH_LAYERS``; on CUDA by default).
+its graph (``HF2Q_FLUSH_LAYERS``; off by default).
 :func:`describe` returns what is active, for ``--stats``.
 
 What it does not do: run anything itself beyond a dispatch in :func:`gated_delta_steps`.
@@ -60,11 +60,9 @@ SMALL_MM_ENV = "HF2Q_SMALL_MM"
 ROW_ATTENTION_ENV = "HF2Q_ROW_ATTENTION"
 
 #: HF2Q_FLUSH_LAYERS=N: a verify forward queues its graph for the device (``mx.async_eval``) after
-#: every N layers, so the device computes the first layers while the host builds the rest (0: the
-#: whole forward is queued at once when the loop waits for its acceptance).
+#: every N layers, so the device can compute the first layers while the host builds the rest
+#: (default 0: the whole forward is queued when the loop waits for its acceptance).
 FLUSH_LAYERS_ENV = "HF2Q_FLUSH_LAYERS"
-#: The default on CUDA (measured on the H200: docs/BENCHMARKS.md, "H200, session 15").
-FLUSH_LAYERS_CUDA = 8
 
 #: HF2Q_ROLLBACK_KERNEL=0: a verify's Gated-DeltaNet rollback runs per layer with ops instead of
 #: one launch of :mod:`hf2q.kernels.cuda_rollback` for all layers (CUDA only; default on there).
@@ -118,27 +116,27 @@ def _cuda_kernel_switch(env: str) -> bool:
 
 
 def flush_layers() -> int:
-    """After how many layers a verify forward queues what it has built (0: never).
+    """After how many layers a verify forward queues what it has built (0: never, the default).
 
-    Why: for a model the size of Qwen3.5-4B on an H200 a DFlash round is bound by the host: the
-    verify's graph takes milliseconds of Python to build and more to encode, and the device
-    cannot start before the loop evaluates the acceptance at the end. Queuing the graph every
-    few layers (``mx.async_eval``; the values are the same) lets the device compute those layers
-    while the host builds the next ones. ``HF2Q_FLUSH_LAYERS``: a layer count, or 0 for off;
-    default :data:`FLUSH_LAYERS_CUDA` on CUDA, off elsewhere.
+    Why it exists: for a model the size of Qwen3.5-4B on an H200 a DFlash round is bound by the
+    host (the verify's graph takes milliseconds of Python to build, then its evaluation encodes
+    it and waits for the device), so queuing the graph every few layers (``mx.async_eval``; the
+    values are the same) could let the device work while the host builds the rest. Measured on
+    the H200 it gave no gain (every 8 layers) or a loss (every 4): docs/BENCHMARKS.md, "H200,
+    session 15". Kept as a switch to measure again: ``HF2Q_FLUSH_LAYERS`` = a layer count.
     """
     raw = os.environ.get(FLUSH_LAYERS_ENV, "").strip()
-    if raw:
-        try:
-            value = int(raw)
-        except ValueError:
-            value = -1
-        if value < 0:
-            raise UsageError(
-                f"{FLUSH_LAYERS_ENV}={raw!r} must be 0 (off) or a layer count: fix or unset it"
-            )
-        return value
-    return FLUSH_LAYERS_CUDA if backend() == "cuda" and kernel_mode() != "ops" else 0
+    if not raw:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise UsageError(
+            f"{FLUSH_LAYERS_ENV}={raw!r} must be 0 (off) or a layer count: fix or unset it"
+        )
+    return value
 
 
 def sdpa_bucket() -> int | None:
