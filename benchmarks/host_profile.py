@@ -64,9 +64,20 @@ def main() -> None:
         help="profile a random-weight pair of this shape (benchmarks/slots_synthetic.py) instead",
     )
     ap.add_argument("--prompt-tokens", type=int, default=1024, help="with --synthetic")
+    ap.add_argument(
+        "--runners",
+        action="store_true",
+        help="run the compiled layer runners (CUDA's decoding path) on any device, to profile"
+        " their host work on a CPU",
+    )
     ap.add_argument("--out", default=None, help="write a JSON summary here too")
     args = ap.parse_args()
 
+    if args.runners:  # in this process only: the CUDA path's layer functions, here
+        import hf2q.kernels.layers as layers
+        import hf2q.runtime.verify as verify
+
+        layers.decode_runners_active = verify.decode_runners_active = lambda: True
     if args.synthetic:  # random weights of a real model's shape (benchmarks/slots_synthetic.py)
         from slots_synthetic import synthetic_pair
 

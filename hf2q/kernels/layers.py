@@ -49,6 +49,30 @@ def _cached(layer: nn.Module, key: tuple, build: Callable[[], Any]) -> Any:
     return fn
 
 
+class Chosen:
+    """What each layer of a model runs, decided once per layer function instead of on every call.
+
+    A layer function (plain decoding's :func:`fast_layer_fn`, verify's runner function) used to
+    ask on every call which implementation a layer takes and look its compiled runner up: for a
+    32-layer model on an H200 that was about half a millisecond of each step's host time
+    (environment reads, device queries, the runner cache; docs/BENCHMARKS.md, session 15). The
+    choice depends on the layer and on settings read when the layer function is made; the
+    per-call conditions (mask, cache kind, block length) are still checked on every call.
+    """
+
+    def __init__(self) -> None:
+        self._by_layer: dict[int, tuple[weakref.ref, Any]] = {}
+
+    def get(self, layer: nn.Module, choose: Callable[[nn.Module], Any]) -> Any:
+        """``choose(layer)``, computed on this layer's first call and kept while it lives."""
+        hit = self._by_layer.get(id(layer))
+        if hit is not None and hit[0]() is layer:
+            return hit[1]
+        value = choose(layer)
+        self._by_layer[id(layer)] = (weakref.ref(layer), value)
+        return value
+
+
 def _has_plain_mlp(layer: nn.Module) -> bool:
     return hasattr(layer.mlp, "gate_proj") and hasattr(layer.mlp, "up_proj")
 
@@ -120,28 +144,38 @@ def fast_layer_fn(
         rows: full attention through the row-invariant kernel (``select.row_attention_enabled()``).
     """
 
+    chosen = Chosen()
+
+    def choose(layer: nn.Module) -> tuple[str | None, Callable | None]:
+        if getattr(layer, "is_linear", False):
+            impl = select.gdn_impl(layer.linear_attn)
+            if impl == "mlx":
+                return impl, None
+            return impl, gdn_layer_runner(
+                layer, impl=impl, record="final", fuse_proj=fuse_proj, mm=mm
+            )
+        if isinstance(getattr(layer, "self_attn", None), Qwen3NextAttention):
+            return None, attention_runner(layer, fuse_proj=fuse_proj, mm=mm, rows=rows)
+        return None, None
+
     def run(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any) -> mx.array:
+        impl, runner = chosen.get(layer, choose)
         if getattr(layer, "is_linear", False):
             attn = layer.linear_attn
-            if mask is not None or not gdn_runnable(layer, cache):
+            if mask is not None or runner is None or not gdn_runnable(layer, cache):
                 return layer(h, mask=mask, cache=cache)
-            impl = select.gdn_impl(attn)
-            if impl == "mlx" or (impl == "ops" and h.shape[1] > MAX_OPS_STEPS):
-                # Apple GPUs: mlx-lm's Metal kernel already runs the recurrence in one launch.
+            if impl == "ops" and h.shape[1] > MAX_OPS_STEPS:
                 # Long prompts on ops: tracing thousands of steps costs more than it saves.
                 return layer(h, mask=mask, cache=cache)
             conv, state = cache[0], cache[1]
             if conv is None or state is None:
                 conv, state = empty_states(attn, h.shape[0], h.dtype)
-            run_layer = gdn_layer_runner(
-                layer, impl=impl, record="final", fuse_proj=fuse_proj, mm=mm
-            )
-            out, rec = run_layer(h, conv, state)
+            out, rec = runner(h, conv, state)
             cache[0], cache[1] = rec.final_conv_state, rec.final_state
             cache.advance(h.shape[1])
             return out
-        if attention_runnable(layer, cache):
-            return attention_runner(layer, fuse_proj=fuse_proj, mm=mm, rows=rows)(h, mask, cache)
+        if runner is not None and hasattr(cache, "update_and_fetch"):
+            return runner(h, mask, cache)
         return layer(h, mask=mask, cache=cache)
 
     return run

@@ -51,6 +51,8 @@ class TargetModel:
         self.inner = inner
         self.args = lm.args
         self.model_type = getattr(model, "model_type", getattr(self.args, "model_type", ""))
+        # Read on every layer of every forward: asked of the modules once.
+        self._linear = tuple(bool(getattr(x, "is_linear", False)) for x in inner.layers)
 
     # -- sizes -----------------------------------------------------------------------------
     @property
@@ -82,7 +84,7 @@ class TargetModel:
 
     def is_linear(self, index: int) -> bool:
         """True for Gated-DeltaNet (linear attention) layers, False for full attention."""
-        return bool(getattr(self.inner.layers[index], "is_linear", False))
+        return self._linear[index]
 
     @property
     def linear_layers(self) -> list[int]:

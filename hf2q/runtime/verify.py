@@ -33,8 +33,9 @@ from mlx_lm.models.gated_delta import compute_g, normalize_qk
 from hf2q.kernels import select
 from hf2q.kernels.cuda_gated_delta import gdn_fused_cuda
 from hf2q.kernels.gated_delta import gated_delta_steps
-from hf2q.kernels.gdn import empty_states
+from hf2q.kernels.gdn import LayerRunner, empty_states
 from hf2q.kernels.layers import (
+    Chosen,
     attention_runnable,
     attention_runner,
     decode_runners_active,
@@ -167,15 +168,14 @@ def gdn_verify(
 
 
 def _runner_verify(
-    layer: nn.Module, h: mx.array, cache: GDNRollbackCache, impl: str, fuse_proj: bool, mm: bool
+    layer: nn.Module, run: LayerRunner, h: mx.array, cache: GDNRollbackCache
 ) -> mx.array:
     """A Gated-DeltaNet decoder layer over a verify block through its compiled whole-layer runner
-    (:func:`hf2q.kernels.layers.gdn_layer_runner`, per-step states recorded), as plain decoding
-    runs the same layer with :func:`hf2q.kernels.layers.decode_layer_fn`."""
+    ``run`` (:func:`hf2q.kernels.layers.gdn_layer_runner` with per-step states recorded), as
+    plain decoding runs the same layer with :func:`hf2q.kernels.layers.decode_layer_fn`."""
     conv, state = cache[0], cache[1]
     if conv is None or state is None:
         conv, state = empty_states(layer.linear_attn, h.shape[0], h.dtype)
-    run = gdn_layer_runner(layer, impl=impl, record="states", fuse_proj=fuse_proj, mm=mm)
     out, rec = run(h, conv, state)
     cache.set_record(rec.conv_input, rec.rec)  # rec.rec: (B, T, Hv, Dv, Dk)
     cache[0] = mx.contiguous(rec.final_conv_state)
@@ -221,18 +221,32 @@ def runner_verify_layer_fn(
     plain decoding's steps, so that each verify row computes what its decode step computes.
     """
 
+    chosen = Chosen()
+
+    def choose(layer: nn.Module) -> tuple[str | None, Callable | None]:
+        if getattr(layer, "is_linear", False):
+            impl = select.gdn_impl(layer.linear_attn)
+            if impl == "mlx":  # Apple GPUs' mlx-lm kernel (final state only): the layer call
+                return impl, None
+            return impl, gdn_layer_runner(
+                layer, impl=impl, record="states", fuse_proj=fuse_proj, mm=mm
+            )
+        return None, attention_runner(layer, fuse_proj=fuse_proj, mm=mm, rows=rows)
+
     def run(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any) -> mx.array:
         if not _runnable(layer, cache):
             return verify_layer(index, layer, h, mask, cache)
+        _, runner = chosen.get(layer, choose)
         if not getattr(layer, "is_linear", False):
-            return attention_runner(layer, fuse_proj=fuse_proj, mm=mm, rows=rows)(h, mask, cache)
-        impl = select.gdn_impl(layer.linear_attn)
-        if mask is not None or impl == "mlx":
-            # Padding masks, and Apple GPUs' mlx-lm kernel (final state only), keep the layer call.
+            return runner(h, mask, cache)
+        if mask is not None or runner is None:  # padding masks keep the layer call too
             return verify_layer(index, layer, h, mask, cache)
-        return _runner_verify(layer, h, cache, impl, fuse_proj, mm)
+        return _runner_verify(layer, runner, h, cache)
 
     return run
+
+
+_verify_fns: dict[tuple, Callable[..., mx.array]] = {}
 
 
 def use_runners() -> bool:
@@ -262,9 +276,14 @@ def verify_forward(
     cache.begin_verify(tokens.shape[1])
     mm = select.small_mm_enabled()  # read once a forward, for the layers and the head
     if use_runners() if runners is None else runners:
-        fn = runner_verify_layer_fn(
-            fuse_proj=select.fuse_proj_enabled(), mm=mm, rows=select.row_attention_enabled()
-        )
+        options = (select.fuse_proj_enabled(), mm, select.row_attention_enabled())
+        # One layer function per set of settings, kept across rounds with its per-layer choices.
+        key = (*options, select.kernel_mode(), select.backend(), select.compile_enabled())
+        fn = _verify_fns.get(key)
+        if fn is None:
+            fn = _verify_fns[key] = runner_verify_layer_fn(
+                fuse_proj=options[0], mm=options[1], rows=options[2]
+            )
     else:
         fn = verify_layer
     return target.forward(

@@ -1,0 +1,104 @@
+"""Host time to build one target forward's graph through hf2q's compiled layer runners.
+
+Why: on an H200 a Qwen3.5-4B-sized plain step or DFlash round is bound by the host (session 15,
+docs/BENCHMARKS.md: about 2.0 ms of Python to build a 32-layer decode step's graph, 2.3 ms for a
+verify's, besides MLX encoding the nodes). That Python is the same code on every backend, so this
+script measures it anywhere: it runs ``TargetModel.forward`` through the layer functions plain
+decoding (``fast_layer_fn``) and verify (``verify_forward`` with the runners) use on CUDA, times
+only the call that builds the graph, then evaluates it untimed, and reports medians.
+
+Usage (a random-weight pair of benchmarks/slots_synthetic.py's shapes):
+    python benchmarks/forward_build.py --synthetic small --reps 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import mlx.core as mx  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--synthetic", choices=("small", "4b"), default="small")
+    ap.add_argument("--reps", type=int, default=200, help="timed forwards per kind")
+    ap.add_argument("--block", type=int, default=16, help="verify block length")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    from slots_synthetic import synthetic_pair
+
+    from hf2q.kernels import select
+    from hf2q.kernels.layers import fast_layer_fn
+    from hf2q.runtime.cache import make_target_cache
+    from hf2q.runtime.verify import verify_forward
+
+    pair = synthetic_pair(args.synthetic)
+    target = pair.target
+    ids = pair.drafter.config.target_layer_ids
+    vocab = target.args.vocab_size
+    prompt = mx.random.randint(0, vocab, (1, 32), key=mx.random.key(0)).astype(mx.int32)
+    results = {}
+
+    # Plain decoding's forward: one token through the runners (as decode_layer_fn on CUDA).
+    cache = target.make_cache()
+    target.forward(prompt, cache)
+    mx.eval([c.state for c in cache])
+    times = []
+    for i in range(args.reps + 5):
+        tok = mx.array([[i % vocab]], dtype=mx.int32)
+        tic = time.perf_counter()
+        fn = fast_layer_fn(fuse_proj=select.fuse_proj_enabled(), mm=select.small_mm_enabled())
+        logits, _ = target.forward(tok, cache, layer_fn=fn)
+        times.append(time.perf_counter() - tic)
+        mx.eval(logits, [c.state for c in cache])
+    results["decode"] = times[5:]
+
+    # Verify's forward: a block through the runners (states recorded), rolled back each time.
+    cache = make_target_cache(target)
+    target.forward(prompt, cache)
+    mx.eval([c.state for c in cache])
+    times = []
+    for i in range(args.reps + 5):
+        block = mx.array([[(i + j) % vocab for j in range(args.block)]], dtype=mx.int32)
+        tic = time.perf_counter()
+        logits, feats = verify_forward(target, block, cache, capture=ids, runners=True)
+        times.append(time.perf_counter() - tic)
+        mx.eval(logits, feats)
+        cache.rollback(1)
+        mx.eval([c.state for c in cache])
+    results["verify"] = times[5:]
+
+    report = {
+        "model": f"synthetic {args.synthetic}",
+        "layers": target.num_layers,
+        "device": str(mx.default_device()),
+        "reps": args.reps,
+    }
+    for kind, ts in results.items():
+        ms = sorted(t * 1e3 for t in ts)
+        report[f"{kind}_build_ms"] = round(statistics.median(ms), 4)
+        report[f"{kind}_build_ms_p10_p90"] = [
+            round(ms[len(ms) // 10], 4),
+            round(ms[(9 * len(ms)) // 10], 4),
+        ]
+        report[f"{kind}_build_us_per_layer"] = round(
+            statistics.median(ms) * 1e3 / target.num_layers, 1
+        )
+    text = json.dumps(report)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
