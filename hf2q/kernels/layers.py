@@ -199,6 +199,21 @@ def decode_layer_fn() -> Callable[[int, nn.Module, mx.array, Any, Any], mx.array
     )
 
 
+def prefill_layer_fn() -> Callable[[int, nn.Module, mx.array, Any, Any], mx.array] | None:
+    """The layer function for a prompt's chunks: the compiled runners where plain decoding runs
+    them and ``HF2Q_PREFILL_RUNNERS=1`` (:func:`hf2q.kernels.select.prefill_runners_enabled`),
+    else None (the model's own layer calls).
+
+    Attention keeps MLX's (cuDNN's on CUDA) kernel for the chunk's many query rows instead of the
+    row-invariant one, which is built for a decode step's or a verify block's few rows.
+    """
+    if not decode_runners_active() or not select.prefill_runners_enabled():
+        return None
+    return fast_layer_fn(
+        fuse_proj=select.fuse_proj_enabled(), mm=select.small_mm_enabled(), rows=False
+    )
+
+
 def decode_runners_active() -> bool:
     """Whether plain decoding runs the compiled runners here (:func:`decode_layer_fn`): on CUDA
     unless ``HF2Q_KERNELS=ops``."""

@@ -64,6 +64,11 @@ ROW_ATTENTION_ENV = "HF2Q_ROW_ATTENTION"
 #: (default 0: the whole forward is queued when the loop waits for its acceptance).
 FLUSH_LAYERS_ENV = "HF2Q_FLUSH_LAYERS"
 
+#: HF2Q_PREFILL_RUNNERS=1: prompt chunks go through the compiled layer runners (the fused
+#: Gated-DeltaNet kernel over the whole chunk) instead of the model's own layer calls (CUDA only;
+#: default off until measured on a GPU).
+PREFILL_RUNNERS_ENV = "HF2Q_PREFILL_RUNNERS"
+
 #: HF2Q_ROLLBACK_KERNEL=0: a verify's Gated-DeltaNet rollback runs per layer with ops instead of
 #: one launch of :mod:`hf2q.kernels.cuda_rollback` for all layers (CUDA only; default on there).
 ROLLBACK_KERNEL_ENV = "HF2Q_ROLLBACK_KERNEL"
@@ -113,6 +118,19 @@ def _cuda_kernel_switch(env: str) -> bool:
     """A CUDA-only kernel's switch: ``env`` (default on; a bad value is an error on every
     backend), and only on CUDA unless ``HF2Q_KERNELS=ops``."""
     return _flag(env, "1") and backend() == "cuda" and kernel_mode() != "ops"
+
+
+def prefill_runners_enabled() -> bool:
+    """Whether a prompt's chunks run through the compiled layer runners on CUDA.
+
+    Why: prefill runs the model's own layer calls, and off Apple GPUs mlx-lm computes the
+    Gated-DeltaNet recurrence of a chunk as a Python loop of small ops per step (a 1024-token
+    prompt of a Qwen3.5-4B shape is about 640 thousand graph nodes and 1.5 s on an H200,
+    docs/BENCHMARKS.md, session 15); the runners run it as one fused kernel per layer.
+    ``HF2Q_PREFILL_RUNNERS=1`` turns it on where plain decoding runs the runners (CUDA); off by
+    default until it has been measured on a GPU.
+    """
+    return _flag(PREFILL_RUNNERS_ENV, "0")
 
 
 def flush_layers() -> int:
@@ -309,6 +327,11 @@ def describe(attn: object | None = None) -> dict[str, str]:
     info["attention"] = (
         "row-invariant kernel (bf16/fp16)" if row_attention_enabled() else "MLX attention"
     )
+    info["prefill"] = (
+        "compiled runners"
+        if prefill_runners_enabled() and info["backend"] == "cuda" and info["mode"] != "ops"
+        else "the model's layers"
+    )
     flush = flush_layers()
     info["verify_queue"] = f"every {flush} layers" if flush else "at the acceptance"
     bucket = sdpa_bucket()
@@ -334,6 +357,7 @@ def summary(model: object | None = None) -> str:
     parts.append(f"small products {info['small_mm']}")
     parts.append(f"attention {info['attention']}, keys {info['sdpa_keys']}")
     parts.append(f"verify queued {info['verify_queue']}")
+    parts.append(f"prefill through {info['prefill']}")
     if info["mode"] != "auto":
         parts.append(f"{ENV}={info['mode']}")
     return "; ".join(parts)

@@ -33,7 +33,7 @@ from typing import Any
 import mlx.core as mx
 
 from hf2q.errors import UsageError
-from hf2q.kernels.layers import decode_layer_fn
+from hf2q.kernels.layers import decode_layer_fn, prefill_layer_fn
 from hf2q.kernels.select import small_mm_enabled
 from hf2q.runtime.cache import TargetCache, make_target_cache
 from hf2q.runtime.drafter import DFlashDraftModel
@@ -151,7 +151,8 @@ def prefill(
     """Process ``prompt`` into ``cache`` the way mlx-lm's ``generate_step`` does.
 
     All but the last token go in chunks of ``step_size`` (caches evaluated after each), then the
-    last token alone. With a drafter, each chunk's features of ``target_layer_ids`` are appended
+    last token alone; through the model's own layer calls, or on CUDA with
+    ``HF2Q_PREFILL_RUNNERS=1`` through the compiled runners (:func:`prefill_layer_fn`). With a drafter, each chunk's features of ``target_layer_ids`` are appended
     to ``draft_cache``; the last token's features are returned for the first draft instead.
 
     Returns:
@@ -162,9 +163,15 @@ def prefill(
     toks = mx.array(list(prompt), dtype=mx.int32)
     n = toks.shape[0]
     start = 0
+    # HF2Q_PREFILL_RUNNERS=1 on CUDA: chunks through the compiled runners, the last token as a
+    # decode step; otherwise (the default) both through the model's own layer calls.
+    chunk_fn = prefill_layer_fn()
+    last_fn = decode_layer_fn() if chunk_fn is not None else None
     while n - start > 1:
         end = min(start + step_size, n - 1)
-        _, feats = target.forward(toks[None, start:end], cache, capture=ids, last_only=True)
+        _, feats = target.forward(
+            toks[None, start:end], cache, capture=ids, last_only=True, layer_fn=chunk_fn
+        )
         state = [c.state for c in cache]
         if drafter is not None:
             drafter.add_context(feats, draft_cache)
@@ -172,7 +179,7 @@ def prefill(
         mx.eval(state)
         start = end
         mx.clear_cache()
-    logits, feats = target.forward(toks[None, n - 1 :], cache, capture=ids)
+    logits, feats = target.forward(toks[None, n - 1 :], cache, capture=ids, layer_fn=last_fn)
     return logits[:, -1], feats
 
 
