@@ -36,11 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mlx.core as mx  # noqa: E402
+from slots_synthetic import add_pair_arguments, pair_and_prompts  # noqa: E402
 
 import hf2q.runtime.dflash as single  # noqa: E402
 import hf2q.runtime.slots as batched  # noqa: E402
-from hf2q.runtime.bench import BenchConfig, make_prompts  # noqa: E402
-from hf2q.runtime.pair import apply_dtype, load_pair  # noqa: E402
 
 _NODE = re.compile(r'label ="([^"]+)", shape=rectangle')
 
@@ -127,12 +126,10 @@ def _run(mode: str, pair: Any, prompts: list[list[int]], slots: int, tokens: int
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-m", "--model", default=None, help="target (default: the embedded demo pair)")
-    ap.add_argument("-d", "--draft", default=None)
+    add_pair_arguments(ap)
     ap.add_argument("--slots", type=int, default=8, help="N slots; 0 = the single-sequence loops")
     ap.add_argument("--modes", default="plain,dflash")
     ap.add_argument("--gen-tokens", type=int, default=32)
-    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--top", type=int, default=12, help="operations listed per call site")
     ap.add_argument(
         "--time",
@@ -140,28 +137,10 @@ def main() -> None:
         help="also run once more timing each evaluation call (eval: encoding + waiting for the "
         "device; async_eval: encoding only), without counting",
     )
-    ap.add_argument(
-        "--synthetic",
-        choices=("4b", "small"),
-        default=None,
-        help="profile a random-weight pair of this shape (benchmarks/slots_synthetic.py) instead",
-    )
-    ap.add_argument("--prompt-tokens", type=int, default=1024, help="with --synthetic")
     ap.add_argument("--out", default=None, help="write the JSON here too")
     args = ap.parse_args()
 
-    if args.synthetic:  # random weights of a real model's shape (benchmarks/slots_synthetic.py)
-        from slots_synthetic import synthetic_pair
-
-        pair = synthetic_pair(args.synthetic)
-        dtype = "bfloat16"
-        config = BenchConfig(workload="random", prompt_tokens=args.prompt_tokens)
-        vocab = pair.target.args.vocab_size
-    else:
-        pair = load_pair(args.model, args.draft)
-        dtype = apply_dtype(pair.target, pair.drafter, args.dtype)
-        config, vocab = BenchConfig(), None
-    prompts = make_prompts(config, max(args.slots, 1), tokenizer=pair.tokenizer, vocab_size=vocab)
+    pair, dtype, prompts = pair_and_prompts(args, max(args.slots, 1))
     counter = _Counter()
     single.mx = batched.mx = counter  # type: ignore[assignment]
     report: dict[str, Any] = {

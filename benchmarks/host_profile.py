@@ -24,9 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hf2q.runtime.bench import BenchConfig, make_prompts  # noqa: E402
+from slots_synthetic import add_pair_arguments, pair_and_prompts  # noqa: E402
+
 from hf2q.runtime.dflash import dflash_generate, plain_generate, run  # noqa: E402
-from hf2q.runtime.pair import apply_dtype, load_pair  # noqa: E402
 from hf2q.runtime.slots import (  # noqa: E402
     Request,
     run_slots,
@@ -50,20 +50,11 @@ def _once(loop: str, pair, prompts: list[list[int]], slots: int, tokens: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-m", "--model", default=None)
-    ap.add_argument("-d", "--draft", default=None)
+    add_pair_arguments(ap)
     ap.add_argument("--loops", default="dflash,plain")
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument(
-        "--synthetic",
-        choices=("4b", "small"),
-        default=None,
-        help="profile a random-weight pair of this shape (benchmarks/slots_synthetic.py) instead",
-    )
-    ap.add_argument("--prompt-tokens", type=int, default=1024, help="with --synthetic")
     ap.add_argument(
         "--runners",
         action="store_true",
@@ -78,17 +69,7 @@ def main() -> None:
         import hf2q.runtime.verify as verify
 
         layers.decode_runners_active = verify.decode_runners_active = lambda: True
-    if args.synthetic:  # random weights of a real model's shape (benchmarks/slots_synthetic.py)
-        from slots_synthetic import synthetic_pair
-
-        pair = synthetic_pair(args.synthetic)
-        config = BenchConfig(workload="random", prompt_tokens=args.prompt_tokens)
-        vocab = pair.target.args.vocab_size
-    else:
-        pair = load_pair(args.model, args.draft)
-        apply_dtype(pair.target, pair.drafter, args.dtype)
-        config, vocab = BenchConfig(), None
-    prompts = make_prompts(config, args.slots, tokenizer=pair.tokenizer, vocab_size=vocab)
+    pair, _, prompts = pair_and_prompts(args, args.slots)
     summary = {}
     for loop in args.loops.split(","):
         if loop not in LOOPS:

@@ -129,6 +129,40 @@ def synthetic_pair(shape: str, dtype: str = "bfloat16", seed: int = 0):
     return Pair(target, drafter, None, f"synthetic {shape}", f"synthetic {shape}", False)
 
 
+def add_pair_arguments(ap) -> None:
+    """The profiling scripts' choice of pair: ``-m/-d`` (default: the embedded demo pair) or
+    ``--synthetic SHAPE`` with ``--prompt-tokens`` random prompt ids, and ``--dtype``."""
+    ap.add_argument("-m", "--model", default=None, help="target (default: the embedded demo pair)")
+    ap.add_argument("-d", "--draft", default=None)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument(
+        "--synthetic",
+        choices=sorted(SHAPES),
+        default=None,
+        help="profile a random-weight pair of this shape (benchmarks/slots_synthetic.py) instead",
+    )
+    ap.add_argument("--prompt-tokens", type=int, default=1024, help="with --synthetic")
+
+
+def pair_and_prompts(args, n: int):
+    """``(pair, dtype, prompts)`` for :func:`add_pair_arguments`' options: ``n`` built-in prompts
+    of a loaded pair, or ``n`` random ones of ``--prompt-tokens`` ids for ``--synthetic``."""
+    from hf2q.runtime.bench import BenchConfig, make_prompts
+    from hf2q.runtime.pair import apply_dtype, load_pair
+
+    if args.synthetic:
+        pair = synthetic_pair(args.synthetic)
+        dtype = "bfloat16"
+        config = BenchConfig(workload="random", prompt_tokens=args.prompt_tokens)
+        vocab = pair.target.args.vocab_size
+    else:
+        pair = load_pair(args.model, args.draft)
+        dtype = apply_dtype(pair.target, pair.drafter, args.dtype)
+        config, vocab = BenchConfig(), None
+    prompts = make_prompts(config, n, tokenizer=pair.tokenizer, vocab_size=vocab)
+    return pair, dtype, prompts
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="4b")

@@ -184,3 +184,21 @@ def assert_greedy_dflash_equals_plain(
         slots_dflash_generate(target, drafter, reqs, slots=slots, eos_token_ids=eos)
     )
     assert [s.tokens for s in batched.requests] == want
+
+
+def assert_fitted_greedy_dflash_equals_plain(
+    fitted_pairs, max_tokens, name: str = "qwen35"
+) -> None:
+    """:func:`assert_greedy_dflash_equals_plain` on the fitted pair ``name`` with the first
+    ``len(max_tokens)`` of ``FIT_TEXTS`` as prompts, blocks 4 and 16, on 2 slots."""
+    lm, target, drafter = load_fitted(*fitted_pairs[name])
+    prompts = [lm.tokenizer.encode(t) for t in FIT_TEXTS[: len(max_tokens)]]
+    assert_greedy_dflash_equals_plain(
+        target,
+        drafter,
+        prompts,
+        list(max_tokens),
+        blocks=(4, 16),
+        slots=2,
+        eos=lm.tokenizer.eos_token_ids,
+    )

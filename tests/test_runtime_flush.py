@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from conftest import FIT_TEXTS, assert_greedy_dflash_equals_plain, load_fitted
+from conftest import FIT_TEXTS, assert_fitted_greedy_dflash_equals_plain, load_fitted
 from mlx.utils import tree_flatten
 
 from hf2q.errors import UsageError
@@ -69,14 +69,4 @@ def test_queued_verify_is_bit_equal_to_one_queue(fitted_pairs, monkeypatch):
 @pytest.mark.parametrize("every", ["1", "3"])
 def test_greedy_dflash_with_a_queued_verify_equals_plain(every, fitted_pairs, monkeypatch):
     monkeypatch.setenv(select.FLUSH_LAYERS_ENV, every)
-    lm, target, drafter = load_fitted(*fitted_pairs["qwen35"])
-    prompts = [lm.tokenizer.encode(t) for t in FIT_TEXTS[:3]]
-    assert_greedy_dflash_equals_plain(
-        target,
-        drafter,
-        prompts,
-        [24, 17, 30],
-        blocks=(4, 16),
-        slots=2,
-        eos=lm.tokenizer.eos_token_ids,
-    )
+    assert_fitted_greedy_dflash_equals_plain(fitted_pairs, [24, 17, 30])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from conftest import FIT_TEXTS, assert_greedy_dflash_equals_plain, load_fitted
+from conftest import FIT_TEXTS, assert_fitted_greedy_dflash_equals_plain, load_fitted
 from mlx.utils import tree_flatten
 
 from hf2q.errors import UsageError
@@ -99,17 +99,7 @@ def test_runner_prefill_equals_the_models_layers(words, step_size, fitted_pairs,
 
 
 def test_greedy_dflash_after_a_runner_prefill_equals_plain(fitted_pairs, runners_here):
-    lm, target, drafter = load_fitted(*fitted_pairs["qwen35"])
-    prompts = [lm.tokenizer.encode(t) for t in FIT_TEXTS[:3]]
-    assert_greedy_dflash_equals_plain(
-        target,
-        drafter,
-        prompts,
-        [20, 26, 14],
-        blocks=(4, 16),
-        slots=2,
-        eos=lm.tokenizer.eos_token_ids,
-    )
+    assert_fitted_greedy_dflash_equals_plain(fitted_pairs, [20, 26, 14])
 
 
 @pytest.mark.cuda

@@ -81,6 +81,20 @@ def _flag(env: str, default: str) -> bool:
     return value not in ("0", "false", "off")
 
 
+def _count(env: str, what: str) -> int | None:
+    """``env`` as a count (0 meaning off), None when unset; a bad value is an error naming it."""
+    raw = os.environ.get(env, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise UsageError(f"{env}={raw!r} must be 0 (off) or {what}: fix or unset it")
+    return value
+
+
 def compile_enabled() -> bool:
     """Whether the layer runners use ``mx.compile`` (``HF2Q_COMPILE``, default on)."""
     return _flag(COMPILE_ENV, "1")
@@ -143,18 +157,8 @@ def flush_layers() -> int:
     the H200 it gave no gain (every 8 layers) or a loss (every 4): docs/BENCHMARKS.md, "H200,
     session 15". Kept as a switch to measure again: ``HF2Q_FLUSH_LAYERS`` = a layer count.
     """
-    raw = os.environ.get(FLUSH_LAYERS_ENV, "").strip()
-    if not raw:
-        return 0
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise UsageError(
-            f"{FLUSH_LAYERS_ENV}={raw!r} must be 0 (off) or a layer count: fix or unset it"
-        )
-    return value
+    value = _count(FLUSH_LAYERS_ENV, "a layer count")
+    return value or 0
 
 
 def sdpa_bucket() -> int | None:
@@ -169,16 +173,8 @@ def sdpa_bucket() -> int | None:
     rounds. ``HF2Q_SDPA_BUCKET``: a positive multiple to force it anywhere, 0 to turn it off;
     default 256 on CUDA, off elsewhere (CPUs and Apple GPUs build nothing per shape).
     """
-    raw = os.environ.get(SDPA_BUCKET_ENV, "").strip()
-    if raw:
-        try:
-            value = int(raw)
-        except ValueError:
-            value = -1
-        if value < 0:
-            raise UsageError(
-                f"{SDPA_BUCKET_ENV}={raw!r} must be 0 (off) or a positive bucket length: fix or unset it"
-            )
+    value = _count(SDPA_BUCKET_ENV, "a positive bucket length")
+    if value is not None:
         return value or None
     return SDPA_BUCKET_CUDA if backend() == "cuda" else None
 
