@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import weakref
 
 import checkpoints as ck
 import mlx.core as mx
@@ -92,6 +93,27 @@ def test_runners_are_built_once_per_layer_and_dropped_with_it():
     del layer, first, target
     gc.collect()
     assert key not in layers._RUNNERS
+
+
+def test_layer_choices_are_made_once_and_dropped_with_the_layer():
+    target = qwen35(seed=7)
+    layer, made = target.layers[0], []
+    chosen = layers.Chosen()
+    first = chosen.get(layer, lambda lay: made.append(lay) or object())
+    assert chosen.get(layer, lambda lay: made.append(lay) or object()) is first
+    assert len(made) == 1 and len(chosen) == 1
+    # The verify's layer functions live as long as the process: they must not keep a model's
+    # compiled runners (whose traces hold its weights) once the model is gone.
+    fn = layers.fast_layer_fn()
+    cache = make_prompt_cache(target.model)
+    target.forward(mx.array([[3, 1, 4]]), cache, layer_fn=fn)
+    runner = weakref.ref(layers.gdn_layer_runner(layer, impl="ops", record="final"))
+    assert runner() is not None
+    made.clear()  # it holds the layer
+    del layer, first, target, cache
+    gc.collect()
+    assert len(chosen) == 0
+    assert runner() is None  # fn is still alive
 
 
 def test_long_prompts_on_ops_run_the_layers_own_call():

@@ -64,13 +64,18 @@ class Chosen:
         self._by_layer: dict[int, tuple[weakref.ref, Any]] = {}
 
     def get(self, layer: nn.Module, choose: Callable[[nn.Module], Any]) -> Any:
-        """``choose(layer)``, computed on this layer's first call and kept while it lives."""
-        hit = self._by_layer.get(id(layer))
+        """``choose(layer)``, computed on this layer's first call and kept while it lives (the
+        entry goes with the layer: a kept compiled runner would keep the model's weights)."""
+        k = id(layer)
+        hit = self._by_layer.get(k)
         if hit is not None and hit[0]() is layer:
             return hit[1]
         value = choose(layer)
-        self._by_layer[id(layer)] = (weakref.ref(layer), value)
+        self._by_layer[k] = (weakref.ref(layer, lambda _r: self._by_layer.pop(k, None)), value)
         return value
+
+    def __len__(self) -> int:
+        return len(self._by_layer)
 
 
 def _has_plain_mlp(layer: nn.Module) -> bool:
