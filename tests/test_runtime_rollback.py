@@ -273,3 +273,23 @@ def test_compiled_verify_layer_equals_the_eager_one_bit_for_bit(request):
         for t in range(a.record.length):
             _assert_same(a.record.after(t + 1), b.record.after(t + 1))
         _assert_same(a.record.conv_input, b.record.conv_input)
+
+
+def test_compiled_verify_layers_do_not_keep_a_freed_model(request):
+    # A compiled trace keeps the weights it read: the compiled verify layer (the CPU path) must go
+    # with its layer, or every model that ever verified would stay in memory.
+    import gc
+    import weakref
+
+    from hf2q.runtime import verify
+
+    lm = load_model(request.getfixturevalue("qwen35_dir"))  # its own copy: nothing else keeps it
+    target = TargetModel(lm.model, lm.tokenizer)
+    attn = target.layers[target.linear_layers[0]].linear_attn
+    verify.gdn_verify(attn, target.embed(mx.array([[5, 7, 9, 11, 2]])), None, GDNRollbackCache())
+    key, alive = id(attn), weakref.ref(attn)
+    assert key in verify._compiled_layers
+    del attn, target, lm
+    gc.collect()
+    assert alive() is None
+    assert key not in verify._compiled_layers

@@ -33,7 +33,7 @@ from mlx_lm.models.gated_delta import compute_g, normalize_qk
 from hf2q.kernels import select
 from hf2q.kernels.cuda_gated_delta import gdn_fused_cuda
 from hf2q.kernels.gated_delta import gated_delta_steps
-from hf2q.kernels.gdn import LayerRunner, empty_states
+from hf2q.kernels.gdn import LayerRunner, _alive, empty_states
 from hf2q.kernels.layers import (
     Chosen,
     attention_runnable,
@@ -115,15 +115,19 @@ _compiled_layers: dict[int, tuple[weakref.ref, Callable[..., Any]]] = {}
 
 
 def _compiled_gdn(attn: nn.Module) -> Callable[..., Any]:
-    entry = _compiled_layers.get(id(attn))
+    k = id(attn)
+    entry = _compiled_layers.get(k)
     if entry is None or entry[0]() is not attn:
+        # The function holds the layer weakly and its entry goes with the layer: a compiled
+        # trace keeps the weights it read, so a kept entry would keep a freed model in memory.
+        ref = weakref.ref(attn, lambda _r: _compiled_layers.pop(k, None))
 
         def flat(x: mx.array, conv_state: mx.array, state: mx.array) -> tuple[mx.array, ...]:
-            out, conv_input, states = _gdn_math(attn, x, conv_state, state, None)
+            out, conv_input, states = _gdn_math(_alive(ref), x, conv_state, state, None)
             return (out, conv_input, *([states] if isinstance(states, mx.array) else states))
 
-        entry = (weakref.ref(attn), mx.compile(flat))
-        _compiled_layers[id(attn)] = entry
+        entry = (ref, mx.compile(flat))
+        _compiled_layers[k] = entry
     return entry[1]
 
 
