@@ -5,7 +5,9 @@ docs/BENCHMARKS.md: about 2.0 ms of Python to build a 32-layer decode step's gra
 verify's, besides MLX encoding the nodes). That Python is the same code on every backend, so this
 script measures it anywhere: it runs ``TargetModel.forward`` through the layer functions plain
 decoding (``fast_layer_fn``) and verify (``verify_forward`` with the runners) use on CUDA, times
-only the call that builds the graph, then evaluates it untimed, and reports medians.
+only the call that builds the graph, then evaluates it untimed, and reports medians; also the
+decode step as one compiled graph (``hf2q.kernels.forward.CompiledDecode``,
+``HF2Q_COMPILE_FORWARD=1``).
 
 Usage (a random-weight pair of benchmarks/slots_synthetic.py's shapes):
     python benchmarks/forward_build.py --synthetic small --reps 200
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from slots_synthetic import synthetic_pair
 
     from hf2q.kernels import select
+    from hf2q.kernels.forward import CompiledDecode
     from hf2q.kernels.layers import fast_layer_fn
     from hf2q.runtime.cache import make_target_cache
     from hf2q.runtime.verify import verify_forward
@@ -61,6 +64,25 @@ def main(argv: list[str] | None = None) -> int:
         times.append(time.perf_counter() - tic)
         mx.eval(logits, [c.state for c in cache])
     results["decode"] = times[5:]
+
+    # The same step as one compiled graph (HF2Q_COMPILE_FORWARD=1, hf2q.kernels.forward).
+    cache = target.make_cache()
+    target.forward(prompt, cache)
+    mx.eval([c.state for c in cache])
+    whole = CompiledDecode(
+        target,
+        fuse_proj=select.fuse_proj_enabled(),
+        mm=select.small_mm_enabled(),
+        rows=select.row_attention_enabled(),
+    )
+    times = []
+    for i in range(args.reps + 5):
+        tok = mx.array([[i % vocab]], dtype=mx.int32)
+        tic = time.perf_counter()
+        logits = whole(tok, cache)
+        times.append(time.perf_counter() - tic)
+        mx.eval(logits, [c.state for c in cache])
+    results["decode_whole"] = times[5:]
 
     # Verify's forward: a block through the runners (states recorded), rolled back each time.
     cache = make_target_cache(target)

@@ -4,8 +4,10 @@
 #    forward through the runners (layer choices now kept per layer function, commit e9b4e8e;
 #    session 15's profile: ~2.0 / 2.3 ms before).
 # 2. benchmarks/prefill_cost.py --synthetic 4b: prefill with HF2Q_PREFILL_RUNNERS=0 / 1, alternating.
-# 3. benchmarks/slots_synthetic.py --shape 4b --slots 1,4: the loop's plain step, round and E.
-# 4. CUDA tests ($TESTS) in the time left (default: the prefill-runner and flush tests).
+# 3. benchmarks/plain_ab.py --synthetic 4b: plain decoding ms/token with HF2Q_COMPILE_FORWARD
+#    0 / 1 (a whole decode step as one compiled graph), alternating, tokens compared.
+# 4. benchmarks/slots_synthetic.py --shape 4b --slots 1,4: the loop's plain step, round and E.
+# 5. CUDA tests ($TESTS) in the time left (default: the compiled step, prefill runners, flush).
 # SHAPE=small runs the same on a CPU (a check of the script, not a result).
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -18,11 +20,14 @@ echo "forward_build exit $? [$(( $(date +%s) - S ))s]"; tail -n 1 "$OUT/forward_
 timeout 200 python3 benchmarks/prefill_cost.py --synthetic "$SHAPE" --prompt-tokens "${PROMPTS:-1024,4096}" \
   --reps 3 --out "$OUT/prefill_cost.json" > "$OUT/prefill_cost.log" 2>&1
 echo "prefill_cost exit $? [$(( $(date +%s) - S ))s]"; grep '^{"prompt' "$OUT/prefill_cost.log"
+timeout 150 python3 benchmarks/plain_ab.py --synthetic "$SHAPE" --tokens 128 --runs 5 \
+  --out "$OUT/plain_ab.json" > "$OUT/plain_ab.log" 2>&1
+echo "plain_ab exit $? [$(( $(date +%s) - S ))s]"; tail -n 1 "$OUT/plain_ab.log" | cut -c1-400
 SHAPE=$SHAPE VARIANTS=- SLOTS=1,4 TESTS=none VARIANT_S=200 bash benchmarks/h200_variants.sh
 t=$(( ${BUDGET:-560} - ($(date +%s) - S) ))
 # shellcheck disable=SC2086  # TESTS is a list of paths
 if [ "$t" -gt 30 ]; then
-  timeout "$t" python3 -m pytest -q -x ${TESTS:-tests/test_runtime_prefill_runners.py tests/test_runtime_flush.py} \
+  timeout "$t" python3 -m pytest -q -x ${TESTS:-tests/test_kernels_forward.py tests/test_runtime_prefill_runners.py tests/test_runtime_flush.py} \
     > "$OUT/cuda_tests.log" 2>&1
   echo "tests exit $? [$(( $(date +%s) - S ))s]"; tail -n 3 "$OUT/cuda_tests.log"
 fi

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -46,20 +46,25 @@ def reads_buffer_in_place(cache: Any) -> bool:
     return type(cache) is KVCache or getattr(type(cache), "positions_are_indices", False)
 
 
-def compile_attention_layer(
-    layer: nn.Module, *, fuse_proj: bool = False, mm: bool = False, rows: bool = False
-) -> AttentionRunner:
-    """A function ``(x, mask, cache) -> out`` equal to ``layer(x, mask, cache)``, mostly compiled.
+class AttentionPieces(NamedTuple):
+    """The uncompiled math of a Qwen3.5 full-attention decoder layer around its KV cache."""
+
+    pre: Callable  # (x, offset array) -> (queries, keys, values, gate), rotated at offset
+    post: Callable  # (x, attention (B, heads, L, d), gate) -> layer output
+    post_rows: Callable  # (x, attention (B, L, heads, d), gate) -> layer output
+    scale: float
+
+
+def attention_pieces(
+    layer: nn.Module, *, fuse_proj: bool = False, mm: bool = False
+) -> AttentionPieces:
+    """The pieces :func:`compile_attention_layer` compiles (and a whole compiled forward traces).
 
     Args:
         layer: mlx-lm's Qwen3.5 full-attention ``DecoderLayer`` (``layer.self_attn``).
         fuse_proj: compute q/k/v with one matmul and the MLP's gate/up with one (weights are
             concatenated once, here; the layer itself is not changed).
         mm: products through :func:`hf2q.kernels.linear.linear` (the small-M kernel on CUDA).
-        rows: attend with :func:`hf2q.kernels.cuda_attention.row_attention_cuda` where it
-            applies (CUDA, bf16/fp16, :func:`reads_buffer_in_place` caches): each query row's
-            bits are then independent of how many rows a call computes. The mask argument is
-            not needed there (causal by position).
     """
     ref = weakref.ref(layer)  # the model owns the layer; these functions must not keep it alive
     sa = layer.self_attn
@@ -103,7 +108,27 @@ def compile_attention_layer(
         # attn: (B, heads, L, d) as MLX's attention returns it.
         return post_rows(x, attn.transpose(0, 2, 1, 3), gate)
 
-    cpre, cpost, cpost_rows = mx.compile(pre), mx.compile(post), mx.compile(post_rows)
+    return AttentionPieces(pre, post, post_rows, scale)
+
+
+def compile_attention_layer(
+    layer: nn.Module, *, fuse_proj: bool = False, mm: bool = False, rows: bool = False
+) -> AttentionRunner:
+    """A function ``(x, mask, cache) -> out`` equal to ``layer(x, mask, cache)``, mostly compiled.
+
+    Args:
+        layer: mlx-lm's Qwen3.5 full-attention ``DecoderLayer`` (``layer.self_attn``).
+        fuse_proj, mm: as in :func:`attention_pieces`.
+        rows: attend with :func:`hf2q.kernels.cuda_attention.row_attention_cuda` where it
+            applies (CUDA, bf16/fp16, :func:`reads_buffer_in_place` caches): each query row's
+            bits are then independent of how many rows a call computes. The mask argument is
+            not needed there (causal by position).
+    """
+    ref = weakref.ref(layer)
+    pieces = attention_pieces(layer, fuse_proj=fuse_proj, mm=mm)
+    scale = pieces.scale
+    cpre, cpost = mx.compile(pieces.pre), mx.compile(pieces.post)
+    cpost_rows = mx.compile(pieces.post_rows)
 
     def run(x: mx.array, mask: Any, cache: Any) -> mx.array:
         if cache is None or hasattr(cache, "bits"):

@@ -69,6 +69,10 @@ FLUSH_LAYERS_ENV = "HF2Q_FLUSH_LAYERS"
 #: default off until measured on a GPU).
 PREFILL_RUNNERS_ENV = "HF2Q_PREFILL_RUNNERS"
 
+#: HF2Q_COMPILE_FORWARD=1: plain decoding runs each step's whole target forward as one compiled
+#: graph (:mod:`hf2q.kernels.forward`) where the runners run (CUDA); default off until measured.
+COMPILE_FORWARD_ENV = "HF2Q_COMPILE_FORWARD"
+
 #: HF2Q_ROLLBACK_KERNEL=0: a verify's Gated-DeltaNet rollback runs per layer with ops instead of
 #: one launch of :mod:`hf2q.kernels.cuda_rollback` for all layers (CUDA only; default on there).
 ROLLBACK_KERNEL_ENV = "HF2Q_ROLLBACK_KERNEL"
@@ -145,6 +149,12 @@ def prefill_runners_enabled() -> bool:
     default until it has been measured on a GPU.
     """
     return _flag(PREFILL_RUNNERS_ENV, "0")
+
+
+def compile_forward_enabled() -> bool:
+    """Whether plain decoding steps run as one compiled graph (``HF2Q_COMPILE_FORWARD=1``; where
+    the layer runners run, i.e. CUDA; off by default until measured on a GPU)."""
+    return _flag(COMPILE_FORWARD_ENV, "0")
 
 
 def flush_layers() -> int:
@@ -328,6 +338,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
         if prefill_runners_enabled() and info["backend"] == "cuda" and info["mode"] != "ops"
         else "the model's layers"
     )
+    if compile_forward_enabled() and info["backend"] == "cuda" and info["mode"] != "ops":
+        info["decode_step"] = "one compiled graph"
     flush = flush_layers()
     info["verify_queue"] = f"every {flush} layers" if flush else "at the acceptance"
     bucket = sdpa_bucket()
@@ -354,6 +366,8 @@ def summary(model: object | None = None) -> str:
     parts.append(f"attention {info['attention']}, keys {info['sdpa_keys']}")
     parts.append(f"verify queued {info['verify_queue']}")
     parts.append(f"prefill through {info['prefill']}")
+    if "decode_step" in info:
+        parts.append(f"decode step {info['decode_step']}")
     if info["mode"] != "auto":
         parts.append(f"{ENV}={info['mode']}")
     return "; ".join(parts)

@@ -33,8 +33,14 @@ from typing import Any
 import mlx.core as mx
 
 from hf2q.errors import UsageError
+from hf2q.kernels.forward import CompiledDecode
 from hf2q.kernels.layers import decode_layer_fn, prefill_layer_fn
-from hf2q.kernels.select import small_mm_enabled
+from hf2q.kernels.select import (
+    compile_forward_enabled,
+    fuse_proj_enabled,
+    row_attention_enabled,
+    small_mm_enabled,
+)
 from hf2q.runtime.cache import TargetCache, make_target_cache
 from hf2q.runtime.drafter import DFlashDraftModel
 from hf2q.runtime.lookup import LookupChooser
@@ -527,10 +533,21 @@ def _plain(
 
     layer_fn = decode_layer_fn()
     mm = small_mm_enabled()  # the head's product, read once as the layers' is
+    whole = None  # HF2Q_COMPILE_FORWARD=1 where the runners run: each step one compiled graph
+    if (
+        layer_fn is not None
+        and compile_forward_enabled()
+        and CompiledDecode.supports(target, cache)
+    ):
+        whole = CompiledDecode(
+            target, fuse_proj=fuse_proj_enabled(), mm=mm, rows=row_attention_enabled()
+        )
 
     def step(y: mx.array) -> mx.array:
         if layer_fn is None:
             return choose(model(y[None], cache=cache)[:, -1], sampling, keys)
+        if whole is not None:
+            return choose(whole(y[None], cache)[:, -1], sampling, keys)
         logits, _ = target.forward(y[None], cache, layer_fn=layer_fn, mm=mm)
         return choose(logits[:, -1], sampling, keys)
 

@@ -1,0 +1,154 @@
+"""A whole plain decode step of a Qwen3.5 target as one ``mx.compile`` graph (experimental).
+
+Why: on an H200 a Qwen3.5-4B-sized decode step is bound by the host, and about 2 ms of its
+5.5 ms is Python building the graph layer by layer (docs/BENCHMARKS.md, "H200, session 15"),
+even with every layer's math compiled. Replaying one compiled graph for the whole step builds the
+same nodes from C++ instead.
+
+What it does: :class:`CompiledDecode` runs one token through every layer of the target in one
+compiled function: the Gated-DeltaNet layers as :func:`hf2q.kernels.gdn.gdn_decoder_layer`, the
+full-attention layers as :func:`hf2q.kernels.attention.attention_pieces` around the KV cache,
+which is written with ``mx.slice_update`` at the position given as an array and read whole (the
+row-invariant CUDA kernel, or MLX's attention with the positions after the token masked). The
+position is an input, so one trace serves every step until mlx-lm's KV buffer grows (every 256
+positions), when the cache's shape, hence the trace, changes. The caches stay mlx-lm's own objects
+(``ArraysCache`` states, ``KVCache`` buffers and offset), updated after each call.
+
+What it does not do: verify blocks, slots, quantized or rotating KV caches, padding, other
+architectures (:meth:`CompiledDecode.supports` says no, and the caller keeps the layer path).
+``HF2Q_COMPILE_FORWARD=1`` turns it on for plain decoding where the runners run (CUDA); off by
+default until it has been measured on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.qwen3_next import Qwen3NextAttention
+
+from hf2q.kernels import cuda_attention, select
+from hf2q.kernels.attention import attention_pieces
+from hf2q.kernels.gdn import fuse_projections, gdn_decoder_layer
+from hf2q.kernels.layers import _cached, _has_plain_mlp, gdn_runnable
+
+
+def _reserve(cache: KVCache, n: int) -> None:
+    """Grow ``cache``'s buffers as mlx-lm's ``KVCache.update_and_fetch`` would before writing
+    ``n`` more positions (its 256-position steps), so the compiled step can write in place."""
+    prev = cache.offset
+    keys, values = cache.keys, cache.values
+    if prev + n <= keys.shape[2]:
+        return
+    B, heads, _, dk = keys.shape
+    grow = (cache.step + n - 1) // cache.step * cache.step
+    if prev % cache.step != 0:
+        keys, values = keys[..., :prev, :], values[..., :prev, :]
+    cache.keys = mx.concatenate([keys, mx.zeros((B, heads, grow, dk), keys.dtype)], axis=2)
+    cache.values = mx.concatenate(
+        [values, mx.zeros((B, heads, grow, values.shape[3]), values.dtype)], axis=2
+    )
+
+
+class CompiledDecode:
+    """One decode step (one token, one sequence) of ``target`` as one compiled graph.
+
+    Args:
+        target: a :class:`hf2q.runtime.target.TargetModel` of a Qwen3.5 model.
+        fuse_proj, mm, rows: as :func:`hf2q.kernels.layers.fast_layer_fn`'s (concatenated
+            projections, the small-M product kernel, the row-invariant attention kernel).
+    """
+
+    def __init__(
+        self, target: Any, *, fuse_proj: bool = False, mm: bool = False, rows: bool = False
+    ):
+        self.target = target
+        self.mm = mm
+        self.rows = rows
+        self._parts: list[tuple] = []
+        for layer in target.layers:
+            if getattr(layer, "is_linear", False):
+                impl = select.gdn_impl(layer.linear_attn)
+                fused = None
+                if fuse_proj and _has_plain_mlp(layer):
+                    fused = _cached(layer, ("fused-proj",), lambda lay=layer: fuse_projections(lay))
+                self._parts.append(("gdn", layer, impl, fused))
+            else:
+                self._parts.append(("attn", attention_pieces(layer, fuse_proj=fuse_proj, mm=mm)))
+        self._fn = mx.compile(self._step)
+
+    @staticmethod
+    def supports(target: Any, cache: Sequence[Any]) -> bool:
+        """Whether every layer and cache is one this step computes (else use the layer path)."""
+        for layer, c in zip(target.layers, cache, strict=True):
+            if getattr(layer, "is_linear", False):
+                if not (isinstance(c, ArraysCache) and gdn_runnable(layer, c)):
+                    return False
+                if c[0] is None or c[1] is None or select.gdn_impl(layer.linear_attn) == "mlx":
+                    return False
+            elif not (
+                isinstance(getattr(layer, "self_attn", None), Qwen3NextAttention)
+                and type(c) is KVCache
+                and c.keys is not None
+            ):
+                return False
+        return True
+
+    def _step(self, tokens: mx.array, offset: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
+        # arrays: two per layer: (conv, state) of a Gated-DeltaNet layer, (keys, values) buffers
+        # of an attention layer; returned updated, after the logits.
+        t = self.target
+        h = t.embed(tokens)
+        out: list[mx.array] = []
+        for i, part in enumerate(self._parts):
+            a, b = arrays[2 * i], arrays[2 * i + 1]
+            if part[0] == "gdn":
+                _, layer, impl, fused = part
+                h, rec = gdn_decoder_layer(
+                    layer, h, a, b, impl=impl, record="final", fused=fused, mm=self.mm
+                )
+                out += [rec.final_conv_state, rec.final_state]
+                continue
+            pieces = part[1]
+            q, k, v, gate = pieces.pre(h, offset)
+            a = mx.slice_update(a, k, offset.reshape(1), axes=(2,))
+            b = mx.slice_update(b, v, offset.reshape(1), axes=(2,))
+            if self.rows and cuda_attention.supported(q, a, b) is None:
+                o = cuda_attention.row_attention_cuda(q, a, b, offset.reshape(1), pieces.scale)
+                h = pieces.post_rows(h, o, gate)
+            else:  # the buffer whole, positions after this token masked out
+                valid = (mx.arange(a.shape[2]) <= offset).reshape(1, 1, 1, -1)
+                o = mx.fast.scaled_dot_product_attention(q, a, b, scale=pieces.scale, mask=valid)
+                h = pieces.post(h, o, gate)
+            out += [a, b]
+        return (t.logits(h, self.mm), *out)
+
+    def __call__(self, tokens: mx.array, cache: Sequence[Any]) -> mx.array:
+        """Logits (1, 1, vocab) of ``tokens`` (1, 1); ``cache`` advanced by one position."""
+        arrays: list[mx.array] = []
+        offset = None
+        for part, c in zip(self._parts, cache, strict=True):
+            if part[0] == "gdn":
+                arrays += [c[0], c[1]]
+                c[0] = c[1] = None  # the graph holds the only reference: updated in place
+            else:
+                _reserve(c, 1)
+                if offset is None:
+                    offset = c.offset
+                elif c.offset != offset:
+                    raise ValueError("attention caches at different positions")
+                arrays += [c.keys, c.values]
+                c.keys = c.values = None
+        res = self._fn(tokens, mx.array(offset or 0, dtype=mx.int32), *arrays)
+        del arrays
+        for i, (part, c) in enumerate(zip(self._parts, cache, strict=True)):
+            a, b = res[1 + 2 * i], res[2 + 2 * i]
+            if part[0] == "gdn":
+                c[0], c[1] = a, b
+                c.advance(1)
+            else:
+                c.keys, c.values = a, b
+                c.offset += 1
+        return res[0]

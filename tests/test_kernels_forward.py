@@ -1,0 +1,119 @@
+"""A whole plain decode step as one compiled graph (``HF2Q_COMPILE_FORWARD=1``) computes what the
+layer-by-layer runners compute.
+
+The compiled step writes each attention layer's KV buffer at the position given as an array and
+attends over the whole buffer (the positions after the token masked), so one trace serves every
+step until mlx-lm's buffer grows. These tests run it on this CPU (MLX's attention; on CUDA the
+row-invariant kernel) against the runners' steps and mlx-lm's own model, across a buffer growth,
+and through plain decoding with the switch (the runners made the decoding path here, as on CUDA).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from conftest import FIT_TEXTS, load_fitted
+from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+from hf2q.errors import UsageError
+from hf2q.kernels import layers, select
+from hf2q.kernels.forward import CompiledDecode
+from hf2q.runtime.dflash import plain_generate, prefill, run
+
+
+def _prefilled(target, prompt):
+    cache = target.make_cache()
+    logits, _ = prefill(target, prompt, cache)
+    mx.eval(logits, [c.state for c in cache])
+    return logits, cache
+
+
+def test_compile_forward_switch_reads_the_environment(monkeypatch):
+    monkeypatch.delenv(select.COMPILE_FORWARD_ENV, raising=False)
+    assert not select.compile_forward_enabled()
+    monkeypatch.setenv(select.COMPILE_FORWARD_ENV, "1")
+    assert select.compile_forward_enabled()
+    on_cuda = select.backend() == "cuda"
+    assert ("decode step one compiled graph" in select.summary()) == on_cuda
+    monkeypatch.setenv(select.COMPILE_FORWARD_ENV, "yes please")
+    with pytest.raises(UsageError, match="HF2Q_COMPILE_FORWARD='yes please' must be 0 or 1"):
+        select.compile_forward_enabled()
+
+
+def test_compiled_steps_equal_the_runners_and_mlx_lm_across_a_buffer_growth(fitted_pairs):
+    lm, target, _ = load_fitted(*fitted_pairs["qwen35"])
+    text = " ".join(FIT_TEXTS * 40)
+    prompt = lm.tokenizer.encode(text)[:250]  # mlx-lm's buffer grows at 256: crossed below
+    _, whole_cache = _prefilled(target, prompt)
+    _, runner_cache = _prefilled(target, prompt)
+    _, own_cache = _prefilled(target, prompt)
+    assert CompiledDecode.supports(target, whole_cache)
+    whole = CompiledDecode(target)
+    fast = layers.fast_layer_fn()
+    tok = mx.array([[prompt[-1]]], dtype=mx.int32)
+    for step in range(12):
+        got = whole(tok, whole_cache)
+        want, _ = target.forward(tok, runner_cache, layer_fn=fast)
+        own = lm.model(tok, cache=own_cache)
+        assert got.shape == want.shape == own.shape
+        assert mx.allclose(got, want, rtol=1e-4, atol=1e-4).item(), f"step {step}"
+        assert mx.allclose(got, own, rtol=1e-4, atol=1e-4).item(), f"step {step}"
+        tok = mx.argmax(own[:, -1:], axis=-1).astype(mx.int32)
+    for a, b in zip(whole_cache, runner_cache, strict=True):
+        assert getattr(a, "offset", None) == getattr(b, "offset", None)
+        if hasattr(a, "keys"):
+            n = b.offset
+            assert mx.allclose(a.keys[..., :n, :], b.keys[..., :n, :], atol=1e-5).item()
+        else:
+            assert mx.allclose(a[1], b[1], rtol=1e-4, atol=1e-5).item()
+
+
+def test_other_caches_keep_the_layer_path(fitted_pairs):
+    lm, target, _ = load_fitted(*fitted_pairs["qwen35"])
+    assert not CompiledDecode.supports(target, target.make_cache())  # nothing prefilled yet
+    _, cache = _prefilled(target, lm.tokenizer.encode(FIT_TEXTS[0]))
+    assert CompiledDecode.supports(target, cache)
+    i = next(i for i, c in enumerate(cache) if isinstance(c, KVCache))
+    cache[i] = RotatingKVCache(max_size=64)  # a sliding window's cache: not this step's layout
+    assert not CompiledDecode.supports(target, cache)
+
+
+def test_plain_decoding_with_the_switch_gives_the_same_tokens(fitted_pairs, monkeypatch):
+    lm, target, _ = load_fitted(*fitted_pairs["qwen35"])
+    monkeypatch.setattr(layers, "decode_runners_active", lambda: True)  # as on CUDA
+    prompts = [lm.tokenizer.encode(t) for t in FIT_TEXTS[:3]]
+    want = [run(plain_generate(target, p, max_tokens=24)).tokens for p in prompts]
+    monkeypatch.setenv(select.COMPILE_FORWARD_ENV, "1")
+    built = []
+    real = CompiledDecode.__init__
+
+    def counted(self, *a, **k):  # the real class; count that plain decoding made one
+        built.append(1)
+        real(self, *a, **k)
+
+    monkeypatch.setattr(CompiledDecode, "__init__", counted)
+    got = [run(plain_generate(target, p, max_tokens=24)).tokens for p in prompts]
+    assert built == [1, 1, 1]
+    assert got == want
+
+
+HAS_CUDA = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="MLX's CUDA backend is not available")
+def test_compiled_steps_with_the_cuda_kernels_equal_the_runners(fitted_pairs):
+    # bf16, the small-M product kernel and the row-invariant attention kernel inside the graph.
+    lm, target, _ = load_fitted(*fitted_pairs["qwen35"])
+    lm.model.set_dtype(mx.bfloat16)
+    prompt = lm.tokenizer.encode(" ".join(FIT_TEXTS * 4))[:60]
+    _, whole_cache = _prefilled(target, prompt)
+    _, runner_cache = _prefilled(target, prompt)
+    whole = CompiledDecode(target, mm=True, rows=True)
+    fast = layers.fast_layer_fn(mm=True, rows=True)
+    tok = mx.array([[prompt[-1]]], dtype=mx.int32)
+    for step in range(8):
+        got = whole(tok, whole_cache)
+        want, _ = target.forward(tok, runner_cache, layer_fn=fast, mm=True)
+        assert mx.allclose(got, want, rtol=2e-2, atol=2e-2).item(), f"step {step}"
+        tok = mx.argmax(want[:, -1:], axis=-1).astype(mx.int32)
