@@ -8,12 +8,19 @@
 #    0 / 1 (a whole decode step as one compiled graph), alternating, tokens compared.
 # 4. benchmarks/slots_synthetic.py --shape 4b --slots 1,4: the loop's plain step, round and E.
 # 5. CUDA tests ($TESTS) in the time left (default: the compiled step, prefill runners, flush).
-# SHAPE=small runs the same on a CPU (a check of the script, not a result).
+# NODES=1 first counts and times the graph nodes of a 4-slot round of the 4B shape
+# (benchmarks/graph_nodes.py --slots 4 --time: why a 4-slot round costs 17.4 ms against 12.2 for
+# one sequence, session 15 run 2). SHAPE=small runs the same on a CPU (a check of the script).
 set -uo pipefail
 : "${OUT:?set OUT}"
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 S=$(date +%s)
 SHAPE=${SHAPE:-4b}
+if [ "${NODES:-0}" = 1 ]; then
+  timeout 150 python3 benchmarks/graph_nodes.py --synthetic "$SHAPE" --prompt-tokens 256 --slots 4 \
+    --modes dflash,plain --gen-tokens 24 --time --out "$OUT/nodes4.json" > "$OUT/nodes4.log" 2>&1
+  echo "nodes exit $? [$(( $(date +%s) - S ))s]"; grep -v '^{' "$OUT/nodes4.log" | cut -c1-240
+fi
 timeout 150 python3 benchmarks/forward_build.py --synthetic "$SHAPE" --reps 100 \
   --out "$OUT/forward_build.json" > "$OUT/forward_build.log" 2>&1
 echo "forward_build exit $? [$(( $(date +%s) - S ))s]"; tail -n 1 "$OUT/forward_build.log" | cut -c1-400
