@@ -26,6 +26,7 @@ from mlx_lm.models.qwen3_next import Qwen3NextAttention
 from hf2q.kernels import select
 from hf2q.kernels.attention import compile_attention_layer
 from hf2q.kernels.gdn import (
+    FusedProjections,
     LayerRunner,
     compile_gdn_decoder_layer,
     empty_states,
@@ -78,8 +79,39 @@ class Chosen:
         return len(self._by_layer)
 
 
+def runner_choice(
+    *, fuse_proj: bool, mm: bool, rows: bool, record: str
+) -> Callable[[nn.Module], tuple[str | None, Callable | None]]:
+    """``choose(layer) -> (impl, runner)`` for :class:`Chosen`: a Gated-DeltaNet layer's
+    implementation and compiled runner (recording ``record``; no runner for ``"mlx"``, Apple
+    GPUs' kernel, which the layer's own call runs), a Qwen3.5 attention layer's runner, or
+    ``(None, None)`` for layers the runners do not cover."""
+
+    def choose(layer: nn.Module) -> tuple[str | None, Callable | None]:
+        if getattr(layer, "is_linear", False):
+            impl = select.gdn_impl(layer.linear_attn)
+            if impl == "mlx":
+                return impl, None
+            runner = gdn_layer_runner(layer, impl=impl, record=record, fuse_proj=fuse_proj, mm=mm)
+            return impl, runner
+        if isinstance(getattr(layer, "self_attn", None), Qwen3NextAttention):
+            return None, attention_runner(layer, fuse_proj=fuse_proj, mm=mm, rows=rows)
+        return None, None
+
+    return choose
+
+
 def _has_plain_mlp(layer: nn.Module) -> bool:
     return hasattr(layer.mlp, "gate_proj") and hasattr(layer.mlp, "up_proj")
+
+
+def fused_projections(layer: nn.Module, fuse_proj: bool) -> FusedProjections | None:
+    """The Gated-DeltaNet layer's concatenated projections when ``fuse_proj`` applies to it (a
+    plain MLP), else None: one copy per layer, shared by its decode and verify runners and the
+    compiled decode step."""
+    if not (fuse_proj and _has_plain_mlp(layer)):
+        return None
+    return _cached(layer, ("fused-proj",), lambda: fuse_projections(layer))
 
 
 def gdn_layer_runner(
@@ -90,8 +122,7 @@ def gdn_layer_runner(
     compiled = select.compile_enabled()
 
     def build() -> LayerRunner:
-        # One concatenated copy per layer, shared by its decode and verify runners.
-        fused = _cached(layer, ("fused-proj",), lambda: fuse_projections(layer)) if fuse else None
+        fused = fused_projections(layer, fuse)
         if compiled:
             return compile_gdn_decoder_layer(layer, impl=impl, record=record, fused=fused, mm=mm)
         ref = weakref.ref(layer)
@@ -150,18 +181,7 @@ def fast_layer_fn(
     """
 
     chosen = Chosen()
-
-    def choose(layer: nn.Module) -> tuple[str | None, Callable | None]:
-        if getattr(layer, "is_linear", False):
-            impl = select.gdn_impl(layer.linear_attn)
-            if impl == "mlx":
-                return impl, None
-            return impl, gdn_layer_runner(
-                layer, impl=impl, record="final", fuse_proj=fuse_proj, mm=mm
-            )
-        if isinstance(getattr(layer, "self_attn", None), Qwen3NextAttention):
-            return None, attention_runner(layer, fuse_proj=fuse_proj, mm=mm, rows=rows)
-        return None, None
+    choose = runner_choice(fuse_proj=fuse_proj, mm=mm, rows=rows, record="final")
 
     def run(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any) -> mx.array:
         impl, runner = chosen.get(layer, choose)

@@ -37,10 +37,9 @@ from hf2q.kernels.gdn import LayerRunner, _alive, empty_states
 from hf2q.kernels.layers import (
     Chosen,
     attention_runnable,
-    attention_runner,
     decode_runners_active,
-    gdn_layer_runner,
     gdn_runnable,
+    runner_choice,
 )
 from hf2q.runtime.cache import GDNRollbackCache, TargetCache
 from hf2q.runtime.target import TargetModel
@@ -226,16 +225,7 @@ def runner_verify_layer_fn(
     """
 
     chosen = Chosen()
-
-    def choose(layer: nn.Module) -> tuple[str | None, Callable | None]:
-        if getattr(layer, "is_linear", False):
-            impl = select.gdn_impl(layer.linear_attn)
-            if impl == "mlx":  # Apple GPUs' mlx-lm kernel (final state only): the layer call
-                return impl, None
-            return impl, gdn_layer_runner(
-                layer, impl=impl, record="states", fuse_proj=fuse_proj, mm=mm
-            )
-        return None, attention_runner(layer, fuse_proj=fuse_proj, mm=mm, rows=rows)
+    choose = runner_choice(fuse_proj=fuse_proj, mm=mm, rows=rows, record="states")
 
     def run(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any) -> mx.array:
         if not _runnable(layer, cache):
@@ -243,7 +233,8 @@ def runner_verify_layer_fn(
         _, runner = chosen.get(layer, choose)
         if not getattr(layer, "is_linear", False):
             return runner(h, mask, cache)
-        if mask is not None or runner is None:  # padding masks keep the layer call too
+        # Padding masks, and Apple GPUs' mlx-lm kernel (final state only), keep the layer call.
+        if mask is not None or runner is None:
             return verify_layer(index, layer, h, mask, cache)
         return _runner_verify(layer, runner, h, cache)
 
