@@ -97,6 +97,21 @@ def test_plain_decoding_with_the_switch_gives_the_same_tokens(fitted_pairs, monk
     assert got == want
 
 
+def test_the_traced_step_is_kept_per_target_and_goes_with_it(fitted_pairs):
+    import gc
+
+    from hf2q.kernels import forward
+
+    lm, target, drafter = load_fitted(*fitted_pairs["qwen35"])
+    first, later = CompiledDecode(target), CompiledDecode(target)
+    assert later._fn is first._fn  # a later generation replays the same compiled step
+    assert CompiledDecode(target, mm=True)._fn is not first._fn
+    n = len(forward._steps)
+    del first, later, target, lm, drafter  # the drafter is bound to the target's methods
+    gc.collect()
+    assert len(forward._steps) == n - 1
+
+
 HAS_CUDA = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
 
 

@@ -11,7 +11,8 @@ full-attention layers as :func:`hf2q.kernels.attention.attention_pieces` around 
 which is written with ``mx.slice_update`` at the position given as an array and read whole (the
 row-invariant CUDA kernel, or MLX's attention with the positions after the token masked). The
 position is an input, so one trace serves every step until mlx-lm's KV buffer grows (every 256
-positions), when the cache's shape, hence the trace, changes. The caches stay mlx-lm's own objects
+positions), when the cache's shape, hence the trace, changes; the compiled step is kept per target
+and settings, so later generations replay its traces. The caches stay mlx-lm's own objects
 (``ArraysCache`` states, ``KVCache`` buffers and offset), updated after each call.
 
 What it does not do: verify blocks, slots, quantized or rotating KV caches, padding, other
@@ -22,6 +23,7 @@ default until it has been measured on a GPU.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,25 +33,76 @@ from mlx_lm.models.qwen3_next import Qwen3NextAttention
 
 from hf2q.kernels import cuda_attention, select
 from hf2q.kernels.attention import attention_pieces
-from hf2q.kernels.gdn import fuse_projections, gdn_decoder_layer
-from hf2q.kernels.layers import _cached, _has_plain_mlp, gdn_runnable
+from hf2q.kernels.gdn import gdn_decoder_layer
+from hf2q.kernels.layers import fused_projections, gdn_runnable
 
 
 def _reserve(cache: KVCache, n: int) -> None:
-    """Grow ``cache``'s buffers as mlx-lm's ``KVCache.update_and_fetch`` would before writing
-    ``n`` more positions (its 256-position steps), so the compiled step can write in place."""
-    prev = cache.offset
-    keys, values = cache.keys, cache.values
-    if prev + n <= keys.shape[2]:
+    """Make room for ``n`` more positions in ``cache``'s buffers by mlx-lm's own growth rule
+    (``KVCache.update_and_fetch`` with placeholder rows, the offset then set back), so the
+    compiled step can write them in place."""
+    if cache.offset + n <= cache.keys.shape[2]:
         return
-    B, heads, _, dk = keys.shape
-    grow = (cache.step + n - 1) // cache.step * cache.step
-    if prev % cache.step != 0:
-        keys, values = keys[..., :prev, :], values[..., :prev, :]
-    cache.keys = mx.concatenate([keys, mx.zeros((B, heads, grow, dk), keys.dtype)], axis=2)
-    cache.values = mx.concatenate(
-        [values, mx.zeros((B, heads, grow, values.shape[3]), values.dtype)], axis=2
+    B, heads, _, dk = cache.keys.shape
+    cache.update_and_fetch(
+        mx.zeros((B, heads, n, dk), cache.keys.dtype),
+        mx.zeros((B, heads, n, cache.values.shape[3]), cache.values.dtype),
     )
+    cache.offset -= n
+
+
+# One traced step per target and settings, kept while the target lives: a plain generation
+# after the first replays it instead of tracing the whole model again.
+_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _step_for(target: Any, fuse_proj: bool, mm: bool, rows: bool) -> tuple[list[tuple], Any]:
+    """``(parts, compiled step)`` of ``target`` for these settings (see :class:`CompiledDecode`)."""
+    per = _steps.setdefault(target, {})
+    key = (fuse_proj, mm, rows, select.kernel_mode(), select.backend(), select.compile_enabled())
+    hit = per.get(key)
+    if hit is not None:
+        return hit
+    parts: list[tuple] = []
+    for layer in target.layers:
+        if getattr(layer, "is_linear", False):
+            impl = select.gdn_impl(layer.linear_attn)
+            parts.append(("gdn", layer, impl, fused_projections(layer, fuse_proj)))
+        else:
+            parts.append(("attn", attention_pieces(layer, fuse_proj=fuse_proj, mm=mm)))
+    ref = weakref.ref(target)  # the kept step must not keep its target alive
+
+    def step(tokens: mx.array, offset: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
+        # arrays: two per layer: (conv, state) of a Gated-DeltaNet layer, (keys, values) buffers
+        # of an attention layer; returned updated, after the logits.
+        t = ref()
+        h = t.embed(tokens)
+        out: list[mx.array] = []
+        for i, part in enumerate(parts):
+            a, b = arrays[2 * i], arrays[2 * i + 1]
+            if part[0] == "gdn":
+                _, layer, impl, fused = part
+                h, rec = gdn_decoder_layer(
+                    layer, h, a, b, impl=impl, record="final", fused=fused, mm=mm
+                )
+                out += [rec.final_conv_state, rec.final_state]
+                continue
+            pieces = part[1]
+            q, k, v, gate = pieces.pre(h, offset)
+            a = mx.slice_update(a, k, offset.reshape(1), axes=(2,))
+            b = mx.slice_update(b, v, offset.reshape(1), axes=(2,))
+            if rows and cuda_attention.supported(q, a, b) is None:
+                o = cuda_attention.row_attention_cuda(q, a, b, offset.reshape(1), pieces.scale)
+                h = pieces.post_rows(h, o, gate)
+            else:  # the buffer whole, positions after this token masked out
+                valid = (mx.arange(a.shape[2]) <= offset).reshape(1, 1, 1, -1)
+                o = mx.fast.scaled_dot_product_attention(q, a, b, scale=pieces.scale, mask=valid)
+                h = pieces.post(h, o, gate)
+            out += [a, b]
+        return (t.logits(h, mm), *out)
+
+    hit = per[key] = (parts, mx.compile(step))
+    return hit
 
 
 class CompiledDecode:
@@ -64,20 +117,7 @@ class CompiledDecode:
     def __init__(
         self, target: Any, *, fuse_proj: bool = False, mm: bool = False, rows: bool = False
     ):
-        self.target = target
-        self.mm = mm
-        self.rows = rows
-        self._parts: list[tuple] = []
-        for layer in target.layers:
-            if getattr(layer, "is_linear", False):
-                impl = select.gdn_impl(layer.linear_attn)
-                fused = None
-                if fuse_proj and _has_plain_mlp(layer):
-                    fused = _cached(layer, ("fused-proj",), lambda lay=layer: fuse_projections(lay))
-                self._parts.append(("gdn", layer, impl, fused))
-            else:
-                self._parts.append(("attn", attention_pieces(layer, fuse_proj=fuse_proj, mm=mm)))
-        self._fn = mx.compile(self._step)
+        self._parts, self._fn = _step_for(target, fuse_proj, mm, rows)
 
     @staticmethod
     def supports(target: Any, cache: Sequence[Any]) -> bool:
@@ -95,35 +135,6 @@ class CompiledDecode:
             ):
                 return False
         return True
-
-    def _step(self, tokens: mx.array, offset: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
-        # arrays: two per layer: (conv, state) of a Gated-DeltaNet layer, (keys, values) buffers
-        # of an attention layer; returned updated, after the logits.
-        t = self.target
-        h = t.embed(tokens)
-        out: list[mx.array] = []
-        for i, part in enumerate(self._parts):
-            a, b = arrays[2 * i], arrays[2 * i + 1]
-            if part[0] == "gdn":
-                _, layer, impl, fused = part
-                h, rec = gdn_decoder_layer(
-                    layer, h, a, b, impl=impl, record="final", fused=fused, mm=self.mm
-                )
-                out += [rec.final_conv_state, rec.final_state]
-                continue
-            pieces = part[1]
-            q, k, v, gate = pieces.pre(h, offset)
-            a = mx.slice_update(a, k, offset.reshape(1), axes=(2,))
-            b = mx.slice_update(b, v, offset.reshape(1), axes=(2,))
-            if self.rows and cuda_attention.supported(q, a, b) is None:
-                o = cuda_attention.row_attention_cuda(q, a, b, offset.reshape(1), pieces.scale)
-                h = pieces.post_rows(h, o, gate)
-            else:  # the buffer whole, positions after this token masked out
-                valid = (mx.arange(a.shape[2]) <= offset).reshape(1, 1, 1, -1)
-                o = mx.fast.scaled_dot_product_attention(q, a, b, scale=pieces.scale, mask=valid)
-                h = pieces.post(h, o, gate)
-            out += [a, b]
-        return (t.logits(h, self.mm), *out)
 
     def __call__(self, tokens: mx.array, cache: Sequence[Any]) -> mx.array:
         """Logits (1, 1, vocab) of ``tokens`` (1, 1); ``cache`` advanced by one position."""
