@@ -333,12 +333,11 @@ def describe(attn: object | None = None) -> dict[str, str]:
     info["attention"] = (
         "row-invariant kernel (bf16/fp16)" if row_attention_enabled() else "MLX attention"
     )
+    runners = info["backend"] == "cuda" and info["mode"] != "ops"  # where decoding runs them
     info["prefill"] = (
-        "compiled runners"
-        if prefill_runners_enabled() and info["backend"] == "cuda" and info["mode"] != "ops"
-        else "the model's layers"
+        "compiled runners" if runners and prefill_runners_enabled() else "the model's layers"
     )
-    if compile_forward_enabled() and info["backend"] == "cuda" and info["mode"] != "ops":
+    if runners and compile_forward_enabled():
         info["decode_step"] = "one compiled graph"
     flush = flush_layers()
     info["verify_queue"] = f"every {flush} layers" if flush else "at the acceptance"

@@ -143,10 +143,9 @@ def rollback_in_one_launch(caches: Sequence[GDNRollbackCache], keep: int | Seque
     """Restore every layer of ``caches`` after its rows' kept positions in one CUDA launch.
 
     ``keep``: positions kept, one count for every batch row or one per row, already checked to
-    be in ``1..T``. Returns False (and
-    changes nothing) where the launch does not apply: off CUDA, ``HF2Q_ROLLBACK_KERNEL=0``, or
-    records not held as one stacked array of per-step states each; the caller then rolls each
-    layer back itself. Same bits as :meth:`GDNRollbackCache.rollback` (both only copy).
+    be in ``1..T``. Returns False (and changes nothing) where the launch does not apply: off
+    CUDA, ``HF2Q_ROLLBACK_KERNEL=0``, or records not held as one stacked array of per-step states
+    each; the caller then rolls each layer back itself. Same bits as :meth:`GDNRollbackCache.rollback` (both only copy).
     """
     if not caches or not rollback_kernel_enabled():
         return False

@@ -158,8 +158,9 @@ def prefill(
 
     All but the last token go in chunks of ``step_size`` (caches evaluated after each), then the
     last token alone; through the model's own layer calls, or on CUDA with
-    ``HF2Q_PREFILL_RUNNERS=1`` through the compiled runners (:func:`prefill_layer_fn`). With a drafter, each chunk's features of ``target_layer_ids`` are appended
-    to ``draft_cache``; the last token's features are returned for the first draft instead.
+    ``HF2Q_PREFILL_RUNNERS=1`` through the compiled runners (:func:`prefill_layer_fn`). With a
+    drafter, each chunk's features of ``target_layer_ids`` are appended to ``draft_cache``; the
+    last token's features are returned for the first draft instead.
 
     Returns:
         ``(logits, features)``: logits (1, vocab) of the last position (lazy); features

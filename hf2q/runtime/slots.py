@@ -486,14 +486,12 @@ def _dflash_slots(
                 if x is None:
                     drafts.append(mx.full((bs - 1,), mask_id, dtype=mx.int32))
                     continue
-                if picked[r] is not None:
+                if picked[r] is not None:  # a lookup proposal: all of q's mass on each token
                     d = mx.array(picked[r], dtype=mx.int32)
                     q_rows[r] = point_masses(d, dlogits.shape[-1])
-                    pad = mx.full((bs - 1 - n,), mask_id, dtype=mx.int32)
-                    drafts.append(mx.concatenate([d, pad]))
-                    continue
-                q_rows[r] = probs(dlogits[r, :n], sampling)
-                d = mx.random.categorical(mx.log(q_rows[r]), axis=-1, key=x.keys.next())
+                else:
+                    q_rows[r] = probs(dlogits[r, :n], sampling)
+                    d = mx.random.categorical(mx.log(q_rows[r]), axis=-1, key=x.keys.next())
                 pad = mx.full((bs - 1 - n,), mask_id, dtype=mx.int32)
                 drafts.append(mx.concatenate([d.astype(mx.int32), pad]))
             draft = mx.stack(drafts)
