@@ -32,15 +32,7 @@ for lk in ${LOOKUPS:-lookup}; do
   timeout "${BENCH_S:-240}" python3 -m hf2q bench --slots "${SLOTS:-1,2,4,8}" --requests-per-slot "$k" \
     --"$lk" --gen-tokens 128 --trials 3 --warmup 1 --json --out "$f.json" > "$f.log" 2>&1
   echo "bench rps $k $lk exit $? [$(( $(date +%s) - S ))s]"
-  python3 - "$f.json" <<'PY' || tail -c 600 "$f.log"
-import json, sys
-r = json.load(open(sys.argv[1]))
-for x in r["results"]:
-    print(x["slots"], x["mode"], x["tokens_per_s"], "round", x["round_ms"], "split",
-          x["draft_ms"], x["verify_ms"], x["rollback_ms"], "busy", x["busy_rows"], "tau", x["tau"],
-          "E", x["E"], "xplain", x["speedup_vs_plain"], "=", x["matches_plain"],
-          "lookup", x.get("lookup_share"))
-PY
+  python3 benchmarks/bench_rows.py "$f.json" || tail -c 600 "$f.log"
 done
 done
 t=$(left)

@@ -21,14 +21,7 @@ for v in ${VARIANTS:--}; do
     --shape "${SHAPE:-4b}" --slots "${SLOTS:-1,4}" --gen-tokens 32 --prompt-tokens 64 --trials 3 \
     --warmup 1 --out "$f.json" > "$f.log" 2>&1
   echo "variant $n [$v] exit $? [$(( $(date +%s) - S ))s]"
-  python3 - "$f.json" <<'PY' || tail -c 600 "$f.log"
-import json, sys
-r = json.load(open(sys.argv[1]))
-for x in r["results"]:
-    print(f"  {x['slots']:>2} {x['mode']:<10} {x['tokens_per_s']:>9} tok/s  round {x['round_ms']} ms"
-          f"  split {x['draft_ms']}/{x['verify_ms']}/{x['rollback_ms']}  E {x['E']}"
-          f"  x1slot {x['scaling_vs_1_slot']}  xplain {x['speedup_vs_plain']}")
-PY
+  python3 benchmarks/bench_rows.py "$f.json" || tail -c 600 "$f.log"
 done
 t=$(( ${BUDGET:-540} - ($(date +%s) - S) ))
 # shellcheck disable=SC2086  # TESTS is a list of paths

@@ -27,15 +27,7 @@ timeout 420 python3 benchmarks/slots_synthetic.py --shape "$SHAPE" --dtype "$DTY
   --slots "${SLOTS:-1,2,4,8}" --gen-tokens 32 --prompt-tokens 64 --trials 3 --warmup 1 \
   $([ "${LOOKUP:-0}" = 1 ] && echo --lookup) --out "$OUT/slots-$SHAPE.json" > "$OUT/slots-$SHAPE.log" 2>&1
 echo "synthetic $SHAPE: exit $?"
-python3 - "$OUT/slots-$SHAPE.json" <<'EOF' || tail -n 20 "$OUT/slots-$SHAPE.log"
-import json, sys
-r = json.load(open(sys.argv[1]))
-print(r["model"], "| wall", r["wall_s"], "s |", r["platform"]["device"])
-for x in r["results"]:
-    print(f"{x['slots']:>2} {x['mode']:<10} {x['tokens_per_s']:>9} tok/s  round {x['round_ms']} ms"
-          f"  split {x['draft_ms']}/{x['verify_ms']}/{x['rollback_ms']}  tau {x['tau']}  E {x['E']}"
-          f"  x1slot {x['scaling_vs_1_slot']}  xplain {x['speedup_vs_plain']}  = {x['matches_plain']}")
-EOF
+python3 benchmarks/bench_rows.py "$OUT/slots-$SHAPE.json" || tail -n 20 "$OUT/slots-$SHAPE.log"
 fi
 
 # 2. Tau on the embedded demo pair (skipped when this tree has none) or on $PAIR.
