@@ -1,14 +1,19 @@
-"""Plain decoding's time per token with a switch off and on, alternating in one process.
+"""Plain decoding's time per token (and a DFlash round's) with a switch off and on, alternating
+in one process.
 
 Why: on the lent GPU machines the same code's step time varied 4.8-7.3 ms between processes
 (docs/BENCHMARKS.md, "H200, session 15"), so a switch is judged here by alternating its values
 within one process, run after run, and comparing medians. Default: ``HF2Q_COMPILE_FORWARD`` (a
 whole decode step as one compiled graph) on the random Qwen3.5-4B-shaped target; every run's
-tokens are checked against the first value's.
+tokens are checked against the first value's. A value with ``=`` is a whole setting,
+``NAME=V+NAME2=V2`` (names of other values' settings are unset for it). ``--modes plain,dflash``
+also times DFlash with the random drafter (about one token a round): its round time and
+E = plain step / round per value, both from the same alternation.
 
 Usage (GPU):
     python3 benchmarks/plain_ab.py --synthetic 4b --tokens 128 --runs 5
     python3 benchmarks/plain_ab.py --env HF2Q_SMALL_MM --values 1,0
+    python3 benchmarks/plain_ab.py --values HF2Q_GROUPED_MM=0,HF2Q_GROUPED_MM=1 --modes plain,dflash
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--runs", type=int, default=5, help="timed runs per value (after a warm-up)")
+    ap.add_argument("--modes", default="plain", help="plain, or plain,dflash")
     ap.add_argument(
         "--runners", action="store_true", help="the compiled runners as the path here (CPU)"
     )
@@ -42,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from slots_synthetic import synthetic_pair
 
     import hf2q.kernels.layers as layers
-    from hf2q.runtime.dflash import plain_generate, run
+    from hf2q.runtime.dflash import dflash_generate, plain_generate, run
 
     if args.runners:  # in this process only
         layers.decode_runners_active = lambda: True
@@ -50,29 +56,60 @@ def main(argv: list[str] | None = None) -> int:
     vocab = pair.target.args.vocab_size
     prompt = mx.random.randint(0, vocab, (args.prompt_tokens,), key=mx.random.key(1)).tolist()
     values = args.values.split(",")
-    ms: dict[str, list[float]] = {v: [] for v in values}
-    tokens: dict[str, list[int]] = {}
+    settings = {v: _setting(args.env, v) for v in values}
+    names = sorted({n for st in settings.values() for n in st})
+    modes = args.modes.split(",")
+    ms: dict[str, dict[str, list[float]]] = {m: {v: [] for v in values} for m in modes}
+    tokens: dict[str, dict[str, list[int]]] = {m: {} for m in modes}
     for r in range(args.runs + 1):  # run 0 compiles
         for v in values:
-            os.environ[args.env] = v
-            s = run(plain_generate(pair.target, prompt, max_tokens=args.tokens))
-            if r:
-                ms[v].append(s.decode_time / max(s.generation_tokens - 1, 1) * 1e3)
-            tokens.setdefault(v, s.tokens)
+            for n in names:
+                os.environ.pop(n, None)
+            os.environ.update(settings[v])
+            for mode in modes:
+                if mode == "plain":
+                    s = run(plain_generate(pair.target, prompt, max_tokens=args.tokens))
+                    per = max(s.generation_tokens - 1, 1)
+                else:
+                    gen = dflash_generate(pair.target, pair.drafter, prompt, max_tokens=args.tokens)
+                    s = run(gen)
+                    per = max(s.rounds, 1)
+                if r:
+                    ms[mode][v].append(s.decode_time / per * 1e3)
+                tokens[mode].setdefault(v, s.tokens)
     report = {
         "model": f"synthetic {args.synthetic}",
         "device": str(mx.default_device()),
         "env": args.env,
+        "values": {v: settings[v] for v in values},
         "tokens": args.tokens,
         "runs": args.runs,
-        "ms_per_token": {v: round(statistics.median(x), 4) for v, x in ms.items()},
-        "ms_per_token_min_max": {v: [round(min(x), 4), round(max(x), 4)] for v, x in ms.items()},
-        "same_tokens": all(tokens[v] == tokens[values[0]] for v in values),
+        "ms_per_token": {v: round(statistics.median(x), 4) for v, x in ms[modes[0]].items()},
+        "ms_per_token_min_max": {
+            v: [round(min(x), 4), round(max(x), 4)] for v, x in ms[modes[0]].items()
+        },
+        "same_tokens": all(
+            tokens[m][v] == tokens[modes[0]][values[0]] for m in modes for v in values
+        ),
     }
+    if "dflash" in modes:
+        rounds = {v: statistics.median(x) for v, x in ms["dflash"].items()}
+        report["dflash_round_ms"] = {v: round(x, 4) for v, x in rounds.items()}
+        if "plain" in modes:
+            report["E"] = {
+                v: round(statistics.median(ms["plain"][v]) / rounds[v], 3) for v in values
+            }
     print(json.dumps(report))
     if args.out:
         args.out.write_text(json.dumps(report) + "\n")
     return 0
+
+
+def _setting(env: str, value: str) -> dict[str, str]:
+    """``value`` as environment settings: ``{env: value}``, or ``NAME=V+NAME2=V2`` as given."""
+    if "=" not in value:
+        return {env: value}
+    return dict(part.split("=", 1) for part in value.split("+"))
 
 
 if __name__ == "__main__":
