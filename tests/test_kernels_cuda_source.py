@@ -86,6 +86,45 @@ def test_rollback_kernel_compiles_for_sm90_without_spills(tmp_path: Path, layers
     _assert_compiles_without_spills(tmp_path, name, src)
 
 
+@pytest.mark.parametrize("kind", ["single", "add", "grouped2", "grouped4"])
+@pytest.mark.parametrize(
+    "mt,nb,warps,unroll", [(1, 4, 8, 1), (1, 2, 8, 1), (4, 4, 8, 4), (8, 2, 8, 1)]
+)
+def test_small_mm_kernels_compile_for_sm90_without_spills(
+    tmp_path: Path, kind, mt, nb, warps, unroll
+):
+    import cuda_emu
+
+    from hf2q.kernels import cuda_matmul as cm
+
+    dt = mx.bfloat16
+    if kind.startswith("grouped"):
+        g = int(kind[-1])
+        name, ins, outs, source = (
+            f"hf2q_grouped_mm{g}",
+            ["x", *(f"w{i}" for i in range(g))],
+            [f"y{i}" for i in range(g)],
+            cm.grouped_source(g),
+        )
+    elif kind == "add":
+        name, ins, outs, source = "hf2q_small_mm_add", ["x", "w", "r"], ["y"], cm._SOURCE_ADD
+    else:
+        name, ins, outs, source = "hf2q_small_mm", ["x", "w"], ["y"], cm._SOURCE
+    ndims = [2] + [2] * (len(ins) - 1)
+    src = cuda_emu.mlx_cuda_source(
+        name,
+        ins,
+        [dt] * len(ins),
+        ndims,
+        outs,
+        [dt] * len(outs),
+        source,
+        cm._HEADER,
+        [("T", dt), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll)],
+    )
+    _assert_compiles_without_spills(tmp_path, name, src)
+
+
 def _assert_compiles_without_spills(tmp_path: Path, name: str, src: str) -> None:
     cu = tmp_path / f"{name}.cu"
     cu.write_text(src)

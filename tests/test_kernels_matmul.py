@@ -74,6 +74,17 @@ def test_emulated_kernel_every_launch_shape(emulated, tune):
     _assert_rounded_product(cm.small_matmul_cuda(x, w, tune=tune), x, w)
 
 
+def test_emulated_kernel_many_rows_launch_keeps_each_rows_bits(emulated):
+    # 3-4 m-tiles take four column blocks and an unrolled chunk loop, 5-8 two blocks: same bits.
+    x, w = _inputs(100, 512, 64, mx.bfloat16, seed=9)
+    assert cm.launch_shape(50, 512, 64)[1:] == (4, 4, 4)
+    assert cm.launch_shape(100, 512, 64)[1:] == (2, 4, 1)
+    for rows in (50, 100):
+        y = cm.small_matmul_cuda(x[:rows], w)
+        _assert_rounded_product(y, x[:rows], w)
+        assert mx.array_equal(y[-1:], cm.small_matmul_cuda(x[rows - 1 : rows], w))
+
+
 def test_emulated_kernel_rows_are_independent_of_the_batch(emulated):
     x, w = _inputs(16, 256, 32, mx.bfloat16, seed=2)
     batch = cm.small_matmul_cuda(x, w)
@@ -88,6 +99,112 @@ def test_emulated_kernel_keeps_leading_axes(emulated):
     assert mx.array_equal(y.reshape(6, 16), cm.small_matmul_cuda(x, w))
 
 
+@pytest.fixture
+def emulated_grouped(emulated, monkeypatch, tmp_path):
+    """The grouped kernel's own source, run by the CPU emulator (the single one too)."""
+    kerns = {}
+
+    def grouped(groups):
+        if groups not in kerns:
+            kerns[groups] = cuda_emu.EmulatedKernel(
+                f"hf2q_grouped_mm{groups}",
+                ["x", *(f"w{i}" for i in range(groups))],
+                [f"y{i}" for i in range(groups)],
+                cm.grouped_source(groups),
+                cm._HEADER,
+                workdir=tmp_path,
+            )
+        return kerns[groups]
+
+    monkeypatch.setattr(cm, "_grouped_kernel", grouped)
+    return grouped
+
+
+@pytest.mark.parametrize(
+    "rows,widths",
+    [(1, (64, 32, 16, 8)), (16, (96, 32)), (19, (64, 64, 32)), (3, (256, 128, 16, 16))],
+)
+def test_emulated_grouped_kernel_gives_each_product_the_single_kernels_bits(
+    emulated_grouped, rows, widths
+):
+    mx.random.seed(rows)
+    x = mx.random.normal((rows, 256)).astype(mx.bfloat16)
+    ws = [(mx.random.normal((n, 256)) * 0.0625).astype(mx.bfloat16) for n in widths]
+    assert cm.grouped_supported(x, ws) is None
+    ys = cm.grouped_matmul_cuda(x, ws)
+    assert [y.shape for y in ys] == [(rows, n) for n in widths]
+    for w, y in zip(ws, ys):
+        assert mx.array_equal(y, cm.small_matmul_cuda(x, w))
+        _assert_rounded_product(y, x, w)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
+def test_emulated_residual_in_the_launch_has_the_bits_of_the_two_steps(
+    emulated, monkeypatch, tmp_path, dtype
+):
+    add = cuda_emu.EmulatedKernel(
+        "hf2q_small_mm_add", ["x", "w", "r"], ["y"], cm._SOURCE_ADD, cm._HEADER, workdir=tmp_path
+    )
+    monkeypatch.setattr(cm, "_add_kernel", lambda: add)
+    x, w = _inputs(5, 256, 64, dtype, seed=8)
+    r = mx.random.normal((5, 64)).astype(dtype)
+    assert mx.array_equal(cm.small_matmul_cuda(x, w, add=r), cm.small_matmul_cuda(x, w) + r)
+    with pytest.raises(ValueError, match="addend"):
+        cm.small_matmul_cuda(x, w, add=r[:, :32])
+    # linear(): the residual in the launch only with the switch, the same values either way.
+    mod = nn.Linear(256, 64, bias=False)
+    mod.set_dtype(dtype)
+    monkeypatch.setattr(select, "grouped_mm_enabled", lambda: True)
+    fused = lin.linear(mod, x, True, add=r)
+    monkeypatch.setattr(select, "grouped_mm_enabled", lambda: False)
+    assert mx.array_equal(fused, lin.linear(mod, x, True, add=r))
+    assert mx.array_equal(lin.linear(mod, x, False, add=r), mod(x) + r)
+
+
+def test_grouped_supported_names_what_it_cannot_do():
+    x = mx.zeros((2, 128), dtype=mx.bfloat16)
+    w = mx.zeros((32, 128), dtype=mx.bfloat16)
+    assert "1 weights" in cm.grouped_supported(x, [w])
+    assert "5 weights" in cm.grouped_supported(x, [w] * 5)
+    assert "do not multiply" in cm.grouped_supported(x, [w, mx.zeros((32, 64), dtype=mx.bfloat16)])
+    assert "N=12" in cm.grouped_supported(x, [w, mx.zeros((12, 128), dtype=mx.bfloat16)])
+
+
+def test_linears_groups_products_sharing_an_input(emulated_grouped, monkeypatch):
+    x, _ = _inputs(4, 128, 32, mx.bfloat16, seed=6)
+    mods = [nn.Linear(128, n, bias=False) for n in (64, 32, 8)]
+    for m in mods:
+        m.set_dtype(mx.bfloat16)
+    calls = []
+    real = cm.grouped_matmul_cuda
+    monkeypatch.setattr(
+        cm, "grouped_matmul_cuda", lambda x, ws: calls.append(len(ws)) or real(x, ws)
+    )
+    separate = [lin.linear(m, x, True) for m in mods]
+    monkeypatch.setattr(select, "grouped_mm_enabled", lambda: False)  # the switch off: no group
+    assert all(mx.array_equal(a, b) for a, b in zip(lin.linears(mods, x, True), separate))
+    assert calls == []
+    monkeypatch.setattr(select, "grouped_mm_enabled", lambda: True)
+    grouped = lin.linears(mods, x, True)
+    assert calls == [3] and all(mx.array_equal(a, b) for a, b in zip(grouped, separate))
+    # Not grouped: the kernel off, a layer with a bias, a float32 input.
+    assert all(mx.array_equal(a, m(x)) for a, m in zip(lin.linears(mods, x, False), mods))
+    biased = nn.Linear(128, 16, bias=True)
+    biased.set_dtype(mx.bfloat16)
+    lin.linears([mods[0], biased], x, True)
+    x32 = x.astype(mx.float32)
+    mods32 = [nn.Linear(128, 32, bias=False), nn.Linear(128, 16, bias=False)]
+    assert all(mx.array_equal(a, m(x32)) for a, m in zip(lin.linears(mods32, x32, True), mods32))
+    assert calls == [3]
+    # An mlx-lm SwiGLU MLP: gate and up in one launch, the same values as separately.
+    mlp = MLP(128, 192)
+    mlp.set_dtype(mx.bfloat16)
+    y = lin.swiglu_mlp(mlp, x, True)
+    assert calls == [3, 2]
+    monkeypatch.setattr(select, "grouped_mm_enabled", lambda: False)
+    assert mx.array_equal(y, lin.swiglu_mlp(mlp, x, True))
+
+
 def test_supported_names_what_it_cannot_do():
     x, w = _inputs(4, 128, 16, mx.bfloat16)
     assert cm.supported(x, w) is None
@@ -99,11 +216,29 @@ def test_supported_names_what_it_cannot_do():
     assert f"1 to {cm.MAX_ROWS}" in cm.supported(big, w)
 
 
-def test_fits_keeps_many_rows_of_large_weights_on_cublas():
+def test_fits_keeps_many_rows_of_large_weights_on_cublas_only_when_told(monkeypatch):
     w_small = mx.zeros((256, 256), dtype=mx.bfloat16)
     w_large = mx.zeros((4096, 2048), dtype=mx.bfloat16)  # 8M elements > SMALL_WEIGHT
+    monkeypatch.delenv(select.SMALL_MM_ROWS_ENV, raising=False)
+    for rows, w, want in [(128, w_large, True), (129, w_large, False), (128, w_small, True)]:
+        assert lin.fits(mx.zeros((rows, w.shape[1]), dtype=mx.bfloat16), w) is want
+    monkeypatch.setenv(select.SMALL_MM_ROWS_ENV, "32")
     for rows, w, want in [(32, w_large, True), (33, w_large, False), (128, w_small, True)]:
         assert lin.fits(mx.zeros((rows, w.shape[1]), dtype=mx.bfloat16), w) is want
+
+
+def test_kernel_rows_setting_keeps_large_weights_on_the_kernel(monkeypatch):
+    w_large = mx.zeros((4096, 2048), dtype=mx.bfloat16)
+    x64 = mx.zeros((64, 2048), dtype=mx.bfloat16)
+    monkeypatch.delenv(select.SMALL_MM_ROWS_ENV, raising=False)
+    assert select.small_mm_rows() == lin.ALWAYS_ROWS == cm.MAX_ROWS and lin.fits(x64, w_large)
+    monkeypatch.setenv(select.SMALL_MM_ROWS_ENV, "32")
+    assert select.small_mm_rows() == 32 and not lin.fits(x64, w_large)
+    assert select.mm_key() == (select.grouped_mm_enabled(), 32)
+    for bad, why in [("129", "more than the kernel's 128 rows"), ("many", "must be 0")]:
+        monkeypatch.setenv(select.SMALL_MM_ROWS_ENV, bad)
+        with pytest.raises(UsageError, match=why):
+            select.small_mm_rows()
 
 
 def test_linear_dispatch(emulated, monkeypatch):
@@ -176,6 +311,46 @@ def test_cuda_kernel_rows_are_bit_equal_whatever_the_batch():
     for n in (1, 16, 32):
         part = cm.small_matmul_cuda(x[:n], w)
         assert mx.array_equal(part, full[:n])
+
+
+@cuda_only
+@pytest.mark.parametrize("rows", [1, 16, 64])
+def test_cuda_grouped_kernel_gives_each_product_the_single_kernels_bits(rows):
+    # A Qwen3.5-4B Gated-DeltaNet layer's input projections (qkv, z, b, a) and the MLP's gate/up.
+    mx.random.seed(rows)
+    x = mx.random.normal((rows, 2560)).astype(mx.bfloat16)
+    for widths in [(8192, 4096, 32, 32), (9216, 9216)]:
+        ws = [(mx.random.normal((n, 2560)) * 0.02).astype(mx.bfloat16) for n in widths]
+        for w, y in zip(ws, cm.grouped_matmul_cuda(x, ws)):
+            assert mx.array_equal(y, cm.small_matmul_cuda(x, w))
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("rows", [1, 16])
+def test_cuda_residual_in_the_launch_has_the_bits_of_mlx_add(rows, dtype):
+    x, w = _inputs(rows, 9216, 2560, dtype, seed=7)
+    r = mx.random.normal((rows, 2560)).astype(dtype)
+    assert mx.array_equal(cm.small_matmul_cuda(x, w, add=r), cm.small_matmul_cuda(x, w) + r)
+
+
+@cuda_only
+def test_cuda_runners_give_the_same_logits_with_grouped_products(monkeypatch):
+    from hf2q.kernels.layers import fast_layer_fn
+    from hf2q.runtime.pair import load_pair
+
+    target = load_pair(None).target
+    tokens = mx.array([[3, 14, 15, 92, 65, 35]])
+    outs = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv(select.GROUPED_MM_ENV, flag)
+        logits = []
+        cache = target.make_cache()
+        for i in range(tokens.shape[1]):  # decode steps, one row each
+            out, _ = target.forward(tokens[:, i : i + 1], cache, layer_fn=fast_layer_fn(mm=True))
+            logits.append(out)
+        outs.append(mx.concatenate(logits, axis=1))
+    assert mx.array_equal(outs[0], outs[1])
 
 
 @pytest.fixture(scope="module")

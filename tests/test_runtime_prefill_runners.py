@@ -1,4 +1,4 @@
-"""Prompt chunks through the compiled layer runners (``HF2Q_PREFILL_RUNNERS=1``, CUDA) compute what
+"""Prompt chunks through the compiled layer runners (CUDA, unless ``HF2Q_PREFILL_RUNNERS=0``) compute what
 the model's own layers compute.
 
 Off Apple GPUs mlx-lm runs a prompt chunk's Gated-DeltaNet recurrence as a Python loop of small
@@ -28,6 +28,8 @@ HAS_CUDA = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
 
 def test_prefill_runners_switch_reads_the_environment(monkeypatch):
     monkeypatch.delenv(select.PREFILL_RUNNERS_ENV, raising=False)
+    assert select.prefill_runners_enabled()  # on by default (where the runners run: CUDA)
+    monkeypatch.setenv(select.PREFILL_RUNNERS_ENV, "0")
     assert not select.prefill_runners_enabled()
     monkeypatch.setenv(select.PREFILL_RUNNERS_ENV, "1")
     assert select.prefill_runners_enabled()
@@ -57,7 +59,7 @@ def _prefilled(target, drafter, prompt, step_size):
 
 def test_switch_off_or_no_runners_keeps_the_models_layers(monkeypatch):
     monkeypatch.setattr(layers, "decode_runners_active", lambda: True)
-    monkeypatch.delenv(select.PREFILL_RUNNERS_ENV, raising=False)
+    monkeypatch.setenv(select.PREFILL_RUNNERS_ENV, "0")
     assert layers.prefill_layer_fn() is None
     monkeypatch.setattr(layers, "decode_runners_active", lambda: False)
     monkeypatch.setenv(select.PREFILL_RUNNERS_ENV, "1")

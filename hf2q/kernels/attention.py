@@ -32,7 +32,7 @@ from mlx_lm.models.cache import KVCache
 
 from hf2q.kernels import cuda_attention
 from hf2q.kernels.gdn import _alive, concat_linears, mlp_fused
-from hf2q.kernels.linear import linear, swiglu_mlp
+from hf2q.kernels.linear import linear, linears, swiglu_mlp
 
 AttentionRunner = Callable[[mx.array, Any, Any], mx.array]
 
@@ -81,8 +81,7 @@ def attention_pieces(
         B, L, _ = x.shape
         h = lay.input_layernorm(x)
         if qkv is None:
-            q_out = linear(sa.q_proj, h, mm)
-            keys, values = linear(sa.k_proj, h, mm), linear(sa.v_proj, h, mm)
+            q_out, keys, values = linears([sa.q_proj, sa.k_proj, sa.v_proj], h, mm)
         else:
             q_out, keys, values = mx.split(
                 linear(qkv, h, mm), [q_width, q_width + kv_width], axis=-1
@@ -98,11 +97,11 @@ def attention_pieces(
         # o: (B, L, heads, d) attention output in row order.
         lay = _alive(ref)
         B, L, _ = x.shape
-        h = x + linear(lay.self_attn.o_proj, o.reshape(B, L, -1) * mx.sigmoid(gate), mm)
+        h = linear(lay.self_attn.o_proj, o.reshape(B, L, -1) * mx.sigmoid(gate), mm, add=x)
         hn = lay.post_attention_layernorm(h)
         if gate_up is None:
-            return h + swiglu_mlp(lay.mlp, hn, mm)
-        return h + mlp_fused(lay.mlp, gate_up, hn, mm)
+            return swiglu_mlp(lay.mlp, hn, mm, add=h)
+        return mlp_fused(lay.mlp, gate_up, hn, mm, add=h)
 
     def post(x: mx.array, attn: mx.array, gate: mx.array) -> mx.array:
         # attn: (B, heads, L, d) as MLX's attention returns it.

@@ -65,6 +65,9 @@ template <> struct Hf2qMma<__nv_bfloat16> {
     HF2Q_MMA("bf16", true)
   }
   static __device__ __forceinline__ __nv_bfloat16 to(float x) { return __float2bfloat16(x); }
+  static __device__ __forceinline__ __nv_bfloat16 add(__nv_bfloat16 a, __nv_bfloat16 b) {
+    return __hadd(a, b);
+  }
 };
 template <> struct Hf2qMma<__half> {
   static __device__ __forceinline__ void run(float* c, unsigned a0, unsigned a1, unsigned a2,
@@ -72,22 +75,27 @@ template <> struct Hf2qMma<__half> {
     HF2Q_MMA("f16", false)
   }
   static __device__ __forceinline__ __half to(float x) { return __float2half(x); }
+  static __device__ __forceinline__ __half add(__half a, __half b) { return __hadd(a, b); }
 };
 """
 
 # Template arguments: T (bf16/fp16), MT (m-tiles of 16 rows), NB (8-column blocks per thread
 # block), WARPS, U (unrolling of the chunk loop). Inputs x (..., K) with M rows in all and w (N, K),
 # both row-contiguous; output y (..., N).
-_SOURCE = r"""
+_ROWS = r"""
   const int K = x_shape[x_ndim - 1];
   int M = 1;
   for (int i = 0; i < x_ndim - 1; ++i) M *= x_shape[i];
-  const int N = w_shape[0];
+"""
+
+# The product itself, for a weight ``w`` (N, K) and output ``y`` whose columns n0 .. n0 + 8 * NB
+# this thread block computes (the single kernel and the grouped one each say which), each value
+# written by ``store(index, float32 sum)``.
+_BODY = r"""
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int n0 = blockIdx.x * (8 * NB);
   float acc[MT][NB][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -145,7 +153,7 @@ _SOURCE = r"""
       const int e = s % 4;
       const int row = mt * 16 + g + (e >= 2 ? 8 : 0);
       const int col = n0 + nb * 8 + 2 * t + (e & 1);
-      if (row < M) y[(size_t)row * N + col] = Hf2qMma<T>::to(acc[mt][nb][e]);
+      if (row < M) store((size_t)row * N + col, acc[mt][nb][e]);
     }
     return;
   }
@@ -167,9 +175,52 @@ _SOURCE = r"""
 #pragma unroll
     for (int ww = 0; ww < WARPS; ++ww) sum += red[ww][s][ln];
     const int col = n0 + ((s / 4) % NB) * 8 + 2 * (ln & 3) + (s & 1);
-    y[(size_t)row * N + col] = Hf2qMma<T>::to(sum);
+    store((size_t)row * N + col, sum);
   }
 """
+
+
+_SINGLE = r"""
+  const int N = w_shape[0];
+  const int n0 = blockIdx.x * (8 * NB);
+"""
+_STORE = r"""
+  auto store = [&](size_t i, float v) { y[i] = Hf2qMma<T>::to(v); };
+"""
+_SOURCE = _ROWS + _SINGLE + _STORE + _BODY
+
+# With an addend r (same shape as y): the product rounded to T, then r added as MLX adds two
+# T arrays (one rounding of the exact sum): the bits of ``small_matmul_cuda(x, w) + r``, in the
+# same launch (a residual connection after a layer's last product).
+_SOURCE_ADD = (
+    _ROWS
+    + _SINGLE
+    + r"""
+  auto store = [&](size_t i, float v) { y[i] = Hf2qMma<T>::add(Hf2qMma<T>::to(v), r[i]); };
+"""
+    + _BODY
+)
+
+
+def grouped_source(groups: int) -> str:
+    """The kernel body computing ``x @ w{i}.T`` into ``y{i}`` for ``groups`` weights of one K in one
+    launch: the thread blocks are laid out weight after weight, and each block runs
+    :data:`_BODY` on its own weight's columns, so every output element is computed exactly as
+    the single-weight kernel computes it (same chunks, lanes and warp order: same bits)."""
+    lines = [
+        "  const T* w = nullptr;",
+        "  T* y = nullptr;",
+        "  int N = 0;",
+        "  int blk = blockIdx.x;",
+    ]
+    for i in range(groups):
+        lines.append("  if (w == nullptr) {")
+        lines.append(f"    const int nb{i} = w{i}_shape[0] / (8 * NB);")
+        lines.append(f"    if (blk < nb{i}) {{ w = w{i}; y = y{i}; N = w{i}_shape[0]; }}")
+        lines.append(f"    else blk -= nb{i};")
+        lines.append("  }")
+    lines.append("  const int n0 = blk * (8 * NB);")
+    return _ROWS + "\n".join(lines) + "\n" + _STORE + _BODY
 
 
 @cache
@@ -179,6 +230,28 @@ def _kernel() -> Any:
         input_names=["x", "w"],
         output_names=["y"],
         source=_SOURCE,
+        header=_HEADER,
+    )
+
+
+@cache
+def _add_kernel() -> Any:
+    return mx.fast.cuda_kernel(
+        name="hf2q_small_mm_add",
+        input_names=["x", "w", "r"],
+        output_names=["y"],
+        source=_SOURCE_ADD,
+        header=_HEADER,
+    )
+
+
+@cache
+def _grouped_kernel(groups: int) -> Any:
+    return mx.fast.cuda_kernel(
+        name=f"hf2q_grouped_mm{groups}",
+        input_names=["x", *(f"w{i}" for i in range(groups))],
+        output_names=[f"y{i}" for i in range(groups)],
+        source=grouped_source(groups),
         header=_HEADER,
     )
 
@@ -204,33 +277,56 @@ def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
     """(m-tiles, 8-column blocks per thread block, warps, chunk-loop unrolling) for this product."""
     mt = -(-rows // 16)
     # Wider blocks (fewer, reusing each input load for more columns) only while there are still
-    # at least 264 blocks: two per SM of an H200's 132.
-    nb = 4 if mt == 1 and N % 32 == 0 and N >= 32 * 264 else (2 if mt <= 2 and N % 16 == 0 else 1)
+    # at least 264 blocks: two per SM of an H200's 132. With three m-tiles or more the inputs'
+    # loads outweigh the weight's: more column blocks per input load (session 16, 64 rows of the
+    # 4B shapes: four blocks, chunk loop unrolled 4 times, 21-41 us a product against 30-61 us
+    # for one block, cuBLAS 24-56 us; five m-tiles or more take two blocks, unrolled once, which
+    # keeps their accumulators in registers).
+    unroll = 1
+    if 3 <= mt <= 4 and N % 32 == 0:
+        nb, unroll = 4, 4
+    elif mt >= 5 and N % 16 == 0:
+        nb = 2
+    elif mt == 1 and N % 32 == 0 and N >= 32 * 264:
+        nb = 4
+    else:
+        nb = 2 if mt <= 2 and N % 16 == 0 else 1
+    # The warps split K and fix the order of the sum: they depend on K only, so that a row's bits
+    # do not depend on how many rows a launch computes.
     chunks = K // K_CHUNK
     warps = 1
     for cand in (8, 4, 2):
         if chunks >= 2 * cand:
             warps = cand
             break
-    return mt, nb, warps, 1
+    return mt, nb, warps, unroll
 
 
 def small_matmul_cuda(
-    x: mx.array, w: mx.array, *, tune: tuple[int, int, int] | None = None
+    x: mx.array,
+    w: mx.array,
+    *,
+    tune: tuple[int, int, int] | None = None,
+    add: mx.array | None = None,
 ) -> mx.array:
     """``x @ w.T`` in one tensor-core launch; see :func:`supported` for what it takes.
 
     ``tune`` overrides :func:`launch_shape`'s (column blocks, warps, unrolling), for tuning:
     every choice computes the same values up to float32 summation order (a row's bits are the
-    same across row counts for one choice of ``warps``).
+    same across row counts for one choice of ``warps``). ``add``: an array of the output's shape
+    and dtype added in the same launch (``x @ w.T + add`` with the bits of the two steps).
     """
     K, N = w.shape[1], w.shape[0]
     rows = math.prod(x.shape[:-1])
     mt, nb, warps, unroll = launch_shape(rows, K, N)
     if tune is not None:
         nb, warps, unroll = tune
-    (y,) = _kernel()(
-        inputs=[x, w],
+    if add is not None and (add.shape != (*x.shape[:-1], N) or add.dtype != x.dtype):
+        raise ValueError(
+            f"addend {add.shape} {add.dtype} is not the output's {x.shape[:-1]}+({N},)"
+        )
+    (y,) = (_kernel() if add is None else _add_kernel())(
+        inputs=[x, w] if add is None else [x, w, add],
         template=[("T", x.dtype), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll)],
         grid=((N // (8 * nb)) * 32 * warps, 1, 1),
         threadgroup=(32 * warps, 1, 1),
@@ -238,3 +334,45 @@ def small_matmul_cuda(
         output_dtypes=[x.dtype],
     )
     return y
+
+
+#: Most weights one grouped launch takes (a Gated-DeltaNet layer's four input projections).
+MAX_GROUPS = 4
+
+
+def grouped_supported(x: mx.array, ws: list[mx.array]) -> str | None:
+    """Why :func:`grouped_matmul_cuda` cannot compute ``[x @ w.T for w in ws]`` (None when it can)."""
+    if not 2 <= len(ws) <= MAX_GROUPS:
+        return f"{len(ws)} weights (2 to {MAX_GROUPS})"
+    for w in ws:
+        why = supported(x, w)
+        if why is not None:
+            return why
+    return None
+
+
+def grouped_matmul_cuda(x: mx.array, ws: list[mx.array]) -> list[mx.array]:
+    """``[x @ w.T for w in ws]`` in one launch (weights of one K; see :func:`grouped_supported`).
+
+    Each output has the same bits as :func:`small_matmul_cuda` of its weight alone: the launch
+    uses the same m-tiles and warps (both depend on the rows and K only) and a column-block
+    width every weight's N takes, which only decides which thread block computes a column.
+    One graph node and one launch where the separate products make one each: for a decoding
+    step that is most of its launches (a layer's q/k/v or four Gated-DeltaNet input projections,
+    the MLP's gate and up), and the smallest of them (two 32-column gate projections a layer on
+    Qwen3.5-4B) cost a launch each for almost no work.
+    """
+    K = ws[0].shape[1]
+    rows = math.prod(x.shape[:-1])
+    shapes = [launch_shape(rows, K, w.shape[0]) for w in ws]
+    mt, _, warps, unroll = shapes[0]
+    nb = min(s[1] for s in shapes)
+    blocks = sum(w.shape[0] // (8 * nb) for w in ws)
+    return _grouped_kernel(len(ws))(
+        inputs=[x, *ws],
+        template=[("T", x.dtype), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll)],
+        grid=(blocks * 32 * warps, 1, 1),
+        threadgroup=(32 * warps, 1, 1),
+        output_shapes=[(*x.shape[:-1], w.shape[0]) for w in ws],
+        output_dtypes=[x.dtype] * len(ws),
+    )

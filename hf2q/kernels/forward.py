@@ -59,7 +59,15 @@ _steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _step_for(target: Any, fuse_proj: bool, mm: bool, rows: bool) -> tuple[list[tuple], Any]:
     """``(parts, compiled step)`` of ``target`` for these settings (see :class:`CompiledDecode`)."""
     per = _steps.setdefault(target, {})
-    key = (fuse_proj, mm, rows, select.kernel_mode(), select.backend(), select.compile_enabled())
+    key = (
+        fuse_proj,
+        mm,
+        rows,
+        select.mm_key(),
+        select.kernel_mode(),
+        select.backend(),
+        select.compile_enabled(),
+    )
     hit = per.get(key)
     if hit is not None:
         return hit

@@ -29,7 +29,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.gated_delta import compute_g, gated_delta_update, normalize_qk
 
-from hf2q.kernels.linear import linear, swiglu_mlp
+from hf2q.kernels.linear import linear, linears, swiglu_mlp
 
 IMPLS = ("ops", "mlx", "cuda_steps", "cuda")
 RECORDS = ("states", "final")
@@ -195,13 +195,15 @@ def fuse_projections(layer: nn.Module) -> FusedProjections:
     )
 
 
-def mlp_fused(mlp: nn.Module, gate_up: nn.Module, x: mx.array, mm: bool = False) -> mx.array:
+def mlp_fused(
+    mlp: nn.Module, gate_up: nn.Module, x: mx.array, mm: bool = False, add: mx.array | None = None
+) -> mx.array:
     """mlx-lm's SwiGLU MLP with its gate and up projections done as one matmul (``mm``: products
-    through :func:`hf2q.kernels.linear.linear`)."""
+    through :func:`hf2q.kernels.linear.linear`; ``add``: a residual added to the output)."""
     from mlx_lm.models.activations import swiglu
 
     g, u = mx.split(linear(gate_up, x, mm), 2, axis=-1)
-    return linear(mlp.down_proj, swiglu(g, u), mm)
+    return linear(mlp.down_proj, swiglu(g, u), mm, add=add)
 
 
 # -- one Gated-DeltaNet mixer ----------------------------------------------------------------------
@@ -292,6 +294,7 @@ def gdn_mixer(
     record: str = "states",
     in_proj: nn.Module | None = None,
     mm: bool = False,
+    residual: mx.array | None = None,
 ) -> tuple[mx.array, GdnRecord]:
     """One ``GatedDeltaNet`` (``layer.linear_attn``) over ``x`` (B, T, H), without a cache.
 
@@ -304,18 +307,20 @@ def gdn_mixer(
         record: ``"states"`` (per-step states) or ``"final"``.
         in_proj: ``FusedProjections.in_proj`` of this layer: one matmul for qkv, z, b and a.
         mm: products through :func:`hf2q.kernels.linear.linear` (the small-M kernel on CUDA).
+        residual: added to the output (the decoder layer's residual connection; with the
+            kernel, in the output projection's launch).
 
     Returns:
-        ``(out, record)``: out (B, T, hidden) as mlx-lm's layer returns it, and the record.
+        ``(out, record)``: out (B, T, hidden) as mlx-lm's layer returns it (plus ``residual``),
+        and the record.
     """
     if record not in RECORDS:
         raise ValueError(f"record must be one of {RECORDS}, not {record!r}")
     B, T, _ = x.shape
     if in_proj is None:
-        qkv = linear(attn.in_proj_qkv, x, mm)
-        z = linear(attn.in_proj_z, x, mm)
-        b = linear(attn.in_proj_b, x, mm)
-        a = linear(attn.in_proj_a, x, mm)
+        qkv, z, b, a = linears(
+            [attn.in_proj_qkv, attn.in_proj_z, attn.in_proj_b, attn.in_proj_a], x, mm
+        )
     else:
         C, V, H = attn.conv_dim, attn.value_dim, attn.num_v_heads
         qkv, z, b, a = mx.split(linear(in_proj, x, mm), [C, C + V, C + V + H], axis=-1)
@@ -326,7 +331,7 @@ def gdn_mixer(
         state = mx.zeros((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim), dtype=mx.float32)
     conv_input = mx.concatenate([conv_state, qkv], axis=1)
     y, rec = _recurrence(attn, conv_state, qkv, conv_input, a, b, state, impl=impl, record=record)
-    out = linear(attn.out_proj, attn.norm(y, z).reshape(B, T, -1), mm)
+    out = linear(attn.out_proj, attn.norm(y, z).reshape(B, T, -1), mm, add=residual)
     return out, GdnRecord(conv_input, a, b, state, rec, record)
 
 
@@ -346,7 +351,7 @@ def gdn_decoder_layer(
     ``fused`` (from :func:`fuse_projections`) replaces the six input matmuls by two; ``mm`` runs
     the products through :func:`hf2q.kernels.linear.linear`.
     """
-    r, rec = gdn_mixer(
+    h, rec = gdn_mixer(
         layer.linear_attn,
         layer.input_layernorm(x),
         conv_state,
@@ -355,12 +360,12 @@ def gdn_decoder_layer(
         record=record,
         in_proj=None if fused is None else fused.in_proj,
         mm=mm,
+        residual=x,
     )
-    h = x + r
     hn = layer.post_attention_layernorm(h)
     if fused is None:
-        return h + swiglu_mlp(layer.mlp, hn, mm), rec
-    return h + mlp_fused(layer.mlp, fused.gate_up, hn, mm), rec
+        return swiglu_mlp(layer.mlp, hn, mm, add=h), rec
+    return mlp_fused(layer.mlp, fused.gate_up, hn, mm, add=h), rec
 
 
 def rollback_state(attn: nn.Module, rec: GdnRecord, n: int, *, impl: str = "ops") -> mx.array:

@@ -130,7 +130,8 @@ def gdn_layer_runner(
             ref(), x, conv, state, impl=impl, record=record, fused=fused, mm=mm
         )
 
-    return _cached(layer, ("gdn", impl, record, fuse, compiled, mm), build)
+    products = select.mm_key() if mm else None  # read by the trace (``linear``, ``linears``)
+    return _cached(layer, ("gdn", impl, record, fuse, compiled, mm, products), build)
 
 
 def attention_runner(
@@ -144,7 +145,7 @@ def attention_runner(
         return _cached(layer, ("attn-plain",), lambda: lambda x, mask, cache: ref()(x, mask, cache))
     return _cached(
         layer,
-        ("attn", fuse, mm, rows),
+        ("attn", fuse, mm, rows, select.mm_key() if mm else None),
         lambda: compile_attention_layer(layer, fuse_proj=fuse, mm=mm, rows=rows),
     )
 
@@ -226,7 +227,7 @@ def decode_layer_fn() -> Callable[[int, nn.Module, mx.array, Any, Any], mx.array
 
 def prefill_layer_fn() -> Callable[[int, nn.Module, mx.array, Any, Any], mx.array] | None:
     """The layer function for a prompt's chunks: the compiled runners where plain decoding runs
-    them and ``HF2Q_PREFILL_RUNNERS=1`` (:func:`hf2q.kernels.select.prefill_runners_enabled`),
+    them unless ``HF2Q_PREFILL_RUNNERS=0`` (:func:`hf2q.kernels.select.prefill_runners_enabled`),
     else None (the model's own layer calls).
 
     Attention keeps MLX's (cuDNN's on CUDA) kernel for the chunk's many query rows instead of the

@@ -24,27 +24,53 @@ import mlx.nn as nn
 
 from hf2q.kernels import cuda_matmul
 
-#: Rows always sent to the kernel when it supports the product.
-ALWAYS_ROWS = 32
-#: Weights up to this many elements go to the kernel up to ``cuda_matmul.MAX_ROWS`` rows (the
-#: product stays launch-bound; beyond it, with more than ``ALWAYS_ROWS`` rows, cuBLAS wins).
+#: Rows sent to the kernel whatever the weight's size, unless ``HF2Q_SMALL_MM_ROWS`` says fewer:
+#: all it takes (``cuda_matmul.MAX_ROWS``, eight slots of a 16-token verify), so that every verify
+#: row is computed as a decode step computes it (the kernel's rows do not depend on their count;
+#: cuBLAS rounds differently, and in bf16 greedy DFlash could then part from plain decoding).
+ALWAYS_ROWS = cuda_matmul.MAX_ROWS
+#: Weights up to this many elements go to the kernel up to ``cuda_matmul.MAX_ROWS`` rows.
 SMALL_WEIGHT = 1 << 22
 
 
 def fits(x: mx.array, w: mx.array) -> bool:
-    """Whether the kernel computes ``x @ w.T`` (dtypes, shapes, rows; see module doc)."""
+    """Whether the kernel computes ``x @ w.T`` (dtypes, shapes, rows; see module doc): up to
+    ``select.small_mm_rows()`` rows (``HF2Q_SMALL_MM_ROWS``, default :data:`ALWAYS_ROWS`) always,
+    up to the kernel's most for small weights."""
     if cuda_matmul.supported(x, w) is not None:
         return False
-    rows = x.size // x.shape[-1]
-    return rows <= ALWAYS_ROWS or w.size <= SMALL_WEIGHT
+    if w.size <= SMALL_WEIGHT:
+        return True
+    from hf2q.kernels import select  # select imports this module
+
+    return x.size // x.shape[-1] <= select.small_mm_rows()
 
 
-def linear(mod: nn.Module, x: mx.array, on: bool) -> mx.array:
-    """``mod(x)``; through the kernel when ``on`` and ``mod`` is a plain ``nn.Linear`` that fits."""
+def _grouping() -> bool:
+    from hf2q.kernels import select  # select imports this module
+
+    return select.grouped_mm_enabled()
+
+
+def linear(mod: nn.Module, x: mx.array, on: bool, add: mx.array | None = None) -> mx.array:
+    """``mod(x)`` (``mod(x) + add`` with ``add``); through the kernel when ``on`` and ``mod`` is a
+    plain ``nn.Linear`` that fits. With ``add`` (a residual), a layer without bias and
+    ``select.grouped_mm_enabled()``, the addition happens in the product's launch, with the
+    bits of the two steps."""
     if on and type(mod) is nn.Linear and fits(x, mod.weight):
+        if (
+            add is not None
+            and "bias" not in mod
+            and add.dtype == x.dtype
+            and add.shape == (*x.shape[:-1], mod.weight.shape[0])
+            and _grouping()
+        ):
+            return cuda_matmul.small_matmul_cuda(x, mod.weight, add=add)
         y = cuda_matmul.small_matmul_cuda(x, mod.weight)
-        return y + mod.bias if "bias" in mod else y
-    return mod(x)
+        y = y + mod.bias if "bias" in mod else y
+    else:
+        y = mod(x)
+    return y if add is None else y + add
 
 
 @cache
@@ -55,19 +81,35 @@ def _swiglu_types() -> tuple[type, ...]:
     return (MLP, Qwen3NextMLP)
 
 
-def swiglu_mlp(mlp: nn.Module, x: mx.array, on: bool) -> mx.array:
-    """mlx-lm's SwiGLU MLP (``down(silu(gate(x)) * up(x))``) with its products through :func:`linear`.
+def linears(mods: list[nn.Module], x: mx.array, on: bool) -> list[mx.array]:
+    """``[mod(x) for mod in mods]``; one launch of the grouped kernel when ``on``, products sharing
+    an input are grouped here (``select.grouped_mm_enabled()``) and every module is a plain
+    ``nn.Linear`` without bias that fits (same bits as :func:`linear` of each), else :func:`linear`
+    of each. Compiled runners read the setting when traced, so their caches key on it."""
+    if on and all(type(m) is nn.Linear and "bias" not in m for m in mods):
+        ws = [m.weight for m in mods]
+        if (
+            _grouping()
+            and cuda_matmul.grouped_supported(x, ws) is None
+            and all(fits(x, w) for w in ws)
+        ):
+            return cuda_matmul.grouped_matmul_cuda(x, ws)
+    return [linear(m, x, on) for m in mods]
+
+
+def swiglu_mlp(mlp: nn.Module, x: mx.array, on: bool, add: mx.array | None = None) -> mx.array:
+    """mlx-lm's SwiGLU MLP (``down(silu(gate(x)) * up(x))``) with its products through :func:`linear`
+    (``+ add``, a residual, with ``add``).
 
     Only mlx-lm's dense Qwen3 / Qwen3-Next MLP classes, whose call is exactly that; anything else
     (the sparse MoE block, other MLPs) runs its own call.
     """
     if not on or type(mlp) not in _swiglu_types():
-        return mlp(x)
+        return mlp(x) if add is None else add + mlp(x)
     from mlx_lm.models.activations import swiglu
 
-    return linear(
-        mlp.down_proj, swiglu(linear(mlp.gate_proj, x, on), linear(mlp.up_proj, x, on)), on
-    )
+    gate, up = linears([mlp.gate_proj, mlp.up_proj], x, on)
+    return linear(mlp.down_proj, swiglu(gate, up), on, add=add)
 
 
 def head(embedding: nn.Module, x: mx.array, on: bool) -> mx.array:

@@ -55,6 +55,15 @@ FUSE_PROJ_ENV = "HF2Q_FUSE_PROJ"
 #: the tensor-core kernel of :mod:`hf2q.kernels.cuda_matmul` (CUDA only; default on there).
 SMALL_MM_ENV = "HF2Q_SMALL_MM"
 
+#: HF2Q_GROUPED_MM=1: where the small-M kernel runs, products sharing an input (a Gated-DeltaNet
+#: layer's four input projections, attention's q/k/v, the MLP's gate and up) are one launch of
+#: :func:`hf2q.kernels.cuda_matmul.grouped_matmul_cuda` (same bits as separate launches; no copy).
+GROUPED_MM_ENV = "HF2Q_GROUPED_MM"
+
+#: HF2Q_SMALL_MM_ROWS=N: products of up to N rows run the small-M kernel whatever the weight's size;
+#: beyond N, weights of more than 4M elements go to cuBLAS (default: the kernel's 128 rows).
+SMALL_MM_ROWS_ENV = "HF2Q_SMALL_MM_ROWS"
+
 #: HF2Q_ROW_ATTENTION=0: the compiled attention runners keep MLX's attention instead of the
 #: row-invariant kernel of :mod:`hf2q.kernels.cuda_attention` (CUDA only; default on there).
 ROW_ATTENTION_ENV = "HF2Q_ROW_ATTENTION"
@@ -64,9 +73,9 @@ ROW_ATTENTION_ENV = "HF2Q_ROW_ATTENTION"
 #: (default 0: the whole forward is queued when the loop waits for its acceptance).
 FLUSH_LAYERS_ENV = "HF2Q_FLUSH_LAYERS"
 
-#: HF2Q_PREFILL_RUNNERS=1: prompt chunks go through the compiled layer runners (the fused
-#: Gated-DeltaNet kernel over the whole chunk) instead of the model's own layer calls (CUDA only;
-#: default off until measured on a GPU).
+#: HF2Q_PREFILL_RUNNERS=0: prompt chunks go through the model's own layer calls instead of the
+#: compiled layer runners (the fused Gated-DeltaNet kernel over the whole chunk; CUDA only, on by
+#: default there).
 PREFILL_RUNNERS_ENV = "HF2Q_PREFILL_RUNNERS"
 
 #: HF2Q_COMPILE_FORWARD=1: plain decoding runs each step's whole target forward as one compiled
@@ -117,6 +126,35 @@ def small_mm_enabled() -> bool:
     return backend() == "cuda" and kernel_mode() != "ops" and _flag(SMALL_MM_ENV, "1")
 
 
+def grouped_mm_enabled() -> bool:
+    """Whether products sharing an input are one launch of the small-M kernel
+    (``HF2Q_GROUPED_MM``, default off until timed on a GPU; only where :func:`small_mm_enabled`)."""
+    return small_mm_enabled() and _flag(GROUPED_MM_ENV, "0")
+
+
+def small_mm_rows() -> int:
+    """Rows up to which every product the small-M kernel can compute runs it
+    (``HF2Q_SMALL_MM_ROWS``, default :data:`hf2q.kernels.linear.ALWAYS_ROWS`, 128). A DFlash
+    verify of S slots has 16 S rows: above this count its large products go to cuBLAS, whose
+    rounding differs from the kernel's (a decode step's), so in bf16 greedy DFlash can then part
+    from plain decoding where two logits nearly tie (session 16: with 32, the 4-slot rows of the
+    4B-shaped pair matched plain batched decoding 0%, with 128 all of them)."""
+    n = _count(SMALL_MM_ROWS_ENV, f"a row count up to {cuda_matmul.MAX_ROWS}")
+    if n is None:
+        return linear.ALWAYS_ROWS
+    if n > cuda_matmul.MAX_ROWS:
+        raise UsageError(
+            f"{SMALL_MM_ROWS_ENV}={n} is more than the kernel's {cuda_matmul.MAX_ROWS} rows: lower it"
+        )
+    return n
+
+
+def mm_key() -> tuple[bool, int]:
+    """The settings a compiled runner's products depend on, for the caches of traced functions:
+    (:func:`grouped_mm_enabled`, :func:`small_mm_rows`)."""
+    return grouped_mm_enabled(), small_mm_rows()
+
+
 def row_attention_enabled() -> bool:
     """Whether the compiled attention runners (plain decoding and verify alike) attend with
     hf2q's row-invariant kernel (:mod:`hf2q.kernels.cuda_attention`), so that in bf16/fp16 a
@@ -145,10 +183,10 @@ def prefill_runners_enabled() -> bool:
     Gated-DeltaNet recurrence of a chunk as a Python loop of small ops per step (a 1024-token
     prompt of a Qwen3.5-4B shape is about 640 thousand graph nodes and 1.5 s on an H200,
     docs/BENCHMARKS.md, session 15); the runners run it as one fused kernel per layer.
-    ``HF2Q_PREFILL_RUNNERS=1`` turns it on where plain decoding runs the runners (CUDA); off by
-    default until it has been measured on a GPU.
+    On where plain decoding runs the runners (CUDA) unless ``HF2Q_PREFILL_RUNNERS=0``: measured
+    on an H200 (session 16), 26x faster for a 1024-token prompt of that shape and 38x for 4096.
     """
-    return _flag(PREFILL_RUNNERS_ENV, "0")
+    return _flag(PREFILL_RUNNERS_ENV, "1")
 
 
 def compile_forward_enabled() -> bool:
@@ -326,10 +364,12 @@ def describe(attn: object | None = None) -> dict[str, str]:
     if fuse_proj_enabled():
         info["projections"] = "concatenated"
     info["small_mm"] = (
-        f"tensor-core kernel up to {linear.ALWAYS_ROWS} rows ({cuda_matmul.MAX_ROWS} for small weights)"
+        f"tensor-core kernel up to {small_mm_rows()} rows ({cuda_matmul.MAX_ROWS} for small weights)"
         if small_mm_enabled()
         else "MLX matmul"
     )
+    if grouped_mm_enabled():
+        info["small_mm"] += ", products sharing an input in one launch"
     info["attention"] = (
         "row-invariant kernel (bf16/fp16)" if row_attention_enabled() else "MLX attention"
     )

@@ -157,8 +157,8 @@ def prefill(
     """Process ``prompt`` into ``cache`` the way mlx-lm's ``generate_step`` does.
 
     All but the last token go in chunks of ``step_size`` (caches evaluated after each), then the
-    last token alone; through the model's own layer calls, or on CUDA with
-    ``HF2Q_PREFILL_RUNNERS=1`` through the compiled runners (:func:`prefill_layer_fn`). With a
+    last token alone; on CUDA through the compiled runners (:func:`prefill_layer_fn`; not with
+    ``HF2Q_PREFILL_RUNNERS=0``), elsewhere through the model's own layer calls. With a
     drafter, each chunk's features of ``target_layer_ids`` are appended to ``draft_cache``; the
     last token's features are returned for the first draft instead.
 
@@ -170,8 +170,8 @@ def prefill(
     toks = mx.array(list(prompt), dtype=mx.int32)
     n = toks.shape[0]
     start = 0
-    # HF2Q_PREFILL_RUNNERS=1 on CUDA: chunks through the compiled runners, the last token as a
-    # decode step; otherwise (the default) both through the model's own layer calls.
+    # On CUDA (unless HF2Q_PREFILL_RUNNERS=0): chunks through the compiled runners, the last token
+    # as a decode step; elsewhere both through the model's own layer calls.
     chunk_fn = prefill_layer_fn()
     last_fn = decode_layer_fn() if chunk_fn is not None else None
     while n - start > 1:

@@ -273,7 +273,13 @@ def verify_forward(
     if use_runners() if runners is None else runners:
         options = (select.fuse_proj_enabled(), mm, select.row_attention_enabled())
         # One layer function per set of settings, kept across rounds with its per-layer choices.
-        key = (*options, select.kernel_mode(), select.backend(), select.compile_enabled())
+        key = (
+            *options,
+            select.mm_key(),
+            select.kernel_mode(),
+            select.backend(),
+            select.compile_enabled(),
+        )
         fn = _verify_fns.get(key)
         if fn is None:
             fn = _verify_fns[key] = runner_verify_layer_fn(
