@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         "same_tokens": all(
             tokens[m][v] == tokens[modes[0]][values[0]] for m in modes for v in values
         ),
+        "tokens_equal": {
+            f"{m} {v}": tokens[m][v] == tokens[modes[0]][values[0]] for m in modes for v in values
+        },
     }
     if "dflash" in modes:
         rounds = {v: statistics.median(x) for v, x in ms["dflash"].items()}
