@@ -48,3 +48,20 @@ def test_greedy_dflash_equals_plain_in_bf16(demo):
     assert_greedy_dflash_equals_plain(
         demo.target, demo.drafter, prompts, [48, 40, 56], blocks=[16, 8, 4], slots=2
     )
+
+
+@pytest.mark.parametrize("slots", [1, 3])
+def test_lagged_rounds_equal_plain_in_bf16(demo, slots):
+    # Each round queued before the last acceptance is read (HF2Q_LAGGED_ROUNDS): the device-side
+    # rollback and ragged drafter context keep every request's plain greedy tokens in bf16.
+    from hf2q.runtime.dflash import plain_generate, run
+    from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
+
+    reqs = [Request(demo.tokenizer.encode(t), max_tokens=m) for t, m in zip(PROMPTS, [48, 40, 56])]
+    got = run_slots(
+        slots_dflash_generate(demo.target, demo.drafter, reqs, slots=slots, lagged=True)
+    )
+    want = [
+        run(plain_generate(demo.target, r.prompt, max_tokens=r.max_tokens)).tokens for r in reqs
+    ]
+    assert [s.tokens for s in got.requests] == want

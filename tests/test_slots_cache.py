@@ -203,3 +203,27 @@ def test_batched_drafter_over_ragged_contexts_equals_each_row_alone(pair, fitted
         want = drafter(block[r : r + 1], feats[:, ctx0[r] : ctx0[r] + new[r]], singles[r])
         _close(got[r : r + 1], want, f"row {r} draft logits")
         assert batch[0].lengths[r] == ctx0[r] + new[r]
+
+
+def test_lagged_rows_keep_bounds_above_their_offsets_and_resync_exactly():
+    # Lagged rounds: writes, ragged appends and rollbacks by counts the host has not read; the
+    # host lengths stay upper bounds, and a resync from a mark makes them exact plus what was
+    # written since.
+    c = SlotKVCache(2)
+    c.lagged = True
+    kv = lambda L: (mx.ones((2, 1, L, 4)), mx.ones((2, 1, L, 4)))  # noqa: E731
+    c.update_and_fetch(*kv(3))
+    assert c.lengths == [3, 3] and not c.aligned
+    c.prepare(lengths=mx.array([1, 3]))
+    c.update_and_fetch(*kv(4))  # appends 4 rows, keeps 1 and 3
+    first = c.mark()
+    c.update_and_fetch(*kv(5))
+    c.rollback(mx.array([2, 5]))  # a verify of 5, keeping 3 and 0
+    c.trim(0)
+    assert c.offset.tolist() == [7, 6] and c.lengths == [12, 12]  # bounds only
+    c.resync(first)
+    assert c.lengths == [4 + 5, 6 + 5]  # exact at the mark, plus the 5 written since
+    c.resync(c.mark())
+    assert c.lengths == c.offset.tolist() == [7, 6]
+    with pytest.raises(ValueError):
+        c.rollback([9, 0])  # host counts are still checked

@@ -83,10 +83,19 @@ def _expect(key, tok, target, drafter, reqs, eos, block_size=None):
     return _expected[key]
 
 
-def _check_batched(tok, target, drafter, reqs, eos, want, N, idle="compact", block_size=None):
+def _check_batched(
+    tok, target, drafter, reqs, eos, want, N, idle="compact", block_size=None, lagged=False
+):
     events = list(
         slots_dflash_generate(
-            target, drafter, reqs, slots=N, eos_token_ids=eos, idle=idle, block_size=block_size
+            target,
+            drafter,
+            reqs,
+            slots=N,
+            eos_token_ids=eos,
+            idle=idle,
+            block_size=block_size,
+            lagged=lagged,
         )
     )
     summary = events[-1]
@@ -134,6 +143,32 @@ def test_each_slot_decodes_exactly_its_single_run_with_agreeing_drafter(name, N,
         assert len(slots_used) > len(set(slots_used))
     assert summary.tau is not None and summary.tau > 1.5
     assert sum(summary.accepted_histogram) == sum(len(e.slots) for e in rounds)
+
+
+@pytest.mark.parametrize(("N", "idle"), [(1, "compact"), (3, "compact"), (8, "keep")])
+def test_lagged_rounds_decode_exactly_the_single_runs(N, idle, fitted_pairs):
+    # Each round queued before the previous acceptance is read (HF2Q_LAGGED_ROUNDS): the
+    # rollback, the drafter's ragged context and the next blocks stay on the device.
+    tok, target, drafter = _pair(*fitted_pairs["qwen35"])
+    reqs, eos = _workload(tok, target)
+    want = _expect("qwen35", tok, target, drafter, reqs, eos)
+    summary, events = _check_batched(tok, target, drafter, reqs, eos, want, N, idle, lagged=True)
+    rounds = [e for e in events if isinstance(e, SlotRound)]
+    assert max(a for e in rounds for a in e.accepted) >= 7
+    assert all(e.t_rollback == 0.0 for e in rounds)  # the lagged split: build and wait only
+    assert sum(summary.accepted_histogram) == sum(len(e.slots) for e in rounds)
+
+
+def test_lagged_rounds_with_a_random_drafter_and_short_blocks(qwen35_dir, tmp_path):
+    import checkpoints as ck
+
+    draft_dir = ck.build_drafter(tmp_path / "d", layers=2, seed=41)
+    tok, target, drafter = _pair(qwen35_dir, draft_dir)
+    reqs, eos = _workload(tok, target)
+    reqs = [Request(r.prompt, max_tokens=min(r.max_tokens, 20)) for r in reqs[:6]]
+    for block in (2, 5):
+        want = _expect(("lagged", block), tok, target, drafter, reqs, eos, block_size=block)
+        _check_batched(tok, target, drafter, reqs, eos, want, 4, block_size=block, lagged=True)
 
 
 def test_idle_rows_kept_in_the_batch_change_no_tokens(fitted_pairs):

@@ -82,6 +82,10 @@ PREFILL_RUNNERS_ENV = "HF2Q_PREFILL_RUNNERS"
 #: graph (:mod:`hf2q.kernels.forward`) where the runners run (CUDA); default off until measured.
 COMPILE_FORWARD_ENV = "HF2Q_COMPILE_FORWARD"
 
+#: HF2Q_LAGGED_ROUNDS=1: batched greedy DFlash (``hf2q bench``, ``hf2q.runtime.slots``) queues each
+#: round before reading the previous round's acceptance (default off until measured on a GPU).
+LAGGED_ROUNDS_ENV = "HF2Q_LAGGED_ROUNDS"
+
 #: HF2Q_ROLLBACK_KERNEL=0: a verify's Gated-DeltaNet rollback runs per layer with ops instead of
 #: one launch of :mod:`hf2q.kernels.cuda_rollback` for all layers (CUDA only; default on there).
 ROLLBACK_KERNEL_ENV = "HF2Q_ROLLBACK_KERNEL"
@@ -187,6 +191,12 @@ def prefill_runners_enabled() -> bool:
     on an H200 (session 16), 26x faster for a 1024-token prompt of that shape and 38x for 4096.
     """
     return _flag(PREFILL_RUNNERS_ENV, "1")
+
+
+def lagged_rounds_enabled() -> bool:
+    """Whether batched greedy DFlash without lookup queues each round before reading the last
+    one's acceptance (``HF2Q_LAGGED_ROUNDS``, default off until measured on a GPU)."""
+    return _flag(LAGGED_ROUNDS_ENV, "0")
 
 
 def compile_forward_enabled() -> bool:
@@ -379,6 +389,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
     )
     if runners and compile_forward_enabled():
         info["decode_step"] = "one compiled graph"
+    if lagged_rounds_enabled():
+        info["rounds"] = "lagged (batched greedy without lookup)"
     flush = flush_layers()
     info["verify_queue"] = f"every {flush} layers" if flush else "at the acceptance"
     bucket = sdpa_bucket()
@@ -407,6 +419,8 @@ def summary(model: object | None = None) -> str:
     parts.append(f"prefill through {info['prefill']}")
     if "decode_step" in info:
         parts.append(f"decode step {info['decode_step']}")
+    if "rounds" in info:
+        parts.append(f"rounds {info['rounds']}")
     if info["mode"] != "auto":
         parts.append(f"{ENV}={info['mode']}")
     return "; ".join(parts)

@@ -112,6 +112,20 @@ class GDNRollbackCache(ArraysCache):
         conv = mx.take_along_axis(rec.conv_input, pos, axis=1)
         self.restore(conv, rec.rows_after(keep, keep_list), T - keep)
 
+    def rollback_rows(self, keep: mx.array) -> None:
+        """:meth:`rollback` with one kept count per row as an array the host has not read (lagged
+        rounds): the same gathers, nothing checked."""
+        rec = self.record
+        if rec is None:
+            raise RuntimeError("rollback() needs a verify forward first (no record is held)")
+        T = rec.length
+        K1 = rec.conv_input.shape[1] - T
+        pos = (keep[:, None] + mx.arange(K1))[..., None]  # (B, K-1, 1)
+        conv = mx.take_along_axis(rec.conv_input, pos, axis=1)
+        states = rec.states if rec.stacked else mx.stack(rec.states, axis=1)
+        state = GDNRecord(rec.conv_input, states).rows_after(keep, [])
+        self.restore(conv, state, T - keep)
+
     def restore(self, conv: mx.array | None, state: mx.array | None, back: int | mx.array) -> None:
         """Install the states after the kept positions and drop the record.
 
@@ -139,7 +153,9 @@ class GDNRollbackCache(ArraysCache):
         return cache
 
 
-def rollback_in_one_launch(caches: Sequence[GDNRollbackCache], keep: int | Sequence[int]) -> bool:
+def rollback_in_one_launch(
+    caches: Sequence[GDNRollbackCache], keep: int | Sequence[int] | mx.array
+) -> bool:
     """Restore every layer of ``caches`` after its rows' kept positions in one CUDA launch.
 
     ``keep``: positions kept, one count for every batch row or one per row, already checked to
@@ -156,12 +172,13 @@ def rollback_in_one_launch(caches: Sequence[GDNRollbackCache], keep: int | Seque
     states = [r.states for r in recs]
     if isinstance(keep, int):
         keep = [keep] * convs[0].shape[0]
-    keep_arr = mx.array(list(keep), dtype=mx.int32)
+    lazy = isinstance(keep, mx.array)  # counts the host has not read (lagged rounds)
+    keep_arr = keep.astype(mx.int32) if lazy else mx.array(list(keep), dtype=mx.int32)
     if cuda_rollback.supported(convs, states, keep_arr) is not None:
         return False
     T = recs[0].length
     conv_out, state_out = cuda_rollback.rollback_cuda(convs, states, keep_arr)
-    back: int | mx.array = T - keep[0] if len(set(keep)) == 1 else T - keep_arr
+    back: int | mx.array = T - keep_arr if lazy or len(set(keep)) > 1 else T - keep[0]
     for c, conv, state in zip(caches, conv_out, state_out, strict=True):
         c.restore(conv, state, back)
     return True

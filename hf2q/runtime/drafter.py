@@ -527,7 +527,7 @@ class DFlashAttention(nn.Module):
         n_ctx = cache.offset  # (B,)
         n_keys = 0 if keys is None else keys.shape[2]
         ks, vs = ([keys, k_blk], [values, v_blk]) if n_keys else ([k_blk], [v_blk])
-        if len(set(cache.lengths)) == 1:  # aligned rows: the single-sequence mask (often none)
+        if cache.aligned:  # aligned rows: the single-sequence mask (often none)
             return self.attend(q, ks, vs, lambda: self.block_mask(n_keys, L, 0), fw)
         return self.attend(q, ks, vs, lambda: self.rows_mask(n_ctx, n_keys, L), fw)
 

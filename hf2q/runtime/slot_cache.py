@@ -70,7 +70,15 @@ class SlotKVCache(_BaseCache):
         self.values: mx.array | None = None
         self.lengths: list[int] = [0] * rows
         self.offset = mx.zeros((rows,), dtype=mx.int32)
-        self._advance: list[int] | None = None
+        self._advance: list[int] | mx.array | None = None
+        #: Lagged rounds (``hf2q.runtime.slots``, ``lagged=True``): ``offset`` moves by counts the
+        #: host has not read yet (``prepare`` / ``rollback`` with arrays), so ``lengths`` only
+        #: bound the rows from above (the buffer extent every write and mask covers) until
+        #: :meth:`resync` makes them exact again.
+        self.lagged = False
+        #: Positions added to ``lengths`` by writes since the cache was made, per row (what
+        #: :meth:`resync` adds back on top of the exact offsets of a :meth:`mark`).
+        self._grown: list[int] = [0] * rows
 
     # -- sizes -----------------------------------------------------------------------------------
     @property
@@ -115,6 +123,9 @@ class SlotKVCache(_BaseCache):
         ``lengths[i]`` of them and the rest lie past its end, masked and later overwritten. Used
         for ragged appends, e.g. each slot adding its own number of verified context rows.
         """
+        if self.lagged and isinstance(lengths, mx.array):
+            self._advance = lengths.astype(mx.int32)  # counts the host has not read
+            return
         self._advance = None if lengths is None else _per_row(lengths, self.rows, "lengths")
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
@@ -144,9 +155,15 @@ class SlotKVCache(_BaseCache):
             )
         adv = self._advance if self._advance is not None else [L] * N
         self._advance = None
+        if isinstance(adv, mx.array):  # lagged: the offsets move on the device, the bound by L
+            self.lengths = [n + L for n in self.lengths]
+            self._grown = [g + L for g in self._grown]
+            self.offset = self.offset + adv
+            return self.keys[..., :view, :], self.values[..., :view, :]
         if any(not 0 <= a <= L for a in adv):
             raise ValueError(f"prepared lengths must be in 0..{L}, got {adv}")
         self.lengths = [n + a for n, a in zip(self.lengths, adv)]
+        self._grown = [g + a for g, a in zip(self._grown, adv)]
         self.offset = self.offset + (mx.array(adv, dtype=mx.int32) if len(set(adv)) > 1 else adv[0])
         return self.keys[..., :view, :], self.values[..., :view, :]
 
@@ -159,8 +176,8 @@ class SlotKVCache(_BaseCache):
 
     @property
     def aligned(self) -> bool:
-        """True when every row holds the same number of positions."""
-        return len(set(self.lengths)) == 1
+        """True when every row holds the same number of positions (never known when lagged)."""
+        return not self.lagged and len(set(self.lengths)) == 1
 
     def make_mask(
         self, N: int, return_array: bool = False, window_size: int | None = None, **_: Any
@@ -189,11 +206,21 @@ class SlotKVCache(_BaseCache):
 
     def trim(self, n: int) -> int:
         """Drop the last ``n`` positions of every row (clamped per row); return ``n``."""
+        if self.lagged:  # the rows hold at least the n positions just written
+            self.offset = self.offset - n
+            return n
         self.rollback([min(n, m) for m in self.lengths])
         return n
 
     def rollback(self, drop: int | Sequence[int] | mx.array) -> None:
-        """Drop the last ``drop[i]`` positions of row i (ragged); nothing is moved or copied."""
+        """Drop the last ``drop[i]`` positions of row i (ragged); nothing is moved or copied.
+
+        Lagged (:attr:`lagged`), an array ``drop`` moves the offsets on the device only, unchecked
+        (the caller computed it from this round's acceptance); ``lengths`` stay upper bounds.
+        """
+        if self.lagged and isinstance(drop, mx.array):
+            self.offset = self.offset - drop.astype(mx.int32)
+            return
         d = _per_row(drop, self.rows, "drop")
         if any(not 0 <= x <= n for x, n in zip(d, self.lengths)):
             raise ValueError(f"cannot drop {d} positions from rows holding {self.lengths}")
@@ -205,6 +232,17 @@ class SlotKVCache(_BaseCache):
     @property
     def state(self) -> list[mx.array]:
         return [] if self.keys is None else [self.keys, self.values, self.offset]
+
+    def mark(self) -> tuple[mx.array, list[int]]:
+        """The offsets now (lazy) and the positions written so far, for a later :meth:`resync`."""
+        return self.offset, list(self._grown)
+
+    def resync(self, mark: tuple[mx.array, list[int]]) -> None:
+        """Tighten ``lengths`` once the offsets of ``mark`` are computed: exact then, plus what
+        was written since (the bounds of rounds still in flight)."""
+        offset, then = mark
+        exact = [int(v) for v in offset.tolist()]
+        self.lengths = [e + now - t for e, now, t in zip(exact, self._grown, then)]
 
     # -- rows ------------------------------------------------------------------------------------
     def insert(self, row: int, keys: mx.array | None, values: mx.array | None, length: int) -> None:
@@ -227,6 +265,7 @@ class SlotKVCache(_BaseCache):
         if self.keys is not None:
             self.keys, self.values = self.keys[idx], self.values[idx]
         self.lengths = [self.lengths[r] for r in rows]
+        self._grown = [self._grown[r] for r in rows]
         self.offset = mx.array(self.lengths, dtype=mx.int32)
 
     def row(self, row: int) -> tuple[mx.array, mx.array]:
@@ -271,12 +310,26 @@ class SlotTargetCache(TargetCache):
     def rollback(self, n_keep: int | Sequence[int] | mx.array) -> list[int]:  # type: ignore[override]
         """Keep the first ``n_keep[i]`` positions of the last verify in row i (every layer).
 
+        With :attr:`lagged` caches and an array ``n_keep`` (this round's acceptance, not read by
+        the host), every layer is restored on the device and nothing is checked or returned.
+
         Returns:
             positions dropped per row (``T - n_keep[i]``).
         """
         T = self.pending
         if T == 0:
             raise RuntimeError("rollback() needs a verify forward first")
+        if self.lagged and isinstance(n_keep, mx.array):
+            keep_arr = n_keep.astype(mx.int32)
+            gdn = [c for c in self if isinstance(c, GDNRollbackCache)]
+            if not rollback_in_one_launch(gdn, keep_arr):
+                for c in gdn:
+                    c.rollback_rows(keep_arr)
+            for c in self:
+                if isinstance(c, SlotKVCache):
+                    c.rollback(T - keep_arr)
+            self.pending = 0
+            return []
         keep = _per_row(n_keep, self.rows, "n_keep")
         if any(not 1 <= k <= T for k in keep):
             raise ValueError(f"n_keep must be in 1..{T} per row, got {keep}")
@@ -294,6 +347,18 @@ class SlotTargetCache(TargetCache):
                 raise TypeError(f"{type(c).__name__} cannot be rolled back per row")
         self.pending = 0
         return drop
+
+    @property
+    def lagged(self) -> bool:
+        """Whether the attention layers' offsets may run ahead of the host (see
+        :attr:`SlotKVCache.lagged`); set for all of them at once."""
+        return any(c.lagged for c in self if isinstance(c, SlotKVCache))
+
+    @lagged.setter
+    def lagged(self, on: bool) -> None:
+        for c in self:
+            if isinstance(c, SlotKVCache):
+                c.lagged = on
 
     def insert(self, row: int, single: Sequence[Any]) -> None:
         """Copy a one-sequence cache (e.g. a request prefilled alone) into row ``row``."""

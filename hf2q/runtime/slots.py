@@ -44,7 +44,7 @@ import mlx.core as mx
 
 from hf2q.errors import UsageError
 from hf2q.kernels.layers import decode_layer_fn
-from hf2q.kernels.select import small_mm_enabled
+from hf2q.kernels.select import lagged_rounds_enabled, small_mm_enabled
 from hf2q.runtime.cache import make_target_cache
 from hf2q.runtime.dflash import (
     PREFILL_STEP_SIZE,
@@ -65,6 +65,7 @@ from hf2q.runtime.sampling import (
     probs,
 )
 from hf2q.runtime.slot_cache import (
+    SlotKVCache,
     SlotTargetCache,
     insert_draft_rows,
     make_slot_draft_cache,
@@ -389,6 +390,7 @@ def slots_dflash_generate(
     idle: str = "compact",
     prefill_step_size: int = PREFILL_STEP_SIZE,
     lookup: bool = False,
+    lagged: bool | None = None,
 ) -> Iterator[SlotEvent]:
     """Decode ``requests`` with DFlash, up to ``slots`` at a time; yield events.
 
@@ -404,6 +406,9 @@ def slots_dflash_generate(
         lookup: a row may verify the continuation of its own last n-gram instead of the
             drafter's tokens (:mod:`hf2q.runtime.lookup`, per row); greedy outputs are
             unchanged and sampled ones keep the target's distribution.
+        lagged: greedy rounds without lookup queue the next round before reading the current
+            one's acceptance (see :func:`_lagged_rounds`); None: ``HF2Q_LAGGED_ROUNDS``
+            (``hf2q.kernels.select.lagged_rounds_enabled``, default off). Same tokens.
 
     Raises:
         UsageError: bad slot count, empty prompt, ``max_tokens < 1``, block size out of range.
@@ -428,6 +433,7 @@ def slots_dflash_generate(
         idle,
         prefill_step_size,
         lookup,
+        (lagged_rounds_enabled() if lagged is None else lagged) and sampling.greedy and not lookup,
     )
 
 
@@ -442,6 +448,7 @@ def _dflash_slots(
     idle: str,
     step_size: int,
     lookup: bool = False,
+    lagged: bool = False,
 ) -> Iterator[SlotEvent]:
     mask_id = drafter.mask_token_id
     ids = drafter.config.target_layer_ids
@@ -498,6 +505,130 @@ def _dflash_slots(
         mx.async_eval(draft)
         return draft, q_rows, bs_row, last, sources, time.perf_counter() - tic
 
+    def commit_round(
+        acc: list[int],
+        bonus: list[int],
+        draft_host: list[list[int]],
+        bs_row: list[int],
+        sources: list[str],
+        times: tuple[float, float, float, float],
+        bs: int,
+    ) -> tuple[SlotRound, list[int]]:
+        """Commit one round's tokens to its busy rows and count it; return (event, rows that
+        finished). ``times``: (round, draft, verify, rollback) seconds."""
+        dt, t_draft, t_verify, t_roll = times
+        st.rounds += 1
+        st.round_times.append(dt)
+        st.decode += dt
+        st.t_draft += t_draft
+        st.t_verify += t_verify
+        st.t_roll += t_roll
+        busy_slots, accepted, committed, finished = [], [], [], []
+        for r, x in enumerate(rows):
+            if x is None:
+                continue
+            a = acc[r]
+            kept = x.commit(draft_host[r][:a] + [bonus[r]], eos)
+            if x.chooser is not None:
+                x.chooser.round_done(sources[r], a, kept)
+            x.rounds += 1
+            x.sum_a += a
+            x.drafted += bs_row[r] - 1
+            x.hist[a] += 1
+            x.decode_time += dt
+            x.t_draft += t_draft
+            x.t_verify += t_verify
+            x.t_rollback += t_roll
+            st.sum_a += a
+            st.sum_drafted += bs_row[r] - 1
+            st.n_row_rounds += 1
+            st.hist[a] += 1
+            busy_slots.append(x.slot)
+            accepted.append(a)
+            committed.append(kept)
+            if x.finish is not None:
+                finished.append(r)
+        event = SlotRound(
+            index=st.rounds,
+            slots=tuple(busy_slots),
+            block_size=bs,
+            accepted=tuple(accepted),
+            committed=tuple(committed),
+            rows=len(rows),
+            t_draft=t_draft,
+            t_verify=t_verify,
+            t_rollback=t_roll,
+            elapsed=st.decode,
+            finished=tuple(rows[r].slot for r in finished),
+        )
+        return event, finished
+
+    def release(finished: list[int]) -> Iterator[SlotEvent]:
+        for r in finished:
+            x = rows[r]
+            rows[r] = None
+            free_slots.append(x.slot)
+            yield SlotFinished(x.slot, x.index, st.finish(x, "dflash", B))
+
+    def lagged_rounds() -> Iterator[SlotEvent]:
+        """Greedy rounds over the current rows, each queued before the previous one's
+        acceptance is read, until a row finishes; then the round in flight is read too, the
+        caches' bounds made exact, and control goes back to the scheduler.
+
+        Everything a round needs from the last one stays on the device: the bonus tokens (the
+        next blocks' first tokens), the verify's features with the kept counts (the drafter's
+        new context, appended ragged), the kept counts (the target's rollback). So the host
+        builds round k+1 while the device computes round k, as plain decoding queues its next
+        step, instead of waiting for round k's acceptance first. Every block is B long (a row
+        near its end may accept past ``max_tokens``; its commit stops there, as always); the
+        time split is host building (draft) and waiting (verify), no rollback share.
+        """
+        nonlocal ctx, ctx_len
+        R = len(rows)
+        last = mx.array([x.tokens[-1] if x else mask_id for x in rows], dtype=mx.int32)
+        masks = mx.full((R, B - 1), mask_id, dtype=mx.int32)
+        kv = [c for c in (*tcache, *dcache) if isinstance(c, SlotKVCache)]
+        for c in kv:
+            c.lagged = True
+        flight: deque = deque()
+        t_prev = time.perf_counter()
+        stop = False
+        while flight or not stop:
+            if not stop:
+                tic = time.perf_counter()
+                for c in dcache:
+                    c.prepare(lengths=ctx_len)
+                block = mx.concatenate([last[:, None], masks], axis=1)  # (R, B)
+                draft = mx.argmax(drafter(block, ctx, dcache), axis=-1).astype(mx.int32)
+                vin = mx.concatenate([last[:, None], draft], axis=1)
+                vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
+                choice = mx.argmax(vlogits, axis=-1).astype(mx.int32)  # (R, B)
+                a_arr = mx.cumprod((draft == choice[:, :-1]).astype(mx.int32), axis=1).sum(axis=1)
+                last = mx.take_along_axis(choice, a_arr[:, None], axis=1)[:, 0]
+                keep = a_arr + 1
+                tcache.rollback(keep)
+                ctx, ctx_len = feats, keep
+                marks = [c.mark() for c in kv]
+                mx.async_eval(draft, a_arr, last, ctx, tcache.state, [c.state for c in dcache])
+                flight.append((draft, a_arr, last, marks, time.perf_counter() - tic))
+                if len(flight) < 2:
+                    continue
+            draft_o, a_o, bonus_o, marks_o, t_build = flight.popleft()
+            t1 = time.perf_counter()
+            acc, bonus, draft_host = a_o.tolist(), bonus_o.tolist(), draft_o.tolist()
+            for c, m in zip(kv, marks_o, strict=True):
+                c.resync(m)
+            t2 = time.perf_counter()
+            times = (t2 - t_prev, t_build, t2 - t1, 0.0)
+            t_prev = t2
+            event, finished = commit_round(acc, bonus, draft_host, [B] * R, [""] * R, times, B)
+            yield event
+            yield from release(finished)
+            stop = stop or bool(finished) or all(x is None for x in rows)
+        for c in kv:  # every round read: the bounds are exact again
+            c.lagged = False
+        ctx_len = [int(v) for v in ctx_len.tolist()] if isinstance(ctx_len, mx.array) else ctx_len
+
     pending = None  # the next round's queued draft (same rows), or None
     while True:
         # -- fill idle rows from the queue (each request prefilled alone) ----------------------
@@ -547,6 +678,10 @@ def _dflash_slots(
             ctx = ctx[mx.array(busy, dtype=mx.int32)]
             ctx_len = [ctx_len[r] for r in busy]
 
+        if lagged:
+            yield from lagged_rounds()
+            continue
+
         # -- one round over all rows -----------------------------------------------------------
         # As the single-sequence loop, a round's draft is queued before the previous round's
         # event is handed out when the rows stay the same, so it runs on the device meanwhile;
@@ -558,7 +693,7 @@ def _dflash_slots(
         draft, q_rows, bs_row, last, sources, t_submit = pending
         pending = None
         t_pre = t_submit if queued else 0.0  # queuing time spent before t0
-        R, bs = len(rows), draft.shape[1] + 1
+        bs = draft.shape[1] + 1
 
         vin = mx.concatenate([mx.array(last, dtype=mx.int32)[:, None], draft], axis=1)  # (R, bs)
         vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
@@ -596,60 +731,12 @@ def _dflash_slots(
         mx.async_eval(ctx, tcache.state)
         t3 = time.perf_counter()
 
-        dt = t3 - t0 + t_pre
-        t_draft = t1 - t0 + t_pre
-        st.rounds += 1
-        st.round_times.append(dt)
-        st.decode += dt
-        st.t_draft += t_draft
-        st.t_verify += t2 - t1
-        st.t_roll += t3 - t2
-        draft_host = draft.tolist()
-        busy_slots, accepted, committed, finished = [], [], [], []
-        for r, x in enumerate(rows):
-            if x is None:
-                continue
-            a = acc[r]
-            kept = x.commit(draft_host[r][:a] + [bonus[r]], eos)
-            if x.chooser is not None:
-                x.chooser.round_done(sources[r], a, kept)
-            x.rounds += 1
-            x.sum_a += a
-            x.drafted += bs_row[r] - 1
-            x.hist[a] += 1
-            x.decode_time += dt
-            x.t_draft += t_draft
-            x.t_verify += t2 - t1
-            x.t_rollback += t3 - t2
-            st.sum_a += a
-            st.sum_drafted += bs_row[r] - 1
-            st.n_row_rounds += 1
-            st.hist[a] += 1
-            busy_slots.append(x.slot)
-            accepted.append(a)
-            committed.append(kept)
-            if x.finish is not None:
-                finished.append(r)
+        times = (t3 - t0 + t_pre, t1 - t0 + t_pre, t2 - t1, t3 - t2)
+        event, finished = commit_round(acc, bonus, draft.tolist(), bs_row, sources, times, bs)
         if not finished:
             pending = submit()  # runs on the device while the event is consumed
-        yield SlotRound(
-            index=st.rounds,
-            slots=tuple(busy_slots),
-            block_size=bs,
-            accepted=tuple(accepted),
-            committed=tuple(committed),
-            rows=R,
-            t_draft=t_draft,
-            t_verify=t2 - t1,
-            t_rollback=t3 - t2,
-            elapsed=st.decode,
-            finished=tuple(rows[r].slot for r in finished),
-        )
-        for r in finished:
-            x = rows[r]
-            rows[r] = None
-            free_slots.append(x.slot)
-            yield SlotFinished(x.slot, x.index, st.finish(x, "dflash", B))
+        yield event
+        yield from release(finished)
 
     yield st.summary("dflash", slots, len(reqs), B, mx.get_peak_memory() / 1e9)
 
