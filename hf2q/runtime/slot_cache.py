@@ -145,6 +145,9 @@ class SlotKVCache(_BaseCache):
             n = self.lengths[0]
             self.keys[..., n : n + L, :] = keys
             self.values[..., n : n + L, :] = values
+        elif N == 1:  # one row at a position only the device knows (lagged): a slice write
+            self.keys = mx.slice_update(self.keys, keys, self.offset, axes=(2,))
+            self.values = mx.slice_update(self.values, values, self.offset, axes=(2,))
         else:
             pos = (
                 self.offset[:, None, None, None] + mx.arange(L, dtype=mx.int32)[None, None, :, None]
