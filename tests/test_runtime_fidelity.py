@@ -125,6 +125,37 @@ def test_eos_inside_an_accepted_block_stops_exactly_there(name, fitted_pairs):
     assert truncated >= 3  # the EOS really landed before the end of a round's accepted run
 
 
+@pytest.mark.parametrize("name", ["qwen35", "qwen35_causal"])
+def test_lagged_rounds_equal_plain_and_mlx_lm(name, fitted_pairs):
+    # Each round queued before the last acceptance is read (HF2Q_LAGGED_ROUNDS), told as a
+    # single run's events: same tokens, stops, counts.
+    lm, target, drafter = _load(*fitted_pairs[name])
+    eos = lm.tokenizer.eos_token_ids
+    for i, text in enumerate(FIT_TEXTS[:3]):
+        prompt = lm.tokenizer.encode(text)[:4]
+        n = FIT_NEW_TOKENS - 3 * i
+        want = mlx_lm_greedy(lm, prompt, n)
+        stop = want[len(want) // 2]  # and a token of the continuation declared an EOS
+        cut = want[: want.index(stop) + 1]
+        for B, eos_ids, expect in [(3, eos, want), (16, eos, want), (8, [stop], cut)]:
+            summary, rs = _dflash(
+                target,
+                drafter,
+                prompt,
+                max_tokens=n,
+                block_size=B,
+                eos_token_ids=eos_ids,
+                lagged=True,
+            )
+            assert summary.tokens == expect, f"{name} prompt {i} block {B}"
+            assert [t for r in rs for t in r.committed] == expect[1:]
+            assert summary.rounds == len(rs) and rs[-1].generated == len(expect)
+            assert rs[-1].finish_reason == summary.finish_reason
+            assert summary.drafted == sum(r.drafted for r in rs)
+            assert summary.accepted == sum(r.accepted for r in rs)
+            assert all(r.bonus == r.committed[-1] for r in rs if len(r.committed) == r.accepted + 1)
+
+
 def test_max_tokens_inside_a_block_truncates_and_counts_exactly(fitted_pairs):
     target_dir, draft_dir = fitted_pairs["qwen35"]
     lm, target, drafter = _load(target_dir, draft_dir)

@@ -82,8 +82,9 @@ PREFILL_RUNNERS_ENV = "HF2Q_PREFILL_RUNNERS"
 #: graph (:mod:`hf2q.kernels.forward`) where the runners run (CUDA); default off until measured.
 COMPILE_FORWARD_ENV = "HF2Q_COMPILE_FORWARD"
 
-#: HF2Q_LAGGED_ROUNDS=1: batched greedy DFlash (``hf2q bench``, ``hf2q.runtime.slots``) queues each
-#: round before reading the previous round's acceptance (default off until measured on a GPU).
+#: HF2Q_LAGGED_ROUNDS=1: greedy DFlash without lookup (``hf2q generate --dflash --no-lookup``,
+#: ``hf2q bench --no-lookup``) queues each round before reading the previous round's acceptance
+#: (default off until measured on a GPU).
 LAGGED_ROUNDS_ENV = "HF2Q_LAGGED_ROUNDS"
 
 #: HF2Q_ROLLBACK_KERNEL=0: a verify's Gated-DeltaNet rollback runs per layer with ops instead of
@@ -194,8 +195,8 @@ def prefill_runners_enabled() -> bool:
 
 
 def lagged_rounds_enabled() -> bool:
-    """Whether batched greedy DFlash without lookup queues each round before reading the last
-    one's acceptance (``HF2Q_LAGGED_ROUNDS``, default off until measured on a GPU)."""
+    """Whether greedy DFlash without lookup (single or batched) queues each round before reading
+    the last one's acceptance (``HF2Q_LAGGED_ROUNDS``, default off until measured on a GPU)."""
     return _flag(LAGGED_ROUNDS_ENV, "0")
 
 
@@ -390,7 +391,7 @@ def describe(attn: object | None = None) -> dict[str, str]:
     if runners and compile_forward_enabled():
         info["decode_step"] = "one compiled graph"
     if lagged_rounds_enabled():
-        info["rounds"] = "lagged (batched greedy without lookup)"
+        info["rounds"] = "lagged (greedy without lookup)"
     flush = flush_layers()
     info["verify_queue"] = f"every {flush} layers" if flush else "at the acceptance"
     bucket = sdpa_bucket()

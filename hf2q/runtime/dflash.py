@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import mlx.core as mx
@@ -38,6 +38,7 @@ from hf2q.kernels.layers import decode_layer_fn, prefill_layer_fn
 from hf2q.kernels.select import (
     compile_forward_enabled,
     fuse_proj_enabled,
+    lagged_rounds_enabled,
     row_attention_enabled,
     small_mm_enabled,
 )
@@ -239,6 +240,7 @@ def dflash_generate(
     eos_token_ids: Iterable[int] = (),
     prefill_step_size: int = PREFILL_STEP_SIZE,
     lookup: bool = False,
+    lagged: bool | None = None,
 ) -> Iterator[Event]:
     """Generate with DFlash speculative decoding; yield events (see the module docstring).
 
@@ -255,6 +257,9 @@ def dflash_generate(
             (:mod:`hf2q.runtime.lookup`); greedy output is the same, sampled output keeps the
             target's distribution (the proposal's q puts all mass on each proposed token);
             only the rounds differ.
+        lagged: greedy without lookup, queue each round before reading the last one's
+            acceptance (:func:`_dflash_lagged`); None: ``HF2Q_LAGGED_ROUNDS`` (default off).
+            Same tokens.
 
     Raises:
         UsageError: empty prompt, ``max_tokens < 1``, block size out of range, bad sampling.
@@ -268,6 +273,16 @@ def dflash_generate(
         )
     if not drafter.is_bound:
         drafter.bind(target.embed, target.head)
+    if (lagged_rounds_enabled() if lagged is None else lagged) and sampling.greedy and not lookup:
+        return _dflash_lagged(
+            target,
+            drafter,
+            list(prompt),
+            max_tokens,
+            B,
+            frozenset(eos_token_ids),
+            prefill_step_size,
+        )
     return _dflash(
         target,
         drafter,
@@ -279,6 +294,70 @@ def dflash_generate(
         prefill_step_size,
         lookup,
     )
+
+
+def _dflash_lagged(
+    target: TargetModel,
+    drafter: DFlashDraftModel,
+    prompt: list[int],
+    max_tokens: int,
+    B: int,
+    eos: frozenset[int],
+    step_size: int,
+) -> Iterator[Event]:
+    """Greedy DFlash with lagged rounds: the batched runtime's (``hf2q.runtime.slots``) with
+    one slot, whose events are told here as a single run's. Each round is queued before the
+    previous one's acceptance is read (the bonus token, the drafter's context and the target's
+    rollback stay on the device); the round's time split is the host's building (``t_draft``)
+    and its wait (``t_verify``)."""
+    from hf2q.runtime.slots import (
+        Request,
+        SlotFinished,
+        SlotRound,
+        SlotStarted,
+        slots_dflash_generate,
+    )
+
+    events = slots_dflash_generate(
+        target,
+        drafter,
+        [Request(prompt, max_tokens)],
+        slots=1,
+        block_size=B,
+        eos_token_ids=eos,
+        prefill_step_size=step_size,
+        lagged=True,
+    )
+    generated = rounds = drafted = accepted = 0
+    for e in events:
+        if isinstance(e, SlotStarted):
+            generated = 1
+            tps = e.prompt_tokens / e.prefill_time if e.prefill_time > 0 else 0.0
+            yield PrefillDone(e.prompt_tokens, e.prefill_time, tps, e.token, e.finish_reason)
+        elif isinstance(e, SlotRound) and e.slots:
+            a, kept = e.accepted[0], e.committed[0]
+            generated += len(kept)
+            rounds += 1
+            drafted += e.block_size - 1
+            accepted += a
+            finish = _finish(kept[-1], generated, max_tokens, eos) if e.finished else None
+            yield RoundDone(
+                index=rounds,
+                block_size=e.block_size,
+                drafted=e.block_size - 1,
+                accepted=a,
+                bonus=e.bonus[0],
+                rolled_back=e.block_size - 1 - a,
+                committed=kept,
+                t_draft=e.t_draft,
+                t_verify=e.t_verify,
+                t_rollback=e.t_rollback,
+                generated=generated,
+                elapsed=e.elapsed,
+                finish_reason=finish,
+            )
+        elif isinstance(e, SlotFinished):
+            yield replace(e.summary, drafted=drafted, accepted=accepted)
 
 
 def _dflash(

@@ -121,6 +121,7 @@ class SlotRound:
     t_rollback: float  # seconds
     elapsed: float  # decode seconds so far, rounds only
     finished: tuple[int, ...] = ()  # slots whose request ended this round
+    bonus: tuple[int, ...] = ()  # per slot, the target's token after its accepted drafts (DFlash)
 
 
 @dataclass(frozen=True)
@@ -523,11 +524,12 @@ def _dflash_slots(
         st.t_draft += t_draft
         st.t_verify += t_verify
         st.t_roll += t_roll
-        busy_slots, accepted, committed, finished = [], [], [], []
+        busy_slots, accepted, committed, finished, bonuses = [], [], [], [], []
         for r, x in enumerate(rows):
             if x is None:
                 continue
             a = acc[r]
+            bonuses.append(bonus[r])
             kept = x.commit(draft_host[r][:a] + [bonus[r]], eos)
             if x.chooser is not None:
                 x.chooser.round_done(sources[r], a, kept)
@@ -560,6 +562,7 @@ def _dflash_slots(
             t_rollback=t_roll,
             elapsed=st.decode,
             finished=tuple(rows[r].slot for r in finished),
+            bonus=tuple(bonuses),
         )
         return event, finished
 
