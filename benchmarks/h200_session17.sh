@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Next H200 call (after .device/s2/install.sh): lagged rounds (HF2Q_LAGGED_ROUNDS=1, batched
-# greedy DFlash without lookup; each round queued before the last acceptance is read) against
+# DFlash without lookup; each round queued before the last acceptance is read) against
 # the synchronous round, on the 4B-shaped pair (1, 4, 8 slots) and the demo pair (--no-lookup),
 # then their bf16 tests on the GPU. Session 16 measured only the CPU, where they are slower (no
 # device to overlap with).

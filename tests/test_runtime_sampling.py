@@ -205,14 +205,16 @@ def _draws(make_events, n_runs: int = 0) -> dict[tuple[int, ...], int]:
     return counts
 
 
-def test_dflash_sampling_matches_the_target_distribution(pair):
+@pytest.mark.parametrize("lagged", [False, True], ids=["synchronous", "lagged"])
+def test_dflash_sampling_matches_the_target_distribution(pair, lagged):
     target, drafter, prompt = pair
     exact = _exact_joint(target, prompt, N_TOKENS)
     # The first token comes from prefill, the next ones from the first round's walk over
-    # 15 drafts (or a rejection and the next round).
+    # 15 drafts (or a rejection and the next round). Lagged: each round queued before the last
+    # one's acceptance is read, drafts and acceptance sampled on the device.
     dfl = _draws(
         lambda sp: dflash_generate(
-            target, drafter, prompt, max_tokens=32, block_size=BLOCK, sampling=sp
+            target, drafter, prompt, max_tokens=32, block_size=BLOCK, sampling=sp, lagged=lagged
         )
     )
     assert _chi2_pvalue(dfl, exact, N_RUNS) > 1e-3
@@ -243,6 +245,23 @@ def test_dflash_sampling_test_fails_when_output_does_not_follow_the_target(pair,
         100,
     )
     assert _chi2_pvalue(dfl, exact, 100) < 1e-4
+
+
+def test_lagged_rounds_draw_what_synchronous_rounds_draw_with_whole_blocks(pair):
+    # Block size 2: every round's block is whole in both loops, so each key goes to the same
+    # draw and the sampled tokens are the same.
+    target, drafter, prompt = pair
+    for seed in (3, 4):
+        sp = SamplingParams(temperature=0.8, top_p=0.9, seed=seed)
+        runs = [
+            run(
+                dflash_generate(
+                    target, drafter, prompt, max_tokens=24, sampling=sp, block_size=2, lagged=lag
+                )
+            )
+            for lag in (False, True)
+        ]
+        assert runs[0].tokens == runs[1].tokens and runs[1].seed == seed
 
 
 def test_same_seed_same_tokens(pair):

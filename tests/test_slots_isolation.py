@@ -197,14 +197,22 @@ def test_each_slot_decodes_exactly_its_single_run_with_random_drafter(
     assert summary.acceptance_rate < 0.5  # mostly rejections: rollback really ran
 
 
-def test_sampling_per_slot_equals_single_runs_with_the_same_seeds(fitted_pairs):
+@pytest.mark.parametrize("lagged", [False, True], ids=["synchronous", "lagged"])
+def test_sampling_per_slot_equals_single_runs_with_the_same_seeds(fitted_pairs, lagged):
     tok, target, drafter = _pair(*fitted_pairs["qwen35"])
     reqs, eos = _workload(tok, target)
     sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
     reqs = [Request(r.prompt, max_tokens=r.max_tokens, seed=100 + i) for i, r in enumerate(reqs)]
     batched = run_slots(
         slots_dflash_generate(
-            target, drafter, reqs, slots=3, sampling=sampling, block_size=2, eos_token_ids=eos
+            target,
+            drafter,
+            reqs,
+            slots=3,
+            sampling=sampling,
+            block_size=2,
+            eos_token_ids=eos,
+            lagged=lagged,
         )
     )
     plain = run_slots(

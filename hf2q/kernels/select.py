@@ -82,7 +82,7 @@ PREFILL_RUNNERS_ENV = "HF2Q_PREFILL_RUNNERS"
 #: graph (:mod:`hf2q.kernels.forward`) where the runners run (CUDA); default off until measured.
 COMPILE_FORWARD_ENV = "HF2Q_COMPILE_FORWARD"
 
-#: HF2Q_LAGGED_ROUNDS=1: greedy DFlash without lookup (``hf2q generate --dflash --no-lookup``,
+#: HF2Q_LAGGED_ROUNDS=1: DFlash without lookup (``hf2q generate --dflash --no-lookup``,
 #: ``hf2q bench --no-lookup``) queues each round before reading the previous round's acceptance
 #: (default off until measured on a GPU).
 LAGGED_ROUNDS_ENV = "HF2Q_LAGGED_ROUNDS"
@@ -195,7 +195,7 @@ def prefill_runners_enabled() -> bool:
 
 
 def lagged_rounds_enabled() -> bool:
-    """Whether greedy DFlash without lookup (single or batched) queues each round before reading
+    """Whether DFlash without lookup (single or batched, greedy or sampled) queues each round before reading
     the last one's acceptance (``HF2Q_LAGGED_ROUNDS``, default off until measured on a GPU)."""
     return _flag(LAGGED_ROUNDS_ENV, "0")
 
@@ -391,7 +391,7 @@ def describe(attn: object | None = None) -> dict[str, str]:
     if runners and compile_forward_enabled():
         info["decode_step"] = "one compiled graph"
     if lagged_rounds_enabled():
-        info["rounds"] = "lagged (greedy without lookup)"
+        info["rounds"] = "lagged (without lookup)"
     flush = flush_layers()
     info["verify_queue"] = f"every {flush} layers" if flush else "at the acceptance"
     bucket = sdpa_bucket()

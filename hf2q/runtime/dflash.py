@@ -257,9 +257,10 @@ def dflash_generate(
             (:mod:`hf2q.runtime.lookup`); greedy output is the same, sampled output keeps the
             target's distribution (the proposal's q puts all mass on each proposed token);
             only the rounds differ.
-        lagged: greedy without lookup, queue each round before reading the last one's
-            acceptance (:func:`_dflash_lagged`); None: ``HF2Q_LAGGED_ROUNDS`` (default off).
-            Same tokens.
+        lagged: without lookup, queue each round before reading the last one's acceptance
+            (:func:`_dflash_lagged`); None: ``HF2Q_LAGGED_ROUNDS`` (default off). Same greedy
+            tokens; sampled, the same distribution (the same draws while every round's block is
+            whole, e.g. ``block_size=2``).
 
     Raises:
         UsageError: empty prompt, ``max_tokens < 1``, block size out of range, bad sampling.
@@ -273,12 +274,13 @@ def dflash_generate(
         )
     if not drafter.is_bound:
         drafter.bind(target.embed, target.head)
-    if (lagged_rounds_enabled() if lagged is None else lagged) and sampling.greedy and not lookup:
+    if (lagged_rounds_enabled() if lagged is None else lagged) and not lookup:
         return _dflash_lagged(
             target,
             drafter,
             list(prompt),
             max_tokens,
+            sampling,
             B,
             frozenset(eos_token_ids),
             prefill_step_size,
@@ -301,11 +303,12 @@ def _dflash_lagged(
     drafter: DFlashDraftModel,
     prompt: list[int],
     max_tokens: int,
+    sampling: SamplingParams,
     B: int,
     eos: frozenset[int],
     step_size: int,
 ) -> Iterator[Event]:
-    """Greedy DFlash with lagged rounds: the batched runtime's (``hf2q.runtime.slots``) with
+    """DFlash with lagged rounds: the batched runtime's (``hf2q.runtime.slots``) with
     one slot, whose events are told here as a single run's. Each round is queued before the
     previous one's acceptance is read (the bonus token, the drafter's context and the target's
     rollback stay on the device); the round's time split is the host's building (``t_draft``)
@@ -321,8 +324,9 @@ def _dflash_lagged(
     events = slots_dflash_generate(
         target,
         drafter,
-        [Request(prompt, max_tokens)],
+        [Request(prompt, max_tokens, seed=sampling.seed)],
         slots=1,
+        sampling=sampling,
         block_size=B,
         eos_token_ids=eos,
         prefill_step_size=step_size,

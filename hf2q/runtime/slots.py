@@ -407,9 +407,10 @@ def slots_dflash_generate(
         lookup: a row may verify the continuation of its own last n-gram instead of the
             drafter's tokens (:mod:`hf2q.runtime.lookup`, per row); greedy outputs are
             unchanged and sampled ones keep the target's distribution.
-        lagged: greedy rounds without lookup queue the next round before reading the current
-            one's acceptance (see :func:`_lagged_rounds`); None: ``HF2Q_LAGGED_ROUNDS``
-            (``hf2q.kernels.select.lagged_rounds_enabled``, default off). Same tokens.
+        lagged: rounds without lookup queue the next round before reading the current one's
+            acceptance; None: ``HF2Q_LAGGED_ROUNDS``
+            (``hf2q.kernels.select.lagged_rounds_enabled``, default off). Same greedy tokens;
+            sampled ones from the same distribution.
 
     Raises:
         UsageError: bad slot count, empty prompt, ``max_tokens < 1``, block size out of range.
@@ -434,7 +435,7 @@ def slots_dflash_generate(
         idle,
         prefill_step_size,
         lookup,
-        (lagged_rounds_enabled() if lagged is None else lagged) and sampling.greedy and not lookup,
+        (lagged_rounds_enabled() if lagged is None else lagged) and not lookup,
     )
 
 
@@ -573,18 +574,51 @@ def _dflash_slots(
             free_slots.append(x.slot)
             yield SlotFinished(x.slot, x.index, st.finish(x, "dflash", B))
 
+    def sample_drafts(dlogits: mx.array) -> tuple[mx.array, list[mx.array | None]]:
+        """A lagged round's sampled drafts (R, B-1) and each row's q (None for idle rows)."""
+        drafts, q_rows = [], []
+        for r, x in enumerate(rows):
+            if x is None:
+                drafts.append(mx.full((B - 1,), mask_id, dtype=mx.int32))
+                q_rows.append(None)
+                continue
+            q = probs(dlogits[r], sampling)
+            d = mx.random.categorical(mx.log(q), axis=-1, key=x.keys.next())
+            drafts.append(d.astype(mx.int32))
+            q_rows.append(q)
+        return mx.stack(drafts), q_rows
+
+    def accept_rows(
+        draft: mx.array, q_rows: list[mx.array | None], vlogits: mx.array
+    ) -> tuple[mx.array, mx.array]:
+        """Rejection sampling per row on the device: (accepted counts (R,), bonus tokens (R,))."""
+        a_l, b_l = [], []
+        for r, x in enumerate(rows):
+            if x is None:
+                a_l.append(mx.array(0, dtype=mx.int32))
+                b_l.append(mx.array(mask_id, dtype=mx.int32))
+                continue
+            p = probs(vlogits[r], sampling)
+            a, b = accept_rejection(draft[r], q_rows[r], p, x.keys.next())
+            a_l.append(a.astype(mx.int32))
+            b_l.append(b.astype(mx.int32))
+        return mx.stack(a_l), mx.stack(b_l)
+
     def lagged_rounds() -> Iterator[SlotEvent]:
-        """Greedy rounds over the current rows, each queued before the previous one's
-        acceptance is read, until a row finishes; then the round in flight is read too, the
+        """Rounds over the current rows, each queued before the previous one's acceptance is
+        read, until a row finishes; then the round in flight is read too, the
         caches' bounds made exact, and control goes back to the scheduler.
 
         Everything a round needs from the last one stays on the device: the bonus tokens (the
         next blocks' first tokens), the verify's features with the kept counts (the drafter's
         new context, appended ragged), the kept counts (the target's rollback). So the host
         builds round k+1 while the device computes round k, as plain decoding queues its next
-        step, instead of waiting for round k's acceptance first. Every block is B long (a row
-        near its end may accept past ``max_tokens``; its commit stops there, as always); the
-        time split is host building (draft) and waiting (verify), no rollback share.
+        step, instead of waiting for round k's acceptance first. At T > 0 drafts and acceptance
+        are sampled per row on the device with the row's keys in the synchronous order. Every
+        block is B long (a row near its end may accept past ``max_tokens``; its commit stops
+        there, as always; sampled, the last rounds then draw other values than a synchronous
+        run, from the same distribution); the time split is host building (draft) and waiting
+        (verify), no rollback share.
         """
         nonlocal ctx, ctx_len
         R = len(rows)
@@ -602,12 +636,20 @@ def _dflash_slots(
                 for c in dcache:
                     c.prepare(lengths=ctx_len)
                 block = mx.concatenate([last[:, None], masks], axis=1)  # (R, B)
-                draft = mx.argmax(drafter(block, ctx, dcache), axis=-1).astype(mx.int32)
+                dlogits = drafter(block, ctx, dcache)  # (R, B-1, V)
+                if sampling.greedy:
+                    draft, q_rows = mx.argmax(dlogits, axis=-1).astype(mx.int32), []
+                else:  # each row's keys in the order a synchronous round draws them
+                    draft, q_rows = sample_drafts(dlogits)
                 vin = mx.concatenate([last[:, None], draft], axis=1)
                 vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
-                choice = mx.argmax(vlogits, axis=-1).astype(mx.int32)  # (R, B)
-                a_arr = mx.cumprod((draft == choice[:, :-1]).astype(mx.int32), axis=1).sum(axis=1)
-                last = mx.take_along_axis(choice, a_arr[:, None], axis=1)[:, 0]
+                if sampling.greedy:
+                    choice = mx.argmax(vlogits, axis=-1).astype(mx.int32)  # (R, B)
+                    match = (draft == choice[:, :-1]).astype(mx.int32)
+                    a_arr = mx.cumprod(match, axis=1).sum(axis=1)
+                    last = mx.take_along_axis(choice, a_arr[:, None], axis=1)[:, 0]
+                else:
+                    a_arr, last = accept_rows(draft, q_rows, vlogits)
                 keep = a_arr + 1
                 tcache.rollback(keep)
                 ctx, ctx_len = feats, keep
