@@ -274,28 +274,11 @@ def dflash_generate(
         )
     if not drafter.is_bound:
         drafter.bind(target.embed, target.head)
+    run = (target, drafter, list(prompt), max_tokens, sampling, B)
+    eos, step = frozenset(eos_token_ids), prefill_step_size
     if (lagged_rounds_enabled() if lagged is None else lagged) and not lookup:
-        return _dflash_lagged(
-            target,
-            drafter,
-            list(prompt),
-            max_tokens,
-            sampling,
-            B,
-            frozenset(eos_token_ids),
-            prefill_step_size,
-        )
-    return _dflash(
-        target,
-        drafter,
-        list(prompt),
-        max_tokens,
-        sampling,
-        B,
-        frozenset(eos_token_ids),
-        prefill_step_size,
-        lookup,
-    )
+        return _dflash_lagged(*run, eos, step)
+    return _dflash(*run, eos, step, lookup)
 
 
 def _dflash_lagged(
