@@ -8,8 +8,13 @@ set -uo pipefail
 : "${OUT:?set OUT}"
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 S=$(date +%s)
+# Single sequence, alternating in one process: plain step, DFlash round and E, both ways.
+timeout 150 python3 benchmarks/plain_ab.py --synthetic 4b --tokens 64 --runs 4 \
+  --values HF2Q_LAGGED_ROUNDS=0,HF2Q_LAGGED_ROUNDS=1 --modes plain,dflash \
+  --out "$OUT/ab_lagged.json" > "$OUT/ab_lagged.log" 2>&1
+echo "plain_ab exit $? [$(( $(date +%s) - S ))s]"; tail -n 1 "$OUT/ab_lagged.log" | cut -c1-900
 VARIANTS="HF2Q_LAGGED_ROUNDS=0 HF2Q_LAGGED_ROUNDS=1" SLOTS=${SLOTS:-1,4,8} TESTS=none \
-  VARIANT_S=170 bash benchmarks/h200_variants.sh
+  VARIANT_S=130 bash benchmarks/h200_variants.sh
 for v in 0 1; do
   HF2Q_LAGGED_ROUNDS=$v timeout 100 python3 -m hf2q bench --slots 1,8 --no-lookup --gen-tokens 128 \
     --trials 3 --warmup 1 --json --out "$OUT/demo-lagged$v.json" > "$OUT/demo-lagged$v.log" 2>&1
