@@ -105,21 +105,26 @@ def choose(logits: mx.array, params: SamplingParams, keys: KeyStream | None) -> 
     return sample(probs(logits, params), keys.next())
 
 
-def accept_greedy(draft: mx.array, target_choice: mx.array) -> tuple[mx.array, mx.array]:
-    """T = 0 acceptance.
+def accept_greedy(
+    draft: mx.array, target_choice: mx.array, limit: mx.array | None = None
+) -> tuple[mx.array, mx.array]:
+    """T = 0 acceptance, of one block or of a batch of rows (leading axes), each on its own.
 
     Args:
-        draft: (n,) drafted tokens d_1..d_n.
-        target_choice: (n+1,) the target's argmax at each verify position.
+        draft: (..., n) drafted tokens d_1..d_n.
+        target_choice: (..., n+1) the target's argmax at each verify position.
+        limit: (...,) most drafts each row may accept (its own block is shorter), or None.
 
     Returns:
-        ``(a, bonus)`` scalars: ``a`` = leading drafts equal to the target's choice, and the
-        target's choice at position ``a`` (the token committed after the accepted drafts).
+        ``(a, bonus)`` of shape (...,): ``a`` = leading drafts equal to the target's choice, and
+        the target's choice at position ``a`` (the token committed after the accepted drafts).
     """
-    n = draft.shape[0]
-    match = (draft == target_choice[:n]).astype(mx.int32)
-    a = mx.cumprod(match).sum()
-    return a, mx.take(target_choice, a)
+    n = draft.shape[-1]
+    match = draft == target_choice[..., :n]
+    if limit is not None:
+        match = match & (mx.arange(n) < limit[..., None])
+    a = mx.cumprod(match.astype(mx.int32), axis=-1).sum(axis=-1)
+    return a, mx.take_along_axis(target_choice, a[..., None], axis=-1)[..., 0]
 
 
 def point_masses(tokens: mx.array, vocab_size: int) -> mx.array:

@@ -59,6 +59,7 @@ from hf2q.runtime.lookup import LookupChooser
 from hf2q.runtime.sampling import (
     KeyStream,
     SamplingParams,
+    accept_greedy,
     accept_rejection,
     choose,
     point_masses,
@@ -464,6 +465,53 @@ def _dflash_slots(
     ctx_len = [1] * slots  # rows of ``ctx`` each row appends
     st = _Stats(slots, B)
 
+    def sample_drafts(
+        dlogits: mx.array, n_row: list[int], picked: list | None = None
+    ) -> tuple[mx.array, list[mx.array | None]]:
+        """Sampled drafts (R, width) of each busy row's first ``n_row[r]`` positions (padded with
+        the mask token), or its lookup proposal ``picked[r]``, and each row's q (None for idle
+        rows), with the row's own keys."""
+        width = dlogits.shape[1]
+        drafts, q_rows = [], []
+        for r, x in enumerate(rows):
+            if x is None:
+                drafts.append(mx.full((width,), mask_id, dtype=mx.int32))
+                q_rows.append(None)
+                continue
+            n = n_row[r]
+            if picked is not None and picked[r] is not None:
+                # A lookup proposal: all of q's mass on each token.
+                d = mx.array(picked[r], dtype=mx.int32)
+                q = point_masses(d, dlogits.shape[-1])
+            else:
+                q = probs(dlogits[r, :n], sampling)
+                d = mx.random.categorical(mx.log(q), axis=-1, key=x.keys.next())
+            pad = mx.full((width - n,), mask_id, dtype=mx.int32)
+            drafts.append(mx.concatenate([d.astype(mx.int32), pad]))
+            q_rows.append(q)
+        return mx.stack(drafts), q_rows
+
+    def accept(
+        draft: mx.array, q_rows: list[mx.array | None], vlogits: mx.array, n_row: list[int]
+    ) -> tuple[mx.array, mx.array]:
+        """Each row's accepted drafts (at most ``n_row[r]``) and bonus token, on the device:
+        greedy, or rejection sampling with the row's keys (idle rows: 0 and the mask token)."""
+        if sampling.greedy:
+            choice = mx.argmax(vlogits, axis=-1).astype(mx.int32)  # (R, bs)
+            return accept_greedy(draft, choice, mx.array(n_row))
+        a_l, b_l = [], []
+        for r, x in enumerate(rows):
+            if x is None:
+                a_l.append(mx.array(0, dtype=mx.int32))
+                b_l.append(mx.array(mask_id, dtype=mx.int32))
+                continue
+            n = n_row[r]
+            p = probs(vlogits[r, : n + 1], sampling)
+            a, b = accept_rejection(draft[r, :n], q_rows[r], p, x.keys.next())
+            a_l.append(a.astype(mx.int32))
+            b_l.append(b.astype(mx.int32))
+        return mx.stack(a_l), mx.stack(b_l)
+
     def submit() -> tuple[mx.array, list[mx.array | None], list[int], list[int], list[str], float]:
         """Queue the drafter forward for every row; return (draft (R, B_r-1), q per row (T > 0),
         drafts each row may accept + 1, last tokens, who drafted each row, host seconds)."""
@@ -475,7 +523,7 @@ def _dflash_slots(
             c.prepare(lengths=ctx_len)
         block = mx.array([[t] + [mask_id] * (bs - 1) for t in last], dtype=mx.int32)  # (R, bs)
         dlogits = drafter(block, ctx, dcache)  # (R, bs-1, V)
-        q_rows: list[mx.array | None] = [None] * len(rows)
+        q_rows: list[mx.array | None] = []
         picked = [  # rows whose lookup proposal is verified instead of their drafted tokens
             x.chooser.proposal(bs_row[r] - 1) if x is not None and x.chooser else None
             for r, x in enumerate(rows)
@@ -489,21 +537,7 @@ def _dflash_slots(
                 use = mx.array([pr is not None for pr in picked])
                 draft = mx.where(use[:, None], lk, draft)
         else:
-            drafts = []
-            for r, x in enumerate(rows):
-                n = bs_row[r] - 1
-                if x is None:
-                    drafts.append(mx.full((bs - 1,), mask_id, dtype=mx.int32))
-                    continue
-                if picked[r] is not None:  # a lookup proposal: all of q's mass on each token
-                    d = mx.array(picked[r], dtype=mx.int32)
-                    q_rows[r] = point_masses(d, dlogits.shape[-1])
-                else:
-                    q_rows[r] = probs(dlogits[r, :n], sampling)
-                    d = mx.random.categorical(mx.log(q_rows[r]), axis=-1, key=x.keys.next())
-                pad = mx.full((bs - 1 - n,), mask_id, dtype=mx.int32)
-                drafts.append(mx.concatenate([d.astype(mx.int32), pad]))
-            draft = mx.stack(drafts)
+            draft, q_rows = sample_drafts(dlogits, [b - 1 for b in bs_row], picked)
         mx.async_eval(draft)
         return draft, q_rows, bs_row, last, sources, time.perf_counter() - tic
 
@@ -574,36 +608,6 @@ def _dflash_slots(
             free_slots.append(x.slot)
             yield SlotFinished(x.slot, x.index, st.finish(x, "dflash", B))
 
-    def sample_drafts(dlogits: mx.array) -> tuple[mx.array, list[mx.array | None]]:
-        """A lagged round's sampled drafts (R, B-1) and each row's q (None for idle rows)."""
-        drafts, q_rows = [], []
-        for r, x in enumerate(rows):
-            if x is None:
-                drafts.append(mx.full((B - 1,), mask_id, dtype=mx.int32))
-                q_rows.append(None)
-                continue
-            q = probs(dlogits[r], sampling)
-            d = mx.random.categorical(mx.log(q), axis=-1, key=x.keys.next())
-            drafts.append(d.astype(mx.int32))
-            q_rows.append(q)
-        return mx.stack(drafts), q_rows
-
-    def accept_rows(
-        draft: mx.array, q_rows: list[mx.array | None], vlogits: mx.array
-    ) -> tuple[mx.array, mx.array]:
-        """Rejection sampling per row on the device: (accepted counts (R,), bonus tokens (R,))."""
-        a_l, b_l = [], []
-        for r, x in enumerate(rows):
-            if x is None:
-                a_l.append(mx.array(0, dtype=mx.int32))
-                b_l.append(mx.array(mask_id, dtype=mx.int32))
-                continue
-            p = probs(vlogits[r], sampling)
-            a, b = accept_rejection(draft[r], q_rows[r], p, x.keys.next())
-            a_l.append(a.astype(mx.int32))
-            b_l.append(b.astype(mx.int32))
-        return mx.stack(a_l), mx.stack(b_l)
-
     def lagged_rounds() -> Iterator[SlotEvent]:
         """Rounds over the current rows, each queued before the previous one's acceptance is
         read, until a row finishes; then the round in flight is read too, the
@@ -640,16 +644,10 @@ def _dflash_slots(
                 if sampling.greedy:
                     draft, q_rows = mx.argmax(dlogits, axis=-1).astype(mx.int32), []
                 else:  # each row's keys in the order a synchronous round draws them
-                    draft, q_rows = sample_drafts(dlogits)
+                    draft, q_rows = sample_drafts(dlogits, [B - 1] * R)
                 vin = mx.concatenate([last[:, None], draft], axis=1)
                 vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
-                if sampling.greedy:
-                    choice = mx.argmax(vlogits, axis=-1).astype(mx.int32)  # (R, B)
-                    match = (draft == choice[:, :-1]).astype(mx.int32)
-                    a_arr = mx.cumprod(match, axis=1).sum(axis=1)
-                    last = mx.take_along_axis(choice, a_arr[:, None], axis=1)[:, 0]
-                else:
-                    a_arr, last = accept_rows(draft, q_rows, vlogits)
+                a_arr, last = accept(draft, q_rows, vlogits, [B - 1] * R)
                 keep = a_arr + 1
                 tcache.rollback(keep)
                 ctx, ctx_len = feats, keep
@@ -742,26 +740,7 @@ def _dflash_slots(
 
         vin = mx.concatenate([mx.array(last, dtype=mx.int32)[:, None], draft], axis=1)  # (R, bs)
         vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
-        if sampling.greedy:
-            choice = mx.argmax(vlogits, axis=-1).astype(mx.int32)  # (R, bs)
-            allowed = mx.arange(bs - 1)[None] < (mx.array(bs_row) - 1)[:, None]
-            match = ((draft == choice[:, :-1]) & allowed).astype(mx.int32)
-            a_arr = mx.cumprod(match, axis=1).sum(axis=1)  # (R,)
-            bonus_arr = mx.take_along_axis(choice, a_arr[:, None], axis=1)[:, 0]
-        else:
-            a_l, b_l = [], []
-            for r, x in enumerate(rows):
-                if x is None:
-                    a_l.append(mx.array(0))
-                    b_l.append(mx.array(mask_id))
-                    continue
-                n = bs_row[r] - 1
-                a, b = accept_rejection(
-                    draft[r, :n], q_rows[r], probs(vlogits[r, : n + 1], sampling), x.keys.next()
-                )
-                a_l.append(a)
-                b_l.append(b)
-            a_arr, bonus_arr = mx.stack(a_l), mx.stack(b_l)
+        a_arr, bonus_arr = accept(draft, q_rows, vlogits, [b - 1 for b in bs_row])
         mx.eval(draft)
         t1 = time.perf_counter()
         mx.eval(a_arr, bonus_arr)
