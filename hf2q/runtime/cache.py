@@ -59,11 +59,13 @@ class GDNRecord:
         """The state (B, Hv, Dv, Dk) after the first ``n`` positions (``1 <= n <= T``)."""
         return self.states[:, n - 1] if self.stacked else self.states[n - 1]
 
-    def rows_after(self, keep: mx.array, keep_list: Sequence[int]) -> mx.array:
-        """Row b's state after its own first ``keep[b]`` positions: (B, Hv, Dv, Dk)."""
-        if self.stacked:
+    def rows_after(self, keep: mx.array, keep_list: Sequence[int] | None) -> mx.array:
+        """Row b's state after its own first ``keep[b]`` positions: (B, Hv, Dv, Dk)
+        (``keep_list``: the same counts on the host, or None when only the device has them)."""
+        if self.stacked or keep_list is None:
+            states = self.states if self.stacked else mx.stack(self.states, axis=1)
             idx = (keep - 1).reshape(-1, 1, 1, 1, 1)
-            return mx.take_along_axis(self.states, idx, axis=1)[:, 0]
+            return mx.take_along_axis(states, idx, axis=1)[:, 0]
         return mx.stack([self.states[x - 1][b] for b, x in enumerate(keep_list)])
 
 
@@ -107,14 +109,11 @@ class GDNRollbackCache(ArraysCache):
         keep_list = [int(x) for x in (n_keep.tolist() if isinstance(n_keep, mx.array) else n_keep)]
         if not all(1 <= x <= T for x in keep_list):
             raise ValueError(f"n_keep values must be in 1..{T}, got {keep_list}")
-        keep = mx.array(keep_list, dtype=mx.int32)  # (B,)
-        pos = (keep[:, None] + mx.arange(K1))[..., None]  # (B, K-1, 1)
-        conv = mx.take_along_axis(rec.conv_input, pos, axis=1)
-        self.restore(conv, rec.rows_after(keep, keep_list), T - keep)
+        self.rollback_rows(mx.array(keep_list, dtype=mx.int32), keep_list)
 
-    def rollback_rows(self, keep: mx.array) -> None:
-        """:meth:`rollback` with one kept count per row as an array the host has not read (lagged
-        rounds): the same gathers, nothing checked."""
+    def rollback_rows(self, keep: mx.array, keep_list: Sequence[int] | None = None) -> None:
+        """:meth:`rollback` with one kept count per row (B,), unchecked: ``keep_list`` is the same
+        counts on the host, or None where the host has not read them (lagged rounds)."""
         rec = self.record
         if rec is None:
             raise RuntimeError("rollback() needs a verify forward first (no record is held)")
@@ -122,9 +121,7 @@ class GDNRollbackCache(ArraysCache):
         K1 = rec.conv_input.shape[1] - T
         pos = (keep[:, None] + mx.arange(K1))[..., None]  # (B, K-1, 1)
         conv = mx.take_along_axis(rec.conv_input, pos, axis=1)
-        states = rec.states if rec.stacked else mx.stack(rec.states, axis=1)
-        state = GDNRecord(rec.conv_input, states).rows_after(keep, [])
-        self.restore(conv, state, T - keep)
+        self.restore(conv, rec.rows_after(keep, keep_list), T - keep)
 
     def restore(self, conv: mx.array | None, state: mx.array | None, back: int | mx.array) -> None:
         """Install the states after the kept positions and drop the record.

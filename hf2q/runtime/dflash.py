@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -315,7 +315,7 @@ def _dflash_lagged(
         prefill_step_size=step_size,
         lagged=True,
     )
-    generated = rounds = drafted = accepted = 0
+    generated = rounds = 0
     for e in events:
         if isinstance(e, SlotStarted):
             generated = 1
@@ -325,8 +325,6 @@ def _dflash_lagged(
             a, kept = e.accepted[0], e.committed[0]
             generated += len(kept)
             rounds += 1
-            drafted += e.block_size - 1
-            accepted += a
             finish = _finish(kept[-1], generated, max_tokens, eos) if e.finished else None
             yield RoundDone(
                 index=rounds,
@@ -344,7 +342,7 @@ def _dflash_lagged(
                 finish_reason=finish,
             )
         elif isinstance(e, SlotFinished):
-            yield replace(e.summary, drafted=drafted, accepted=accepted)
+            yield e.summary
 
 
 def _dflash(

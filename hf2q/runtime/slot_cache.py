@@ -159,15 +159,14 @@ class SlotKVCache(_BaseCache):
         adv = self._advance if self._advance is not None else [L] * N
         self._advance = None
         if isinstance(adv, mx.array):  # lagged: the offsets move on the device, the bound by L
-            self.lengths = [n + L for n in self.lengths]
-            self._grown = [g + L for g in self._grown]
-            self.offset = self.offset + adv
-            return self.keys[..., :view, :], self.values[..., :view, :]
-        if any(not 0 <= a <= L for a in adv):
-            raise ValueError(f"prepared lengths must be in 0..{L}, got {adv}")
-        self.lengths = [n + a for n, a in zip(self.lengths, adv)]
-        self._grown = [g + a for g, a in zip(self._grown, adv)]
-        self.offset = self.offset + (mx.array(adv, dtype=mx.int32) if len(set(adv)) > 1 else adv[0])
+            grow, step = [L] * N, adv
+        else:
+            if any(not 0 <= a <= L for a in adv):
+                raise ValueError(f"prepared lengths must be in 0..{L}, got {adv}")
+            grow, step = adv, (mx.array(adv, dtype=mx.int32) if len(set(adv)) > 1 else adv[0])
+        self.lengths = [n + g for n, g in zip(self.lengths, grow)]
+        self._grown = [n + g for n, g in zip(self._grown, grow)]
+        self.offset = self.offset + step
         return self.keys[..., :view, :], self.values[..., :view, :]
 
     def keys_and_values(self) -> tuple[mx.array, mx.array] | tuple[None, None]:

@@ -238,6 +238,8 @@ class _Live:
             acceptance_rate=rate,
             draft_share=share,
             accepted_histogram=list(self.hist) if dflash else None,
+            drafted=self.drafted if dflash else None,
+            accepted=self.sum_a if dflash else None,
             t_draft=self.t_draft if dflash else None,
             t_verify=self.t_verify if dflash else None,
             t_rollback=self.t_rollback if dflash else None,
