@@ -8,10 +8,8 @@
 # 4. greedy DFlash == plain in bf16 on the GPU with the switch on (tests/test_runtime_bf16_exact.py);
 # 5. hf2q bench on the demo pair, switch on, in the time left.
 set -uo pipefail
-: "${OUT:?set OUT}"
-export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-S=$(date +%s)
-el() { echo "[$(( $(date +%s) - S ))s]"; }
+# shellcheck source=benchmarks/h200_common.sh
+. benchmarks/h200_common.sh
 timeout 120 python3 -m pytest -q tests/test_kernels_matmul.py -k cuda > "$OUT/tests_matmul.log" 2>&1
 echo "matmul tests exit $? $(el)"; tail -n 4 "$OUT/tests_matmul.log"
 timeout 200 python3 benchmarks/plain_ab.py --synthetic 4b --tokens "${AB_TOKENS:-64}" --runs "${AB_RUNS:-4}" \

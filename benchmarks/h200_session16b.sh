@@ -7,10 +7,8 @@
 # 2. benchmarks/slots_synthetic.py --shape 4b --slots 1,4 with HF2Q_SMALL_MM_ROWS=128;
 # 3. tests/test_runtime_bf16_exact.py with it.
 set -uo pipefail
-: "${OUT:?set OUT}"
-export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-S=$(date +%s)
-el() { echo "[$(( $(date +%s) - S ))s]"; }
+# shellcheck source=benchmarks/h200_common.sh
+. benchmarks/h200_common.sh
 timeout 120 python3 benchmarks/node_cost.py --tune --rows 64 --shapes 4b --ops 16 --reps 5 \
   --out "$OUT/node_cost64.json" > "$OUT/node_cost64.log" 2>&1
 echo "node_cost exit $? $(el)"

@@ -3,10 +3,8 @@
 # the small-M kernel by default, wider launches for 3-8 m-tiles): the kernel's CUDA tests, the
 # 4B-shaped pair at 1, 4 and 8 slots, greedy DFlash == plain in bf16.
 set -uo pipefail
-: "${OUT:?set OUT}"
-export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-S=$(date +%s)
-el() { echo "[$(( $(date +%s) - S ))s]"; }
+# shellcheck source=benchmarks/h200_common.sh
+. benchmarks/h200_common.sh
 timeout 130 python3 -m pytest -q tests/test_kernels_matmul.py -k cuda > "$OUT/tests_matmul.log" 2>&1
 echo "matmul tests exit $? $(el)"; tail -n 3 "$OUT/tests_matmul.log"
 timeout 170 python3 benchmarks/slots_synthetic.py --shape 4b --slots 1,4,8 --gen-tokens 32 \

@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# Next H200 call (after .device/s2/install.sh): lagged rounds (HF2Q_LAGGED_ROUNDS=1, batched
+# Next H200 call (after .device/s2/install.sh): lagged rounds (HF2Q_LAGGED_ROUNDS=1, single and batched
 # DFlash without lookup; each round queued before the last acceptance is read) against
 # the synchronous round, on the 4B-shaped pair (1, 4, 8 slots) and the demo pair (--no-lookup),
 # then their bf16 tests on the GPU. Session 16 measured only the CPU, where they are slower (no
 # device to overlap with).
 set -uo pipefail
-: "${OUT:?set OUT}"
-export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-S=$(date +%s)
+# shellcheck source=benchmarks/h200_common.sh
+. benchmarks/h200_common.sh
 # Single sequence, alternating in one process: plain step, DFlash round and E, both ways.
 timeout 150 python3 benchmarks/plain_ab.py --synthetic 4b --tokens 64 --runs 4 \
   --values HF2Q_LAGGED_ROUNDS=0,HF2Q_LAGGED_ROUNDS=1 --modes plain,dflash \

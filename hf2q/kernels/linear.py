@@ -37,19 +37,22 @@ def fits(x: mx.array, w: mx.array) -> bool:
     """Whether the kernel computes ``x @ w.T`` (dtypes, shapes, rows; see module doc): up to
     ``select.small_mm_rows()`` rows (``HF2Q_SMALL_MM_ROWS``, default :data:`ALWAYS_ROWS`) always,
     up to the kernel's most for small weights."""
-    if cuda_matmul.supported(x, w) is not None:
-        return False
-    if w.size <= SMALL_WEIGHT:
-        return True
+    return cuda_matmul.supported(x, w) is None and _rows_fit(x, w)
+
+
+def _rows_fit(x: mx.array, w: mx.array) -> bool:
+    """The rows rule of :func:`fits` for a product the kernel supports."""
+    return w.size <= SMALL_WEIGHT or x.size // x.shape[-1] <= _select().small_mm_rows()
+
+
+def _select():
     from hf2q.kernels import select  # select imports this module
 
-    return x.size // x.shape[-1] <= select.small_mm_rows()
+    return select
 
 
 def _grouping() -> bool:
-    from hf2q.kernels import select  # select imports this module
-
-    return select.grouped_mm_enabled()
+    return _select().grouped_mm_enabled()
 
 
 def linear(mod: nn.Module, x: mx.array, on: bool, add: mx.array | None = None) -> mx.array:
@@ -91,7 +94,7 @@ def linears(mods: list[nn.Module], x: mx.array, on: bool) -> list[mx.array]:
         if (
             _grouping()
             and cuda_matmul.grouped_supported(x, ws) is None
-            and all(fits(x, w) for w in ws)
+            and all(_rows_fit(x, w) for w in ws)
         ):
             return cuda_matmul.grouped_matmul_cuda(x, ws)
     return [linear(m, x, on) for m in mods]
