@@ -123,3 +123,75 @@ def test_greedy_dflash_with_padded_keys_equals_plain(name, fitted_pairs, bucket1
         slots=3,
         eos=lm.tokenizer.eos_token_ids,
     )
+
+
+def _attention_inputs(monkeypatch, cache, target, prompt):
+    """(keys length, mask kind) of every attention call while ``prompt`` is prefilled."""
+    from hf2q.runtime.dflash import prefill
+
+    seen = []
+    sdpa = mx.fast.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, mask=None, **kwargs):
+        kind = mask if mask is None or isinstance(mask, str) else f"array{tuple(mask.shape)}"
+        seen.append((q.shape[2], k.shape[2], kind))
+        return sdpa(q, k, v, *args, mask=mask, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(mx.fast, "scaled_dot_product_attention", spy)
+        logits, _ = prefill(target, prompt, cache, step_size=7)
+    return seen, logits
+
+
+def test_prefill_into_the_bucketed_cache_attends_like_plain_decoding(
+    fitted_pairs, bucket16, monkeypatch
+):
+    # On CUDA a prompt chunk over bucket-padded keys with an array mask rounds differently from
+    # mlx-lm's unpadded causal call (the 4B-shaped pair on an H200 lost greedy equality from its
+    # first token): DFlash's prefill must hand the attention exactly plain decoding's inputs.
+    lm, target, drafter = load_fitted(*fitted_pairs["qwen35"])
+    prompt = lm.tokenizer.encode(FIT_TEXTS[0] + " " + FIT_TEXTS[3])[:30]
+    dflash_cache = make_target_cache(target)
+    got, logits = _attention_inputs(monkeypatch, dflash_cache, target, prompt)
+    want, plain_logits = _attention_inputs(monkeypatch, target.make_cache(), target, prompt)
+    assert got == want and any(kind == "causal" for _, _, kind in got)
+    assert mx.array_equal(logits, plain_logits)
+    # The bucket is back for the verify blocks that follow.
+    assert all(c.bucket == 16 for c in dflash_cache if isinstance(c, BucketedKVCache))
+
+
+@pytest.mark.skipif(select.backend() != "cuda", reason="the rounding difference is CUDA's")
+def test_bf16_prefill_is_bit_equal_in_both_caches_at_4b_width():
+    # Four layers of Qwen3.5-4B's widths (three Gated-DeltaNet, one attention), random bf16
+    # weights, a 1024-token prompt: where session 17's H200 run found the caches parting.
+    import sys
+    from pathlib import Path
+
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen3_5
+
+    from hf2q.runtime.dflash import prefill
+    from hf2q.runtime.target import TargetModel
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from shapes import QWEN35_4B_TARGET
+
+    mx.random.seed(0)
+    text = dict(QWEN35_4B_TARGET, num_hidden_layers=4, vocab_size=4096, model_type="qwen3_5_text")
+    model = qwen3_5.Model(
+        qwen3_5.ModelArgs.from_dict({"model_type": "qwen3_5", "text_config": text})
+    )
+    model.set_dtype(mx.bfloat16)
+    for layer in model.language_model.model.layers:
+        if layer.is_linear:
+            layer.linear_attn.A_log = layer.linear_attn.A_log.astype(mx.float32)
+    target = TargetModel(model)
+    prompt = mx.random.randint(0, 4096, (1024,), key=mx.random.key(3)).tolist()
+    ours, plain = make_target_cache(target), target.make_cache()
+    assert any(isinstance(c, BucketedKVCache) for c in ours)
+    a, _ = prefill(target, prompt, ours)
+    b, _ = prefill(target, prompt, plain)
+    assert mx.array_equal(a, b)
+    for i, (x, y) in enumerate(zip(ours, plain)):
+        for (_, u), (_, w) in zip(tree_flatten(x.state), tree_flatten(y.state)):
+            assert mx.array_equal(u, w), f"layer {i}"

@@ -21,7 +21,8 @@ processed (tested against a fresh plain run over the committed tokens).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,7 +222,7 @@ class BucketedKVCache(KVCache):
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         k, v = super().update_and_fetch(keys, values)
         L = keys.shape[2]
-        if L == 1:
+        if L == 1 or self.bucket is None:  # one position, or inside unbucketed(): mlx-lm's
             return k, v
         K = bucketed(self.offset, self.bucket)
         have = self.keys.shape[2]
@@ -235,12 +236,34 @@ class BucketedKVCache(KVCache):
     def make_mask(
         self, N: int, return_array: bool = False, window_size: int | None = None, **kwargs: Any
     ) -> Any:
-        if N == 1:
+        if N == 1 or self.bucket is None:
             return super().make_mask(
                 N, return_array=return_array, window_size=window_size, **kwargs
             )
         K = bucketed(self.offset + N, self.bucket)
         return key_mask(self.offset + mx.arange(N, dtype=mx.int32), K, window_size)  # (N, K)
+
+
+@contextmanager
+def unbucketed(caches: Iterable[Any]) -> Iterator[None]:
+    """Inside the block, attention caches with a key bucket attend over exactly the keys held.
+
+    A prompt is prefilled into DFlash's (bucketed) cache and, for plain decoding, into mlx-lm's
+    own: both must hold the same bits, or greedy DFlash stops being lossless. On MLX's CUDA
+    backend a prompt chunk's attention over bucket-padded keys with an array mask rounds
+    differently from mlx-lm's unpadded ``"causal"`` call (the random 4B-shaped pair on an H200:
+    the first attention layer's cache differed, and the tokens from the first or fourth on;
+    ``benchmarks/lossless_diag.py``, session 17). A prefill builds one graph per chunk shape
+    anyway, so the bucket buys nothing there.
+    """
+    held = [(c, c.bucket) for c in caches if getattr(c, "bucket", None)]
+    for c, _ in held:
+        c.bucket = None
+    try:
+        yield
+    finally:
+        for c, b in held:
+            c.bucket = b
 
 
 class TargetCache(list):

@@ -42,7 +42,7 @@ from hf2q.kernels.select import (
     row_attention_enabled,
     small_mm_enabled,
 )
-from hf2q.runtime.cache import TargetCache, make_target_cache
+from hf2q.runtime.cache import TargetCache, make_target_cache, unbucketed
 from hf2q.runtime.drafter import DFlashDraftModel
 from hf2q.runtime.lookup import LookupChooser
 from hf2q.runtime.sampling import (
@@ -157,8 +157,9 @@ def prefill(
 ) -> tuple[mx.array, mx.array | None]:
     """Process ``prompt`` into ``cache`` the way mlx-lm's ``generate_step`` does.
 
-    All but the last token go in chunks of ``step_size`` (caches evaluated after each), then the
-    last token alone; on CUDA through the compiled runners (:func:`prefill_layer_fn`; not with
+    All but the last token go in chunks of ``step_size`` (caches evaluated after each; attention
+    over exactly the keys held, as plain decoding's cache: :func:`~hf2q.runtime.cache.unbucketed`),
+    then the last token alone; on CUDA through the compiled runners (:func:`prefill_layer_fn`; not with
     ``HF2Q_PREFILL_RUNNERS=0``), elsewhere through the model's own layer calls. With a
     drafter, each chunk's features of ``target_layer_ids`` are appended to ``draft_cache``; the
     last token's features are returned for the first draft instead.
@@ -177,9 +178,10 @@ def prefill(
     last_fn = decode_layer_fn() if chunk_fn is not None else None
     while n - start > 1:
         end = min(start + step_size, n - 1)
-        _, feats = target.forward(
-            toks[None, start:end], cache, capture=ids, last_only=True, layer_fn=chunk_fn
-        )
+        with unbucketed(cache):  # the keys plain decoding's cache attends over (bit-equal)
+            _, feats = target.forward(
+                toks[None, start:end], cache, capture=ids, last_only=True, layer_fn=chunk_fn
+            )
         state = [c.state for c in cache]
         if drafter is not None:
             drafter.add_context(feats, draft_cache)
