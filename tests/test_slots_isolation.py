@@ -145,6 +145,21 @@ def test_each_slot_decodes_exactly_its_single_run_with_agreeing_drafter(name, N,
     assert sum(summary.accepted_histogram) == sum(len(e.slots) for e in rounds)
 
 
+def test_lagged_rounds_switch_reads_the_environment(monkeypatch):
+    from hf2q.kernels import select
+
+    monkeypatch.delenv(select.LAGGED_ROUNDS_ENV, raising=False)
+    # On where async_eval returns once the graph is encoded (CUDA), off elsewhere.
+    assert select.lagged_rounds_enabled() == (select.backend() == "cuda")
+    monkeypatch.setenv(select.LAGGED_ROUNDS_ENV, "1")
+    assert select.lagged_rounds_enabled() and "rounds lagged" in select.summary()
+    monkeypatch.setenv(select.LAGGED_ROUNDS_ENV, "0")
+    assert not select.lagged_rounds_enabled() and "rounds lagged" not in select.summary()
+    monkeypatch.setenv(select.LAGGED_ROUNDS_ENV, "sometimes")
+    with pytest.raises(UsageError, match="HF2Q_LAGGED_ROUNDS='sometimes' must be 0 or 1"):
+        select.lagged_rounds_enabled()
+
+
 @pytest.mark.parametrize(("N", "idle"), [(1, "compact"), (3, "compact"), (8, "keep")])
 def test_lagged_rounds_decode_exactly_the_single_runs(N, idle, fitted_pairs):
     # Each round queued before the previous acceptance is read (HF2Q_LAGGED_ROUNDS): the

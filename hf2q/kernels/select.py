@@ -82,9 +82,9 @@ PREFILL_RUNNERS_ENV = "HF2Q_PREFILL_RUNNERS"
 #: graph (:mod:`hf2q.kernels.forward`) where the runners run (CUDA); default off until measured.
 COMPILE_FORWARD_ENV = "HF2Q_COMPILE_FORWARD"
 
-#: HF2Q_LAGGED_ROUNDS=1: DFlash without lookup (``hf2q generate --dflash --no-lookup``,
+#: HF2Q_LAGGED_ROUNDS: DFlash without lookup (``hf2q generate --dflash --no-lookup``,
 #: ``hf2q bench --no-lookup``) queues each round before reading the previous round's acceptance
-#: (default off until measured on a GPU).
+#: (default on CUDA, off elsewhere; 0 or 1 forces it).
 LAGGED_ROUNDS_ENV = "HF2Q_LAGGED_ROUNDS"
 
 #: HF2Q_ROLLBACK_KERNEL=0: a verify's Gated-DeltaNet rollback runs per layer with ops instead of
@@ -195,9 +195,17 @@ def prefill_runners_enabled() -> bool:
 
 
 def lagged_rounds_enabled() -> bool:
-    """Whether DFlash without lookup (single or batched, greedy or sampled) queues each round before reading
-    the last one's acceptance (``HF2Q_LAGGED_ROUNDS``, default off until measured on a GPU)."""
-    return _flag(LAGGED_ROUNDS_ENV, "0")
+    """Whether DFlash without lookup (single or batched, greedy or sampled) queues each round
+    before reading the last one's acceptance (``HF2Q_LAGGED_ROUNDS``).
+
+    Default on CUDA, where ``mx.async_eval`` returns once the graph is encoded, so the host
+    builds round k+1 while the device computes round k: on an H200 (docs/BENCHMARKS.md, session
+    17) the single-sequence round of the 4B-shaped pair was 8-9% shorter, alternating in one
+    process (E 0.516 -> 0.570 and 0.562 -> 0.624, tokens equal plain decoding's), and its GPU
+    tests passed. Off elsewhere: MLX's CPU ``async_eval`` computes before it returns, leaving
+    nothing to overlap (slower here, session 16); Apple GPUs are untested.
+    """
+    return _flag(LAGGED_ROUNDS_ENV, "1" if backend() == "cuda" else "0")
 
 
 def compile_forward_enabled() -> bool:

@@ -260,7 +260,7 @@ def dflash_generate(
             target's distribution (the proposal's q puts all mass on each proposed token);
             only the rounds differ.
         lagged: without lookup, queue each round before reading the last one's acceptance
-            (:func:`_dflash_lagged`); None: ``HF2Q_LAGGED_ROUNDS`` (default off). Same greedy
+            (:func:`_dflash_lagged`); None: ``HF2Q_LAGGED_ROUNDS`` (default on CUDA only). Same greedy
             tokens; sampled, the same distribution (the same draws while every round's block is
             whole, e.g. ``block_size=2``).
 

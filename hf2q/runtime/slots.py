@@ -412,7 +412,7 @@ def slots_dflash_generate(
             unchanged and sampled ones keep the target's distribution.
         lagged: rounds without lookup queue the next round before reading the current one's
             acceptance; None: ``HF2Q_LAGGED_ROUNDS``
-            (``hf2q.kernels.select.lagged_rounds_enabled``, default off). Same greedy tokens;
+            (``hf2q.kernels.select.lagged_rounds_enabled``, default on CUDA only). Same greedy tokens;
             sampled ones from the same distribution.
 
     Raises:
