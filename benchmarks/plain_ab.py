@@ -14,6 +14,12 @@ Usage (GPU):
     python3 benchmarks/plain_ab.py --synthetic 4b --tokens 128 --runs 5
     python3 benchmarks/plain_ab.py --env HF2Q_SMALL_MM --values 1,0
     python3 benchmarks/plain_ab.py --values HF2Q_GROUPED_MM=0,HF2Q_GROUPED_MM=1 --modes plain,dflash
+    python3 benchmarks/plain_ab.py --demo --lookup --values HF2Q_LAGGED_LOOKUP=0,HF2Q_LAGGED_LOOKUP=1 \
+        --modes plain,dflash
+
+``--demo`` runs the embedded demo pair on its fibonacci prompt (the built-in workload's first,
+where lookup drafts loops) instead of a random pair and prompt; ``--lookup`` lets DFlash draft
+by lookup as ``hf2q generate --dflash`` does by default.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--synthetic", choices=("small", "4b"), default="4b")
+    ap.add_argument("--demo", action="store_true", help="the embedded demo pair and its prompt")
+    ap.add_argument("--lookup", action="store_true", help="DFlash may draft by lookup")
     ap.add_argument("--env", default="HF2Q_COMPILE_FORWARD")
     ap.add_argument("--values", default="0,1")
     ap.add_argument("--tokens", type=int, default=128)
@@ -52,15 +60,23 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.runners:  # in this process only
         layers.decode_runners_active = lambda: True
-    pair = synthetic_pair(args.synthetic)
-    vocab = pair.target.args.vocab_size
-    prompt = mx.random.randint(0, vocab, (args.prompt_tokens,), key=mx.random.key(1)).tolist()
+    if args.demo:
+        from hf2q.runtime.bench import BUILTIN_PROMPTS
+        from hf2q.runtime.pair import encode_prompt, load_pair
+
+        pair = load_pair(None)
+        prompt = encode_prompt(pair.tokenizer, BUILTIN_PROMPTS[0], chat=False)
+    else:
+        pair = synthetic_pair(args.synthetic)
+        vocab = pair.target.args.vocab_size
+        prompt = mx.random.randint(0, vocab, (args.prompt_tokens,), key=mx.random.key(1)).tolist()
     values = args.values.split(",")
     settings = {v: _setting(args.env, v) for v in values}
     names = sorted({n for st in settings.values() for n in st})
     modes = args.modes.split(",")
     ms: dict[str, dict[str, list[float]]] = {m: {v: [] for v in values} for m in modes}
     tokens: dict[str, dict[str, list[int]]] = {m: {} for m in modes}
+    per_token: dict[str, list[float]] = {v: [] for v in values}
     for r in range(args.runs + 1):  # run 0 compiles
         for v in values:
             for n in names:
@@ -71,14 +87,23 @@ def main(argv: list[str] | None = None) -> int:
                     s = run(plain_generate(pair.target, prompt, max_tokens=args.tokens))
                     per = max(s.generation_tokens - 1, 1)
                 else:
-                    gen = dflash_generate(pair.target, pair.drafter, prompt, max_tokens=args.tokens)
+                    gen = dflash_generate(
+                        pair.target,
+                        pair.drafter,
+                        prompt,
+                        max_tokens=args.tokens,
+                        lookup=args.lookup,
+                    )
                     s = run(gen)
                     per = max(s.rounds, 1)
                 if r:
                     ms[mode][v].append(s.decode_time / per * 1e3)
+                    if mode == "dflash":  # with lookup the rounds differ: time per token too
+                        per_token[v].append(s.decode_time / max(s.generation_tokens - 1, 1) * 1e3)
                 tokens[mode].setdefault(v, s.tokens)
     report = {
-        "model": f"synthetic {args.synthetic}",
+        "model": "demo pair" if args.demo else f"synthetic {args.synthetic}",
+        "lookup": args.lookup,
         "device": str(mx.default_device()),
         "env": args.env,
         "values": {v: settings[v] for v in values},
@@ -98,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     if "dflash" in modes:
         rounds = {v: statistics.median(x) for v, x in ms["dflash"].items()}
         report["dflash_round_ms"] = {v: round(x, 4) for v, x in rounds.items()}
+        report["dflash_ms_per_token"] = {
+            v: round(statistics.median(x), 4) for v, x in per_token.items()
+        }
         if "plain" in modes:
             report["E"] = {
                 v: round(statistics.median(ms["plain"][v]) / rounds[v], 3) for v in values

@@ -135,6 +135,61 @@ def test_sampling_with_lookup_reproduces_per_seed_and_drafts_by_lookup(demo):
     assert sum(r.lookup_rounds for r in batched.requests) > 0
 
 
+def test_lagged_rounds_with_lookup_keep_plain_greedy_tokens(demo):
+    # HF2Q_LAGGED_LOOKUP: rounds are lagged while the drafter drafts and synchronous while a
+    # lookup proposal is due (it needs the latest tokens); greedy tokens stay plain decoding's.
+    from hf2q.runtime.dflash import RoundDone, Summary, dflash_generate, plain_generate, run
+    from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
+
+    pair, prompts = demo
+    t, d = pair.target, pair.drafter
+    want, kinds = [], set()
+    for i, p in enumerate(prompts):
+        plain = run(plain_generate(t, p, max_tokens=64)).tokens
+        want.append(plain)
+        for B in (16, 4):
+            events = list(
+                dflash_generate(t, d, p, max_tokens=64, block_size=B, lookup=True, lagged=True)
+            )
+            s = events[-1]
+            assert isinstance(s, Summary) and s.tokens == plain, f"prompt {i} block {B}"
+            rounds = [e for e in events if isinstance(e, RoundDone)]
+            assert s.lookup_rounds == sum(r.source == "lookup" for r in rounds)
+            # A lagged round has no rollback share (its split is build / wait).
+            kinds |= {(r.source, r.t_rollback == 0.0) for r in rounds}
+    # Lagged drafter rounds, and synchronous lookup rounds in between.
+    assert ("drafter", True) in kinds and ("lookup", False) in kinds
+    assert ("lookup", True) not in kinds
+    reqs = [Request(p, max_tokens=64) for p in prompts]
+    batched = run_slots(slots_dflash_generate(t, d, reqs, slots=3, lookup=True, lagged=True))
+    assert [r.tokens for r in batched.requests] == want
+    assert sum(r.lookup_rounds for r in batched.requests) > 0
+
+
+def test_sampled_lagged_rounds_with_lookup_reproduce_per_seed(demo):
+    from hf2q.runtime.dflash import dflash_generate, run
+    from hf2q.runtime.sampling import SamplingParams
+
+    pair, prompts = demo
+    sp = SamplingParams(temperature=0.3, seed=1)
+    runs = [
+        run(
+            dflash_generate(
+                pair.target,
+                pair.drafter,
+                prompts[0],
+                max_tokens=48,
+                sampling=sp,
+                lookup=True,
+                lagged=True,
+            )
+        )
+        for _ in range(2)
+    ]
+    assert runs[0].tokens == runs[1].tokens and len(runs[0].tokens) == 48
+    assert runs[0].lookup_rounds > 0
+
+
 def test_generate_cli_reports_lookup_rounds_and_can_turn_it_off(capsys, monkeypatch):
     from hf2q.cli.app import main
 

@@ -158,6 +158,14 @@ def test_lagged_rounds_switch_reads_the_environment(monkeypatch):
     monkeypatch.setenv(select.LAGGED_ROUNDS_ENV, "sometimes")
     with pytest.raises(UsageError, match="HF2Q_LAGGED_ROUNDS='sometimes' must be 0 or 1"):
         select.lagged_rounds_enabled()
+    # With lookup drafts the rounds stay synchronous unless HF2Q_LAGGED_LOOKUP=1 (off).
+    monkeypatch.setenv(select.LAGGED_ROUNDS_ENV, "1")
+    monkeypatch.delenv(select.LAGGED_LOOKUP_ENV, raising=False)
+    assert select.lagged_for(lookup=False) and not select.lagged_for(lookup=True)
+    monkeypatch.setenv(select.LAGGED_LOOKUP_ENV, "1")
+    assert select.lagged_for(lookup=True) and "with lookup" in select.summary()
+    monkeypatch.setenv(select.LAGGED_ROUNDS_ENV, "0")
+    assert not select.lagged_for(lookup=True) and not select.lagged_for(lookup=False)
 
 
 @pytest.mark.parametrize(("N", "idle"), [(1, "compact"), (3, "compact"), (8, "keep")])

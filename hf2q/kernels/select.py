@@ -87,6 +87,11 @@ COMPILE_FORWARD_ENV = "HF2Q_COMPILE_FORWARD"
 #: (default on CUDA, off elsewhere; 0 or 1 forces it).
 LAGGED_ROUNDS_ENV = "HF2Q_LAGGED_ROUNDS"
 
+#: HF2Q_LAGGED_LOOKUP=1: with lookup drafts too (the CLI's default), rounds are lagged while
+#: every sequence drafts with the drafter and synchronous while one's lookup proposal is due
+#: (default off until measured on a GPU).
+LAGGED_LOOKUP_ENV = "HF2Q_LAGGED_LOOKUP"
+
 #: HF2Q_ROLLBACK_KERNEL=0: a verify's Gated-DeltaNet rollback runs per layer with ops instead of
 #: one launch of :mod:`hf2q.kernels.cuda_rollback` for all layers (CUDA only; default on there).
 ROLLBACK_KERNEL_ENV = "HF2Q_ROLLBACK_KERNEL"
@@ -206,6 +211,21 @@ def lagged_rounds_enabled() -> bool:
     nothing to overlap (slower here, session 16); Apple GPUs are untested.
     """
     return _flag(LAGGED_ROUNDS_ENV, "1" if backend() == "cuda" else "0")
+
+
+def lagged_lookup_enabled() -> bool:
+    """Whether lookup drafting (``lookup=True``) keeps lagged rounds where they are on
+    (``HF2Q_LAGGED_LOOKUP=1``): a lookup proposal needs the sequence's latest tokens, so the
+    rounds turn synchronous while any sequence's lookup proposal is due
+    (``LookupChooser.proposal``) and lagged again when none is. Off by default: not measured
+    on a GPU yet (lookup with synchronous rounds only)."""
+    return _flag(LAGGED_LOOKUP_ENV, "0")
+
+
+def lagged_for(lookup: bool) -> bool:
+    """Whether DFlash rounds are lagged by default: :func:`lagged_rounds_enabled`, and with
+    lookup also :func:`lagged_lookup_enabled`."""
+    return lagged_rounds_enabled() and (not lookup or lagged_lookup_enabled())
 
 
 def compile_forward_enabled() -> bool:
@@ -399,7 +419,11 @@ def describe(attn: object | None = None) -> dict[str, str]:
     if runners and compile_forward_enabled():
         info["decode_step"] = "one compiled graph"
     if lagged_rounds_enabled():
-        info["rounds"] = "lagged (without lookup)"
+        info["rounds"] = (
+            "lagged (with lookup: synchronous while a lookup draft is due)"
+            if lagged_lookup_enabled()
+            else "lagged (without lookup)"
+        )
     flush = flush_layers()
     info["verify_queue"] = f"every {flush} layers" if flush else "at the acceptance"
     bucket = sdpa_bucket()

@@ -38,7 +38,7 @@ from hf2q.kernels.layers import decode_layer_fn, prefill_layer_fn
 from hf2q.kernels.select import (
     compile_forward_enabled,
     fuse_proj_enabled,
-    lagged_rounds_enabled,
+    lagged_for,
     row_attention_enabled,
     small_mm_enabled,
 )
@@ -259,8 +259,10 @@ def dflash_generate(
             (:mod:`hf2q.runtime.lookup`); greedy output is the same, sampled output keeps the
             target's distribution (the proposal's q puts all mass on each proposed token);
             only the rounds differ.
-        lagged: without lookup, queue each round before reading the last one's acceptance
-            (:func:`_dflash_lagged`); None: ``HF2Q_LAGGED_ROUNDS`` (default on CUDA only). Same greedy
+        lagged: queue each round before reading the last one's acceptance
+            (:func:`_dflash_lagged`; with ``lookup``, synchronous rounds while a lookup
+            proposal is due); None: ``hf2q.kernels.select.lagged_for(lookup)``
+            (``HF2Q_LAGGED_ROUNDS``, on CUDA only; with lookup also ``HF2Q_LAGGED_LOOKUP``). Same greedy
             tokens; sampled, the same distribution (the same draws while every round's block is
             whole, e.g. ``block_size=2``).
 
@@ -278,8 +280,8 @@ def dflash_generate(
         drafter.bind(target.embed, target.head)
     run = (target, drafter, list(prompt), max_tokens, sampling, B)
     eos, step = frozenset(eos_token_ids), prefill_step_size
-    if (lagged_rounds_enabled() if lagged is None else lagged) and not lookup:
-        return _dflash_lagged(*run, eos, step)
+    if lagged_for(lookup) if lagged is None else lagged:
+        return _dflash_lagged(*run, eos, step, lookup)
     return _dflash(*run, eos, step, lookup)
 
 
@@ -292,12 +294,14 @@ def _dflash_lagged(
     B: int,
     eos: frozenset[int],
     step_size: int,
+    lookup: bool = False,
 ) -> Iterator[Event]:
     """DFlash with lagged rounds: the batched runtime's (``hf2q.runtime.slots``) with
     one slot, whose events are told here as a single run's. Each round is queued before the
     previous one's acceptance is read (the bonus token, the drafter's context and the target's
     rollback stay on the device); the round's time split is the host's building (``t_draft``)
-    and its wait (``t_verify``)."""
+    and its wait (``t_verify``). With ``lookup``, rounds whose lookup proposal is due run
+    synchronously (and still run the drafter, which the single-sequence loop skips)."""
     from hf2q.runtime.slots import (
         Request,
         SlotFinished,
@@ -315,6 +319,7 @@ def _dflash_lagged(
         block_size=B,
         eos_token_ids=eos,
         prefill_step_size=step_size,
+        lookup=lookup,
         lagged=True,
     )
     generated = rounds = 0
@@ -342,6 +347,7 @@ def _dflash_lagged(
                 generated=generated,
                 elapsed=e.elapsed,
                 finish_reason=finish,
+                source=e.sources[0],
             )
         elif isinstance(e, SlotFinished):
             yield e.summary

@@ -44,7 +44,7 @@ import mlx.core as mx
 
 from hf2q.errors import UsageError
 from hf2q.kernels.layers import decode_layer_fn
-from hf2q.kernels.select import lagged_rounds_enabled, small_mm_enabled
+from hf2q.kernels.select import lagged_for, small_mm_enabled
 from hf2q.runtime.cache import make_target_cache
 from hf2q.runtime.dflash import (
     PREFILL_STEP_SIZE,
@@ -123,6 +123,7 @@ class SlotRound:
     elapsed: float  # decode seconds so far, rounds only
     finished: tuple[int, ...] = ()  # slots whose request ended this round
     bonus: tuple[int, ...] = ()  # per slot, the target's token after its accepted drafts (DFlash)
+    sources: tuple[str, ...] = ()  # per slot, who drafted: "drafter" or "lookup" (DFlash)
 
 
 @dataclass(frozen=True)
@@ -410,10 +411,12 @@ def slots_dflash_generate(
         lookup: a row may verify the continuation of its own last n-gram instead of the
             drafter's tokens (:mod:`hf2q.runtime.lookup`, per row); greedy outputs are
             unchanged and sampled ones keep the target's distribution.
-        lagged: rounds without lookup queue the next round before reading the current one's
-            acceptance; None: ``HF2Q_LAGGED_ROUNDS``
-            (``hf2q.kernels.select.lagged_rounds_enabled``, default on CUDA only). Same greedy tokens;
-            sampled ones from the same distribution.
+        lagged: queue the next round before reading the current one's acceptance; with
+            ``lookup`` only while no row's lookup proposal is due (those rounds are
+            synchronous: a proposal needs the row's latest tokens). None:
+            ``hf2q.kernels.select.lagged_for(lookup)`` (``HF2Q_LAGGED_ROUNDS``, on CUDA only;
+            with lookup also ``HF2Q_LAGGED_LOOKUP``, off). Same greedy tokens; sampled ones
+            from the same distribution.
 
     Raises:
         UsageError: bad slot count, empty prompt, ``max_tokens < 1``, block size out of range.
@@ -438,7 +441,7 @@ def slots_dflash_generate(
         idle,
         prefill_step_size,
         lookup,
-        (lagged_rounds_enabled() if lagged is None else lagged) and not lookup,
+        lagged_for(lookup) if lagged is None else lagged,
     )
 
 
@@ -561,12 +564,13 @@ def _dflash_slots(
         st.t_draft += t_draft
         st.t_verify += t_verify
         st.t_roll += t_roll
-        busy_slots, accepted, committed, finished, bonuses = [], [], [], [], []
+        busy_slots, accepted, committed, finished, bonuses, drafted_by = [], [], [], [], [], []
         for r, x in enumerate(rows):
             if x is None:
                 continue
             a = acc[r]
             bonuses.append(bonus[r])
+            drafted_by.append(sources[r])
             kept = x.commit(draft_host[r][:a] + [bonus[r]], eos)
             if x.chooser is not None:
                 x.chooser.round_done(sources[r], a, kept)
@@ -600,6 +604,7 @@ def _dflash_slots(
             elapsed=st.decode,
             finished=tuple(rows[r].slot for r in finished),
             bonus=tuple(bonuses),
+            sources=tuple(drafted_by),
         )
         return event, finished
 
@@ -610,10 +615,19 @@ def _dflash_slots(
             free_slots.append(x.slot)
             yield SlotFinished(x.slot, x.index, st.finish(x, "dflash", B))
 
+    def lookup_due() -> bool:
+        """Whether a row would draft its next round from its lookup proposal (``lookup=True``):
+        such a round needs the row's latest tokens, so it runs synchronously."""
+        return any(
+            x is not None and x.chooser is not None and x.chooser.proposal(B - 1) is not None
+            for x in rows
+        )
+
     def lagged_rounds() -> Iterator[SlotEvent]:
         """Rounds over the current rows, each queued before the previous one's acceptance is
-        read, until a row finishes; then the round in flight is read too, the
-        caches' bounds made exact, and control goes back to the scheduler.
+        read, until a row finishes (or, with lookup, a row's lookup proposal is due); then the
+        round in flight is read too, the caches' bounds made exact, and control goes back to
+        the scheduler.
 
         Everything a round needs from the last one stays on the device: the bonus tokens (the
         next blocks' first tokens), the verify's features with the kept counts (the drafter's
@@ -666,10 +680,12 @@ def _dflash_slots(
             t2 = time.perf_counter()
             times = (t2 - t_prev, t_build, t2 - t1, 0.0)
             t_prev = t2
-            event, finished = commit_round(acc, bonus, draft_host, [B] * R, [""] * R, times, B)
+            event, finished = commit_round(
+                acc, bonus, draft_host, [B] * R, ["drafter"] * R, times, B
+            )
             yield event
             yield from release(finished)
-            stop = stop or bool(finished) or all(x is None for x in rows)
+            stop = stop or bool(finished) or all(x is None for x in rows) or lookup_due()
         for c in kv:  # every round read: the bounds are exact again
             c.lagged = False
         ctx_len = [int(v) for v in ctx_len.tolist()] if isinstance(ctx_len, mx.array) else ctx_len
@@ -723,7 +739,7 @@ def _dflash_slots(
             ctx = ctx[mx.array(busy, dtype=mx.int32)]
             ctx_len = [ctx_len[r] for r in busy]
 
-        if lagged:
+        if lagged and not lookup_due():
             yield from lagged_rounds()
             continue
 
@@ -759,7 +775,7 @@ def _dflash_slots(
 
         times = (t3 - t0 + t_pre, t1 - t0 + t_pre, t2 - t1, t3 - t2)
         event, finished = commit_round(acc, bonus, draft.tolist(), bs_row, sources, times, bs)
-        if not finished:
+        if not finished and not (lagged and not lookup_due()):  # (lagged: no draft queued)
             pending = submit()  # runs on the device while the event is consumed
         yield event
         yield from release(finished)
