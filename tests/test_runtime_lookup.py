@@ -68,16 +68,23 @@ def demo():
     return pair, prompts
 
 
-def test_greedy_dflash_with_lookup_equals_plain_decoding(demo):
-    from hf2q.runtime.dflash import dflash_generate, plain_generate, run
+@pytest.fixture(scope="module")
+def plain64(demo):
+    """Plain greedy decoding's 64 tokens for each of the demo prompts."""
+    from hf2q.runtime.dflash import plain_generate, run
+
+    pair, prompts = demo
+    return [run(plain_generate(pair.target, p, max_tokens=64)).tokens for p in prompts]
+
+
+def test_greedy_dflash_with_lookup_equals_plain_decoding(demo, plain64):
+    from hf2q.runtime.dflash import dflash_generate, run
     from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
 
     pair, prompts = demo
     t, d = pair.target, pair.drafter
-    want, used = [], 0
-    for i, p in enumerate(prompts):
-        plain = run(plain_generate(t, p, max_tokens=64)).tokens
-        want.append(plain)
+    want, used = plain64, 0
+    for i, (p, plain) in enumerate(zip(prompts, want)):
         for B in (16, 4):
             s = run(dflash_generate(t, d, p, max_tokens=64, block_size=B, lookup=True))
             assert s.tokens == plain, f"prompt {i} block {B}"
@@ -135,19 +142,17 @@ def test_sampling_with_lookup_reproduces_per_seed_and_drafts_by_lookup(demo):
     assert sum(r.lookup_rounds for r in batched.requests) > 0
 
 
-def test_lagged_rounds_with_lookup_keep_plain_greedy_tokens(demo):
+def test_lagged_rounds_with_lookup_keep_plain_greedy_tokens(demo, plain64):
     # HF2Q_LAGGED_LOOKUP: rounds are lagged while the drafter drafts and synchronous while a
     # lookup proposal is due (it needs the latest tokens); greedy tokens stay plain decoding's.
-    from hf2q.runtime.dflash import RoundDone, Summary, dflash_generate, plain_generate, run
+    from hf2q.runtime.dflash import RoundDone, Summary, dflash_generate
     from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
 
     pair, prompts = demo
     t, d = pair.target, pair.drafter
-    want, kinds = [], set()
-    for i, p in enumerate(prompts):
-        plain = run(plain_generate(t, p, max_tokens=64)).tokens
-        want.append(plain)
-        for B in (16, 4):
+    want, kinds = plain64, set()
+    for i, (p, plain) in enumerate(zip(prompts, want)):
+        for B in (16, 4) if i < 2 else (16,):
             events = list(
                 dflash_generate(t, d, p, max_tokens=64, block_size=B, lookup=True, lagged=True)
             )
