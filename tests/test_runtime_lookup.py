@@ -142,6 +142,34 @@ def test_sampling_with_lookup_reproduces_per_seed_and_drafts_by_lookup(demo):
     assert sum(r.lookup_rounds for r in batched.requests) > 0
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_batched_rounds_drafted_only_by_lookup_skip_the_drafter(demo, plain64, n, monkeypatch):
+    # As the single-sequence loop does: no drafter forward when every busy row verifies its
+    # lookup proposal; its context rows reach the drafter with the next round's (ragged join).
+    from hf2q.runtime.drafter import DFlashDraftModel
+    from hf2q.runtime.slots import Request, SlotRound, SlotsSummary, slots_dflash_generate
+
+    pair, prompts = demo
+    calls = []
+    forward = DFlashDraftModel.__call__
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(DFlashDraftModel, "__call__", counted)
+    reqs = [Request(p, max_tokens=64) for p in prompts[:n]]
+    events = list(
+        slots_dflash_generate(pair.target, pair.drafter, reqs, slots=n, lookup=True, lagged=False)
+    )
+    summary = events[-1]
+    assert isinstance(summary, SlotsSummary)
+    assert [r.tokens for r in summary.requests] == plain64[:n]
+    rounds = [e for e in events if isinstance(e, SlotRound)]
+    by_lookup = sum(all(src == "lookup" for src in e.sources) for e in rounds)
+    assert by_lookup > 0 and len(calls) == len(rounds) - by_lookup
+
+
 def test_lagged_rounds_with_lookup_keep_plain_greedy_tokens(demo, plain64):
     # HF2Q_LAGGED_LOOKUP: rounds are lagged while the drafter drafts and synchronous while a
     # lookup proposal is due (it needs the latest tokens); greedy tokens stay plain decoding's.

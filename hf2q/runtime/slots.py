@@ -471,12 +471,13 @@ def _dflash_slots(
     st = _Stats(slots, B)
 
     def sample_drafts(
-        dlogits: mx.array, n_row: list[int], picked: list | None = None
+        dlogits: mx.array | None, n_row: list[int], picked: list | None = None, width: int = 0
     ) -> tuple[mx.array, list[mx.array | None]]:
         """Sampled drafts (R, width) of each busy row's first ``n_row[r]`` positions (padded with
         the mask token), or its lookup proposal ``picked[r]``, and each row's q (None for idle
-        rows), with the row's own keys."""
-        width = dlogits.shape[1]
+        rows and for proposals: :func:`accept` puts all of q's mass on a proposal's tokens),
+        with the row's own keys. ``dlogits`` None: every busy row has a proposal (``width``)."""
+        width = dlogits.shape[1] if dlogits is not None else width
         drafts, q_rows = [], []
         for r, x in enumerate(rows):
             if x is None:
@@ -484,10 +485,8 @@ def _dflash_slots(
                 q_rows.append(None)
                 continue
             n = n_row[r]
-            if picked is not None and picked[r] is not None:
-                # A lookup proposal: all of q's mass on each token.
-                d = mx.array(picked[r], dtype=mx.int32)
-                q = point_masses(d, dlogits.shape[-1])
+            if picked is not None and picked[r] is not None:  # a lookup proposal
+                d, q = mx.array(picked[r], dtype=mx.int32), None
             else:
                 q = probs(dlogits[r, :n], sampling)
                 d = mx.random.categorical(mx.log(q), axis=-1, key=x.keys.next())
@@ -512,39 +511,53 @@ def _dflash_slots(
                 continue
             n = n_row[r]
             p = probs(vlogits[r, : n + 1], sampling)
-            a, b = accept_rejection(draft[r, :n], q_rows[r], p, x.keys.next())
+            q = q_rows[r]
+            if q is None:  # a lookup proposal: all of q's mass on each token
+                q = point_masses(draft[r, :n], p.shape[-1])
+            a, b = accept_rejection(draft[r, :n], q, p, x.keys.next())
             a_l.append(a.astype(mx.int32))
             b_l.append(b.astype(mx.int32))
         return mx.stack(a_l), mx.stack(b_l)
 
-    def submit() -> tuple[mx.array, list[mx.array | None], list[int], list[int], list[str], float]:
+    def submit() -> tuple[
+        mx.array, list[mx.array | None], list[int], list[int], list[str], bool, float
+    ]:
         """Queue the drafter forward for every row; return (draft (R, B_r-1), q per row (T > 0),
-        drafts each row may accept + 1, last tokens, who drafted each row, host seconds)."""
+        drafts each row may accept + 1, last tokens, who drafted each row, whether the drafter
+        was skipped, host seconds). When every busy row verifies its lookup proposal the
+        drafter does not run: it is given this round's context rows with the next round's
+        (:func:`join_rows`), as the single-sequence loop does."""
         tic = time.perf_counter()
         bs_row = [min(B, x.remaining + 1) if x is not None else 2 for x in rows]
         bs = max(bs_row)
         last = [x.tokens[-1] if x is not None else mask_id for x in rows]
-        for c in dcache:
-            c.prepare(lengths=ctx_len)
-        block = mx.array([[t] + [mask_id] * (bs - 1) for t in last], dtype=mx.int32)  # (R, bs)
-        dlogits = drafter(block, ctx, dcache)  # (R, bs-1, V)
-        q_rows: list[mx.array | None] = []
         picked = [  # rows whose lookup proposal is verified instead of their drafted tokens
             x.chooser.proposal(bs_row[r] - 1) if x is not None and x.chooser else None
             for r, x in enumerate(rows)
         ]
         sources = ["lookup" if pr is not None else "drafter" for pr in picked]
+        skip = all(pr is not None for x, pr in zip(rows, picked) if x is not None)
+        dlogits = None
+        if not skip:
+            for c in dcache:
+                c.prepare(lengths=ctx_len)
+            block = mx.array([[t] + [mask_id] * (bs - 1) for t in last], dtype=mx.int32)
+            dlogits = drafter(block, ctx, dcache)  # (R, bs-1, V)
+        q_rows: list[mx.array | None] = []
         if sampling.greedy:
-            draft = mx.argmax(dlogits, axis=-1).astype(mx.int32)  # (R, bs-1)
-            if any(pr is not None for pr in picked):
-                pad = [mask_id] * (bs - 1)
-                lk = mx.array([(pr or []) + pad[len(pr or []) :] for pr in picked], dtype=mx.int32)
-                use = mx.array([pr is not None for pr in picked])
-                draft = mx.where(use[:, None], lk, draft)
+            pad = [mask_id] * (bs - 1)
+            lk = mx.array([(pr or []) + pad[len(pr or []) :] for pr in picked], dtype=mx.int32)
+            if dlogits is None:
+                draft = lk
+            else:
+                draft = mx.argmax(dlogits, axis=-1).astype(mx.int32)  # (R, bs-1)
+                if any(pr is not None for pr in picked):
+                    use = mx.array([pr is not None for pr in picked])
+                    draft = mx.where(use[:, None], lk, draft)
         else:
-            draft, q_rows = sample_drafts(dlogits, [b - 1 for b in bs_row], picked)
+            draft, q_rows = sample_drafts(dlogits, [b - 1 for b in bs_row], picked, bs - 1)
         mx.async_eval(draft)
-        return draft, q_rows, bs_row, last, sources, time.perf_counter() - tic
+        return draft, q_rows, bs_row, last, sources, skip, time.perf_counter() - tic
 
     def commit_round(
         acc: list[int],
@@ -751,7 +764,7 @@ def _dflash_slots(
         queued = pending is not None
         if not queued:
             pending = submit()
-        draft, q_rows, bs_row, last, sources, t_submit = pending
+        draft, q_rows, bs_row, last, sources, skipped, t_submit = pending
         pending = None
         t_pre = t_submit if queued else 0.0  # queuing time spent before t0
         bs = draft.shape[1] + 1
@@ -767,8 +780,11 @@ def _dflash_slots(
 
         keep = [acc[r] + 1 if x is not None else 1 for r, x in enumerate(rows)]
         tcache.rollback(keep)
-        ctx = feats[:, : max(keep)]
-        ctx_len = keep
+        if skipped:  # the drafter has not seen ``ctx`` yet: these rows follow it, per row
+            ctx, ctx_len = join_rows(ctx, ctx_len, feats, keep)
+        else:
+            ctx = feats[:, : max(keep)]
+            ctx_len = keep
         # Materialise the restored states while the host goes on to build the next draft.
         mx.async_eval(ctx, tcache.state)
         t3 = time.perf_counter()
@@ -781,6 +797,24 @@ def _dflash_slots(
         yield from release(finished)
 
     yield st.summary("dflash", slots, len(reqs), B, mx.get_peak_memory() / 1e9)
+
+
+def join_rows(
+    a: mx.array, a_len: list[int], b: mx.array, b_len: list[int]
+) -> tuple[mx.array, list[int]]:
+    """Per row r, ``a[r, :a_len[r]]`` followed by ``b[r, :b_len[r]]``, left-aligned in one
+    (R, max total, ...) array (positions past a row's total hold its first row: callers
+    read only a row's first ``total[r]``); returns it with the totals."""
+    S = a.shape[1]
+    total = [x + y for x, y in zip(a_len, b_len)]
+    width = max(total)
+    idx = [
+        [j if j < n else (S + j - n if j < t else 0) for j in range(width)]
+        for n, t in zip(a_len, total)
+    ]
+    both = mx.concatenate([a, b], axis=1)
+    ix = mx.array(idx, dtype=mx.int32).reshape(len(idx), width, *([1] * (a.ndim - 2)))
+    return mx.take_along_axis(both, ix, axis=1), total
 
 
 # ---- plain --------------------------------------------------------------------------------------
