@@ -301,7 +301,7 @@ def _dflash_lagged(
     previous one's acceptance is read (the bonus token, the drafter's context and the target's
     rollback stay on the device); the round's time split is the host's building (``t_draft``)
     and its wait (``t_verify``). With ``lookup``, rounds whose lookup proposal is due run
-    synchronously (and still run the drafter, which the single-sequence loop skips)."""
+    synchronously."""
     from hf2q.runtime.slots import (
         Request,
         SlotFinished,

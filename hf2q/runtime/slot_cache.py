@@ -353,14 +353,8 @@ class SlotTargetCache(TargetCache):
     @property
     def lagged(self) -> bool:
         """Whether the attention layers' offsets may run ahead of the host (see
-        :attr:`SlotKVCache.lagged`); set for all of them at once."""
+        :attr:`SlotKVCache.lagged`)."""
         return any(c.lagged for c in self if isinstance(c, SlotKVCache))
-
-    @lagged.setter
-    def lagged(self, on: bool) -> None:
-        for c in self:
-            if isinstance(c, SlotKVCache):
-                c.lagged = on
 
     def insert(self, row: int, single: Sequence[Any]) -> None:
         """Copy a one-sequence cache (e.g. a request prefilled alone) into row ``row``."""

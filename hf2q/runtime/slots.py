@@ -545,15 +545,12 @@ def _dflash_slots(
             dlogits = drafter(block, ctx, dcache)  # (R, bs-1, V)
         q_rows: list[mx.array | None] = []
         if sampling.greedy:
-            pad = [mask_id] * (bs - 1)
-            lk = mx.array([(pr or []) + pad[len(pr or []) :] for pr in picked], dtype=mx.int32)
-            if dlogits is None:
-                draft = lk
-            else:
-                draft = mx.argmax(dlogits, axis=-1).astype(mx.int32)  # (R, bs-1)
-                if any(pr is not None for pr in picked):
-                    use = mx.array([pr is not None for pr in picked])
-                    draft = mx.where(use[:, None], lk, draft)
+            draft = None if dlogits is None else mx.argmax(dlogits, axis=-1).astype(mx.int32)
+            if any(pr is not None for pr in picked):  # always so when the drafter was skipped
+                pad = [mask_id] * (bs - 1)
+                lk = mx.array([(pr or []) + pad[len(pr or []) :] for pr in picked], dtype=mx.int32)
+                use = mx.array([pr is not None for pr in picked])
+                draft = lk if draft is None else mx.where(use[:, None], lk, draft)
         else:
             draft, q_rows = sample_drafts(dlogits, [b - 1 for b in bs_row], picked, bs - 1)
         mx.async_eval(draft)
@@ -752,7 +749,8 @@ def _dflash_slots(
             ctx = ctx[mx.array(busy, dtype=mx.int32)]
             ctx_len = [ctx_len[r] for r in busy]
 
-        if lagged and not lookup_due():
+        # A draft already queued means the last round found a lookup proposal due (same rows).
+        if lagged and pending is None and not lookup_due():
             yield from lagged_rounds()
             continue
 
