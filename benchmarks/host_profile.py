@@ -37,14 +37,18 @@ from hf2q.runtime.slots import (  # noqa: E402
 LOOPS = ("dflash", "plain", "slots-dflash", "slots-plain")
 
 
-def _once(loop: str, pair, prompts: list[list[int]], slots: int, tokens: int):
+def _once(loop: str, pair, prompts: list[list[int]], slots: int, tokens: int, lookup: bool):
     if loop == "dflash":
-        return run(dflash_generate(pair.target, pair.drafter, prompts[0], max_tokens=tokens))
+        return run(
+            dflash_generate(pair.target, pair.drafter, prompts[0], max_tokens=tokens, lookup=lookup)
+        )
     if loop == "plain":
         return run(plain_generate(pair.target, prompts[0], max_tokens=tokens))
     reqs = [Request(p, max_tokens=tokens) for p in prompts]
     if loop == "slots-dflash":
-        return run_slots(slots_dflash_generate(pair.target, pair.drafter, reqs, slots=slots))
+        return run_slots(
+            slots_dflash_generate(pair.target, pair.drafter, reqs, slots=slots, lookup=lookup)
+        )
     return run_slots(slots_plain_generate(pair.target, reqs, slots=slots))
 
 
@@ -61,6 +65,11 @@ def main() -> None:
         help="run the compiled layer runners (CUDA's decoding path) on any device, to profile"
         " their host work on a CPU",
     )
+    ap.add_argument(
+        "--lookup",
+        action="store_true",
+        help="DFlash loops draft by n-gram lookup too (the CLI's default)",
+    )
     ap.add_argument("--out", default=None, help="write a JSON summary here too")
     args = ap.parse_args()
 
@@ -74,11 +83,13 @@ def main() -> None:
     for loop in args.loops.split(","):
         if loop not in LOOPS:
             raise SystemExit(f"unknown loop {loop!r}: choose from {', '.join(LOOPS)}")
-        _once(loop, pair, prompts, args.slots, args.tokens)  # warm-up (kernel compilation)
+        _once(
+            loop, pair, prompts, args.slots, args.tokens, args.lookup
+        )  # warm-up (kernel compilation)
         prof = cProfile.Profile()
         tic = time.perf_counter()
         prof.enable()
-        s = _once(loop, pair, prompts, args.slots, args.tokens)
+        s = _once(loop, pair, prompts, args.slots, args.tokens, args.lookup)
         prof.disable()
         wall = time.perf_counter() - tic
         steps = s.rounds or max(len(getattr(s, "round_times", []) or []), s.generation_tokens - 1)
