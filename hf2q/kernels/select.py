@@ -92,6 +92,10 @@ LAGGED_ROUNDS_ENV = "HF2Q_LAGGED_ROUNDS"
 #: (default off until measured on a GPU).
 LAGGED_LOOKUP_ENV = "HF2Q_LAGGED_LOOKUP"
 
+#: HF2Q_EARLY_VERIFY=1: a synchronous DFlash round queues its verify as soon as the verify's graph
+#: is built, before it waits for the draft (default off until measured on a GPU).
+EARLY_VERIFY_ENV = "HF2Q_EARLY_VERIFY"
+
 #: HF2Q_ROLLBACK_KERNEL=0: a verify's Gated-DeltaNet rollback runs per layer with ops instead of
 #: one launch of :mod:`hf2q.kernels.cuda_rollback` for all layers (CUDA only; default on there).
 ROLLBACK_KERNEL_ENV = "HF2Q_ROLLBACK_KERNEL"
@@ -226,6 +230,17 @@ def lagged_for(lookup: bool) -> bool:
     """Whether DFlash rounds are lagged by default: :func:`lagged_rounds_enabled`, and with
     lookup also :func:`lagged_lookup_enabled`."""
     return lagged_rounds_enabled() and (not lookup or lagged_lookup_enabled())
+
+
+def early_verify_enabled() -> bool:
+    """Whether a synchronous DFlash round (lookup drafts, or lagged rounds off) hands its verify
+    to MLX (``mx.async_eval``) as soon as the graph is built, before waiting for the draft
+    (``HF2Q_EARLY_VERIFY=1``). Values are the same either way; what changes is when the host
+    encodes the verify's kernels: on a GPU, while the device still computes the draft, instead
+    of after. On MLX's CPU backend ``mx.async_eval`` computes before it returns, so there the
+    round's time split would count the verify as drafting. Off by default until measured.
+    """
+    return _flag(EARLY_VERIFY_ENV, "0")
 
 
 def compile_forward_enabled() -> bool:
@@ -426,6 +441,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
         )
     flush = flush_layers()
     info["verify_queue"] = f"every {flush} layers" if flush else "at the acceptance"
+    if early_verify_enabled():
+        info["verify_queue"] += ", before the draft is read"
     bucket = sdpa_bucket()
     info["sdpa_keys"] = f"padded to a multiple of {bucket}" if bucket else "exact length"
     return info
