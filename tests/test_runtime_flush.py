@@ -70,24 +70,3 @@ def test_queued_verify_is_bit_equal_to_one_queue(fitted_pairs, monkeypatch):
 def test_greedy_dflash_with_a_queued_verify_equals_plain(every, fitted_pairs, monkeypatch):
     monkeypatch.setenv(select.FLUSH_LAYERS_ENV, every)
     assert_fitted_greedy_dflash_equals_plain(fitted_pairs, [24, 17, 30])
-
-
-def test_early_verify_reads_the_environment(monkeypatch):
-    monkeypatch.delenv(select.EARLY_VERIFY_ENV, raising=False)
-    monkeypatch.delenv(select.FLUSH_LAYERS_ENV, raising=False)
-    assert not select.early_verify_enabled()
-    assert "verify queued at the acceptance;" in select.summary()
-    monkeypatch.setenv(select.EARLY_VERIFY_ENV, "1")
-    assert select.early_verify_enabled()
-    assert "verify queued at the acceptance, before the draft is read" in select.summary()
-    monkeypatch.setenv(select.EARLY_VERIFY_ENV, "soon")
-    with pytest.raises(UsageError, match="HF2Q_EARLY_VERIFY='soon' must be 0 or 1"):
-        select.early_verify_enabled()
-
-
-def test_greedy_dflash_with_the_verify_queued_before_the_draft_is_read(fitted_pairs, monkeypatch):
-    """Synchronous rounds (lagged ones off), single and batched; with lookup drafts:
-    tests/test_runtime_lookup.py."""
-    monkeypatch.setenv(select.EARLY_VERIFY_ENV, "1")
-    monkeypatch.setenv(select.LAGGED_ROUNDS_ENV, "0")
-    assert_fitted_greedy_dflash_equals_plain(fitted_pairs, [24, 17])

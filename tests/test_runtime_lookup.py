@@ -97,23 +97,6 @@ def test_greedy_dflash_with_lookup_equals_plain_decoding(demo, plain64):
     assert sum(r.lookup_rounds for r in batched.requests) > 0
 
 
-def test_greedy_lookup_rounds_with_the_verify_queued_early_equal_plain(demo, plain64, monkeypatch):
-    # HF2Q_EARLY_VERIFY=1: a synchronous round queues its verify before reading the draft.
-    from hf2q.kernels import select
-    from hf2q.runtime.dflash import dflash_generate, run
-    from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
-
-    monkeypatch.setenv(select.EARLY_VERIFY_ENV, "1")
-    pair, prompts = demo
-    t, d = pair.target, pair.drafter
-    for i, (p, plain) in enumerate(zip(prompts[:2], plain64)):
-        s = run(dflash_generate(t, d, p, max_tokens=64, lookup=True, lagged=False))
-        assert s.tokens == plain, f"prompt {i}"
-    reqs = [Request(p, max_tokens=64) for p in prompts]
-    batched = run_slots(slots_dflash_generate(t, d, reqs, slots=3, lookup=True, lagged=False))
-    assert [r.tokens for r in batched.requests] == plain64
-
-
 def test_lookup_cuts_the_rounds_of_the_looping_prompt(demo):
     """The fibonacci prompt's greedy continuation repeats a loop the drafter misses."""
     from hf2q.runtime.dflash import dflash_generate, run

@@ -89,12 +89,8 @@ LAGGED_ROUNDS_ENV = "HF2Q_LAGGED_ROUNDS"
 
 #: HF2Q_LAGGED_LOOKUP=1: with lookup drafts too (the CLI's default), rounds are lagged while
 #: every sequence drafts with the drafter and synchronous while one's lookup proposal is due
-#: (default off until measured on a GPU).
+#: (default off: slower on the H200 and on CPUs).
 LAGGED_LOOKUP_ENV = "HF2Q_LAGGED_LOOKUP"
-
-#: HF2Q_EARLY_VERIFY=1: a synchronous DFlash round queues its verify as soon as the verify's graph
-#: is built, before it waits for the draft (default off until measured on a GPU).
-EARLY_VERIFY_ENV = "HF2Q_EARLY_VERIFY"
 
 #: HF2Q_ROLLBACK_KERNEL=0: a verify's Gated-DeltaNet rollback runs per layer with ops instead of
 #: one launch of :mod:`hf2q.kernels.cuda_rollback` for all layers (CUDA only; default on there).
@@ -221,8 +217,9 @@ def lagged_lookup_enabled() -> bool:
     """Whether lookup drafting (``lookup=True``) keeps lagged rounds where they are on
     (``HF2Q_LAGGED_LOOKUP=1``): a lookup proposal needs the sequence's latest tokens, so the
     rounds turn synchronous while any sequence's lookup proposal is due
-    (``LookupChooser.proposal``) and lagged again when none is. Off by default: not measured
-    on a GPU yet (lookup with synchronous rounds only)."""
+    (``LookupChooser.proposal``) and lagged again when none is. Off by default: slower on the
+    H200 too (docs/BENCHMARKS.md, session 18: the demo pair's looping prompt, DFlash 0.468 ms a
+    token with synchronous lookup rounds against 0.579 with this, alternating in one process)."""
     return _flag(LAGGED_LOOKUP_ENV, "0")
 
 
@@ -232,20 +229,9 @@ def lagged_for(lookup: bool) -> bool:
     return lagged_rounds_enabled() and (not lookup or lagged_lookup_enabled())
 
 
-def early_verify_enabled() -> bool:
-    """Whether a synchronous DFlash round (lookup drafts, or lagged rounds off) hands its verify
-    to MLX (``mx.async_eval``) as soon as the graph is built, before waiting for the draft
-    (``HF2Q_EARLY_VERIFY=1``). Values are the same either way; what changes is when the host
-    encodes the verify's kernels: on a GPU, while the device still computes the draft, instead
-    of after. On MLX's CPU backend ``mx.async_eval`` computes before it returns, so there the
-    round's time split would count the verify as drafting. Off by default until measured.
-    """
-    return _flag(EARLY_VERIFY_ENV, "0")
-
-
 def compile_forward_enabled() -> bool:
     """Whether plain decoding steps run as one compiled graph (``HF2Q_COMPILE_FORWARD=1``; where
-    the layer runners run, i.e. CUDA; off by default until measured on a GPU)."""
+    the layer runners run, i.e. CUDA; off by default: no faster on the H200, session 16)."""
     return _flag(COMPILE_FORWARD_ENV, "0")
 
 
@@ -441,8 +427,6 @@ def describe(attn: object | None = None) -> dict[str, str]:
         )
     flush = flush_layers()
     info["verify_queue"] = f"every {flush} layers" if flush else "at the acceptance"
-    if early_verify_enabled():
-        info["verify_queue"] += ", before the draft is read"
     bucket = sdpa_bucket()
     info["sdpa_keys"] = f"padded to a multiple of {bucket}" if bucket else "exact length"
     return info

@@ -37,7 +37,6 @@ from hf2q.kernels.forward import CompiledDecode
 from hf2q.kernels.layers import decode_layer_fn, prefill_layer_fn
 from hf2q.kernels.select import (
     compile_forward_enabled,
-    early_verify_enabled,
     fuse_proj_enabled,
     lagged_for,
     row_attention_enabled,
@@ -408,7 +407,6 @@ def _dflash(
         mx.async_eval(draft)
         return draft, q, bs, "drafter"
 
-    early = early_verify_enabled()
     hist = [0] * B
     n_rounds = sum_a = sum_drafted = 0
     t_draft_sum = t_verify_sum = t_roll_sum = 0.0
@@ -431,8 +429,6 @@ def _dflash(
             if source == "lookup":  # a deterministic proposal: all of q's mass on each token
                 q = point_masses(draft, vlogits.shape[-1])
             a_arr, bonus_arr = accept_rejection(draft, q, probs(vlogits[0], sampling), keys.next())
-        if early:  # the verify is encoded while the device may still compute the draft
-            mx.async_eval(a_arr, bonus_arr)
         mx.eval(draft)
         t1 = time.perf_counter()
         mx.eval(a_arr, bonus_arr)

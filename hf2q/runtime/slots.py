@@ -44,7 +44,7 @@ import mlx.core as mx
 
 from hf2q.errors import UsageError
 from hf2q.kernels.layers import decode_layer_fn
-from hf2q.kernels.select import early_verify_enabled, lagged_for, small_mm_enabled
+from hf2q.kernels.select import lagged_for, small_mm_enabled
 from hf2q.runtime.cache import make_target_cache
 from hf2q.runtime.dflash import (
     PREFILL_STEP_SIZE,
@@ -700,7 +700,6 @@ def _dflash_slots(
             c.lagged = False
         ctx_len = [int(v) for v in ctx_len.tolist()] if isinstance(ctx_len, mx.array) else ctx_len
 
-    early = early_verify_enabled()
     pending = None  # the next round's queued draft (same rows), or None
     while True:
         # -- fill idle rows from the queue (each request prefilled alone) ----------------------
@@ -771,8 +770,6 @@ def _dflash_slots(
         vin = mx.concatenate([mx.array(last, dtype=mx.int32)[:, None], draft], axis=1)  # (R, bs)
         vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
         a_arr, bonus_arr = accept(draft, q_rows, vlogits, [b - 1 for b in bs_row])
-        if early:  # the verify is encoded while the device may still compute the draft
-            mx.async_eval(a_arr, bonus_arr)
         mx.eval(draft)
         t1 = time.perf_counter()
         mx.eval(a_arr, bonus_arr)
