@@ -88,10 +88,18 @@ def test_rollback_kernel_compiles_for_sm90_without_spills(tmp_path: Path, layers
 
 @pytest.mark.parametrize("kind", ["single", "add", "grouped2", "grouped4"])
 @pytest.mark.parametrize(
-    "mt,nb,warps,unroll", [(1, 4, 8, 1), (1, 2, 8, 1), (4, 4, 8, 4), (8, 2, 8, 1)]
+    "mt,nb,warps,unroll,parts",
+    [
+        (1, 4, 8, 1, 1),
+        (1, 2, 8, 1, 1),
+        (4, 4, 8, 4, 1),
+        (8, 2, 8, 1, 1),
+        (4, 4, 8, 4, 4),
+        (8, 2, 8, 1, 2),
+    ],
 )
 def test_small_mm_kernels_compile_for_sm90_without_spills(
-    tmp_path: Path, kind, mt, nb, warps, unroll
+    tmp_path: Path, kind, mt, nb, warps, unroll, parts
 ):
     import cuda_emu
 
@@ -120,7 +128,7 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(
         [dt] * len(outs),
         source,
         cm._HEADER,
-        [("T", dt), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll)],
+        [("T", dt), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll), ("P", parts)],
     )
     _assert_compiles_without_spills(tmp_path, name, src)
 
