@@ -56,7 +56,7 @@ def _time(make_ops, reps: int) -> dict:
     }
 
 
-def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool, parts: bool = False) -> dict:
+def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool) -> dict:
     """What to time: name -> function building one node per weight."""
     M = x.shape[0]
     kinds = {
@@ -70,16 +70,6 @@ def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool, parts: bool = False) -
     if supported(x, ws[0]) is not None:
         return kinds
     kinds["hf2q_small_mm"] = lambda: [small_matmul_cuda(x, w) for w in ws]
-    if parts:  # the default launch shape with P column partitions per thread block
-        from hf2q.kernels.cuda_matmul import launch_shape
-
-        _, nb, warps, unroll = launch_shape(M, x.shape[1], ws[0].shape[0])
-        for p in (1, 2, 4):
-            if ws[0].shape[0] % (8 * nb * p) == 0:
-                t = (nb, warps, unroll, p)
-                kinds[f"hf2q_small_mm_parts{p}"] = lambda t=t: [
-                    small_matmul_cuda(x, w, tune=t) for w in ws
-                ]
     if tune:  # launch shapes: (column blocks per thread block, warps, chunk-loop unrolling)
         for nb in (1, 2, 4):
             for warps in (2, 4, 8):
@@ -102,11 +92,6 @@ def main() -> None:
     ap.add_argument(
         "--tune", action="store_true", help="also time every launch shape of the kernel"
     )
-    ap.add_argument(
-        "--parts",
-        action="store_true",
-        help="also time the default launch shape with 1, 2 and 4 column partitions per block",
-    )
     ap.add_argument("--out")
     args = ap.parse_args()
     dtype = getattr(mx, args.dtype)
@@ -125,7 +110,7 @@ def main() -> None:
         for M in rows_list:
             x = mx.random.normal((M, K)).astype(dtype)
             mx.eval(x)
-            kinds = _kinds(x, ws, cuda, args.tune, args.parts)
+            kinds = _kinds(x, ws, cuda, args.tune)
             for kind, make in kinds.items():
                 r = {"K": K, "N": N, "rows": M, "kind": kind, **_time(make, args.reps)}
                 if kind != "add":

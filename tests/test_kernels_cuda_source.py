@@ -88,18 +88,10 @@ def test_rollback_kernel_compiles_for_sm90_without_spills(tmp_path: Path, layers
 
 @pytest.mark.parametrize("kind", ["single", "add", "grouped2", "grouped4"])
 @pytest.mark.parametrize(
-    "mt,nb,warps,unroll,parts",
-    [
-        (1, 4, 8, 1, 1),
-        (1, 2, 8, 1, 1),
-        (4, 4, 8, 4, 1),
-        (8, 2, 8, 1, 1),
-        (4, 4, 8, 4, 4),
-        (8, 2, 8, 1, 2),
-    ],
+    "mt,nb,warps,unroll", [(1, 4, 8, 1), (1, 2, 8, 1), (4, 4, 8, 4), (8, 2, 8, 1)]
 )
 def test_small_mm_kernels_compile_for_sm90_without_spills(
-    tmp_path: Path, kind, mt, nb, warps, unroll, parts
+    tmp_path: Path, kind, mt, nb, warps, unroll
 ):
     import cuda_emu
 
@@ -128,7 +120,7 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(
         [dt] * len(outs),
         source,
         cm._HEADER,
-        [("T", dt), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll), ("P", parts)],
+        [("T", dt), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll)],
     )
     _assert_compiles_without_spills(tmp_path, name, src)
 

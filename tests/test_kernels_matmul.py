@@ -85,36 +85,6 @@ def test_emulated_kernel_many_rows_launch_keeps_each_rows_bits(emulated):
         assert mx.array_equal(y[-1:], cm.small_matmul_cuda(x[rows - 1 : rows], w))
 
 
-@pytest.mark.parametrize("parts", [2, 4])
-def test_emulated_kernel_column_partitions_keep_each_rows_bits(emulated, parts):
-    # HF2Q_MM_PARTS: P partitions of the K-part warps per thread block add the same sums in the
-    # same order as one partition, so every value keeps its bits (here 3 and 5 m-tiles).
-    x, w = _inputs(80, 512, 64, mx.bfloat16, seed=11)
-    for rows, nb, unroll in ((40, 2, 4), (80, 2, 1)):
-        one = cm.small_matmul_cuda(x[:rows], w, tune=(nb, 4, unroll, 1))
-        got = cm.small_matmul_cuda(x[:rows], w, tune=(nb, 4, unroll, parts))
-        assert mx.array_equal(got, one), f"{rows} rows, {parts} partitions"
-        _assert_rounded_product(got, x[:rows], w)
-        assert mx.array_equal(got[-1:], cm.small_matmul_cuda(x[rows - 1 : rows], w))
-
-
-def test_column_partitions_setting(monkeypatch):
-    cm.default_parts.cache_clear()
-    monkeypatch.setenv(cm.PARTS_ENV, "2")
-    try:
-        assert cm.parts_for(4, 9216, 4, 8) == 2
-        assert cm.parts_for(2, 9216, 2, 8) == 1  # two m-tiles or fewer: one partition
-        assert cm.parts_for(4, 48, 4, 8) == 1  # the columns do not split
-        cm.default_parts.cache_clear()
-        monkeypatch.setenv(cm.PARTS_ENV, "3")
-        with pytest.raises(UsageError, match="HF2Q_MM_PARTS='3' must be 1, 2 or 4"):
-            cm.default_parts()
-    finally:
-        cm.default_parts.cache_clear()
-    monkeypatch.delenv(cm.PARTS_ENV)
-    assert cm.parts_for(8, 9216, 2, 8) == 1
-
-
 def test_emulated_kernel_rows_are_independent_of_the_batch(emulated):
     x, w = _inputs(16, 256, 32, mx.bfloat16, seed=2)
     batch = cm.small_matmul_cuda(x, w)
@@ -341,18 +311,6 @@ def test_cuda_kernel_rows_are_bit_equal_whatever_the_batch():
     for n in (1, 16, 32):
         part = cm.small_matmul_cuda(x[:n], w)
         assert mx.array_equal(part, full[:n])
-
-
-@cuda_only
-@pytest.mark.parametrize("rows", [64, 128])
-def test_cuda_column_partitions_keep_the_bits(rows):
-    x, w = _inputs(rows, 2560, 9216, mx.bfloat16, seed=rows)
-    mt, nb, warps, unroll = cm.launch_shape(rows, 2560, 9216)
-    one = cm.small_matmul_cuda(x, w, tune=(nb, warps, unroll, 1))
-    for parts in (2, 4):
-        got = cm.small_matmul_cuda(x, w, tune=(nb, warps, unroll, parts))
-        assert mx.array_equal(got, one), f"{parts} partitions"
-    assert mx.array_equal(one[:1], cm.small_matmul_cuda(x[:1], w))
 
 
 @cuda_only

@@ -79,9 +79,8 @@ template <> struct Hf2qMma<__half> {
 };
 """
 
-# Template arguments: T (bf16/fp16), MT (m-tiles of 16 rows), NB (8-column blocks per warp),
-# WARPS (K parts), U (unrolling of the chunk loop), P (column partitions per thread block: P x
-# WARPS warps, each partition its own 8 * NB columns; the same sums, in the same order). Inputs x (..., K) with M rows in all and w (N, K),
+# Template arguments: T (bf16/fp16), MT (m-tiles of 16 rows), NB (8-column blocks per thread
+# block), WARPS, U (unrolling of the chunk loop). Inputs x (..., K) with M rows in all and w (N, K),
 # both row-contiguous; output y (..., N).
 _ROWS = r"""
   const int K = x_shape[x_ndim - 1];
@@ -94,9 +93,7 @@ _ROWS = r"""
 # written by ``store(index, float32 sum)``.
 _BODY = r"""
   const int lane = threadIdx.x & 31;
-  const int warp = (threadIdx.x >> 5) % WARPS;  // the K part: chunks warp, warp + WARPS, ...
-  const int part = (threadIdx.x >> 5) / WARPS;  // the column partition (P of them per block)
-  const int nc = n0 + part * (8 * NB);          // this warp's first column
+  const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
   const int t = lane & 3;
   float acc[MT][NB][4];
@@ -114,7 +111,7 @@ _BODY = r"""
     unsigned wv[NB][8];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
-      const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)(nc + nb * 8 + g) * K + kb);
+      const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)(n0 + nb * 8 + g) * K + kb);
       const uint4 lo = wp[0];
       const uint4 hi = wp[1];
       wv[nb][0] = lo.x; wv[nb][1] = lo.y; wv[nb][2] = lo.z; wv[nb][3] = lo.w;
@@ -155,67 +152,37 @@ _BODY = r"""
       const int nb = (s / 4) % NB;
       const int e = s % 4;
       const int row = mt * 16 + g + (e >= 2 ? 8 : 0);
-      const int col = nc + nb * 8 + 2 * t + (e & 1);
+      const int col = n0 + nb * 8 + 2 * t + (e & 1);
       if (row < M) store((size_t)row * N + col, acc[mt][nb][e]);
     }
     return;
   }
-  // Per K part (one partition), or per partition (running sums over the K parts).
-  __shared__ float red[P > 1 ? P : WARPS][SLOTS][32];
-  if (P > 1) {
-    // Partitions: each adds its K parts' sums in warp order into one running sum per slot,
-    // ((0 + s0) + s1) + ..., the additions the single-partition reduction below makes.
-    for (int ww = 0; ww < WARPS; ++ww) {
-      if (warp == ww) {
+  __shared__ float red[WARPS][SLOTS][32];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int nb = 0; nb < NB; ++nb)
+    for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              float* r = &red[part][(mt * NB + nb) * 4 + e][lane];
-              *r = (ww == 0 ? 0.0f : *r) + acc[mt][nb][e];
-            }
-      }
-      __syncthreads();
-    }
-    for (int i = threadIdx.x; i < P * SLOTS * 32; i += P * WARPS * 32) {
-      const int pp = i / (SLOTS * 32);
-      const int s = (i / 32) % SLOTS;
-      const int ln = i % 32;
-      const int mt = s / (NB * 4);
-      const int row = mt * 16 + (ln >> 2) + ((s % 4) >= 2 ? 8 : 0);
-      if (row >= M) continue;
-      const int col = n0 + pp * (8 * NB) + ((s / 4) % NB) * 8 + 2 * (ln & 3) + (s & 1);
-      store((size_t)row * N + col, red[pp][s][ln]);
-    }
-  } else {
+      for (int e = 0; e < 4; ++e) red[warp][(mt * NB + nb) * 4 + e][lane] = acc[mt][nb][e];
+  __syncthreads();
+  for (int i = threadIdx.x; i < SLOTS * 32; i += WARPS * 32) {
+    const int s = i / 32;
+    const int ln = i % 32;
+    const int mt = s / (NB * 4);
+    const int row = mt * 16 + (ln >> 2) + ((s % 4) >= 2 ? 8 : 0);
+    if (row >= M) continue;
+    float sum = 0.0f;
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) red[warp][(mt * NB + nb) * 4 + e][lane] = acc[mt][nb][e];
-    __syncthreads();
-    for (int i = threadIdx.x; i < SLOTS * 32; i += WARPS * 32) {
-      const int s = i / 32;
-      const int ln = i % 32;
-      const int mt = s / (NB * 4);
-      const int row = mt * 16 + (ln >> 2) + ((s % 4) >= 2 ? 8 : 0);
-      if (row >= M) continue;
-      float sum = 0.0f;
-#pragma unroll
-      for (int ww = 0; ww < WARPS; ++ww) sum += red[ww][s][ln];
-      const int col = n0 + ((s / 4) % NB) * 8 + 2 * (ln & 3) + (s & 1);
-      store((size_t)row * N + col, sum);
-    }
+    for (int ww = 0; ww < WARPS; ++ww) sum += red[ww][s][ln];
+    const int col = n0 + ((s / 4) % NB) * 8 + 2 * (ln & 3) + (s & 1);
+    store((size_t)row * N + col, sum);
   }
 """
 
 
 _SINGLE = r"""
   const int N = w_shape[0];
-  const int n0 = blockIdx.x * (8 * NB * P);
+  const int n0 = blockIdx.x * (8 * NB);
 """
 _STORE = r"""
   auto store = [&](size_t i, float v) { y[i] = Hf2qMma<T>::to(v); };
@@ -248,11 +215,11 @@ def grouped_source(groups: int) -> str:
     ]
     for i in range(groups):
         lines.append("  if (w == nullptr) {")
-        lines.append(f"    const int nb{i} = w{i}_shape[0] / (8 * NB * P);")
+        lines.append(f"    const int nb{i} = w{i}_shape[0] / (8 * NB);")
         lines.append(f"    if (blk < nb{i}) {{ w = w{i}; y = y{i}; N = w{i}_shape[0]; }}")
         lines.append(f"    else blk -= nb{i};")
         lines.append("  }")
-    lines.append("  const int n0 = blk * (8 * NB * P);")
+    lines.append("  const int n0 = blk * (8 * NB);")
     return _ROWS + "\n".join(lines) + "\n" + _STORE + _BODY
 
 
@@ -335,75 +302,34 @@ def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
     return mt, nb, warps, unroll
 
 
-#: HF2Q_MM_PARTS=P (1, 2 or 4): launches of three m-tiles or more (more than 32 rows) run P
-#: column partitions per thread block (default 1). Why: at many rows each thread block reads all
-#: of ``x`` for its few columns (``rows / (8 * NB)`` times the weight's bytes, from L2), and warps
-#: of one block that read the same ``x`` may share it in L1. Same bits whatever P.
-PARTS_ENV = "HF2Q_MM_PARTS"
-
-
-@cache
-def default_parts() -> int:
-    """``HF2Q_MM_PARTS`` (read once per process): column partitions for launches of 3+ m-tiles."""
-    import os
-
-    raw = os.environ.get(PARTS_ENV, "1").strip() or "1"
-    if raw not in ("1", "2", "4"):
-        from hf2q.errors import UsageError
-
-        raise UsageError(f"{PARTS_ENV}={raw!r} must be 1, 2 or 4: unset it or fix it")
-    return int(raw)
-
-
-def parts_for(mt: int, N: int, nb: int, warps: int) -> int:
-    """Column partitions for a launch of ``mt`` m-tiles: :func:`default_parts` where it divides
-    the column blocks (3+ m-tiles, several K parts), else 1."""
-    p = default_parts()
-    if p > 1 and mt >= 3 and warps > 1 and N % (8 * nb * p) == 0:
-        return p
-    return 1
-
-
 def small_matmul_cuda(
     x: mx.array,
     w: mx.array,
     *,
-    tune: tuple[int, ...] | None = None,
+    tune: tuple[int, int, int] | None = None,
     add: mx.array | None = None,
 ) -> mx.array:
     """``x @ w.T`` in one tensor-core launch; see :func:`supported` for what it takes.
 
-    ``tune`` overrides :func:`launch_shape`'s (column blocks, warps, unrolling) and, as a fourth
-    value, the column partitions (:func:`parts_for`), for tuning: every choice computes the same
-    values up to float32 summation order (a row's bits are the same across row counts and
-    partitions for one choice of ``warps``). ``add``: an array of the output's shape and dtype
-    added in the same launch (``x @ w.T + add`` with the bits of the two steps).
+    ``tune`` overrides :func:`launch_shape`'s (column blocks, warps, unrolling), for tuning:
+    every choice computes the same values up to float32 summation order (a row's bits are the
+    same across row counts for one choice of ``warps``). ``add``: an array of the output's shape
+    and dtype added in the same launch (``x @ w.T + add`` with the bits of the two steps).
     """
     K, N = w.shape[1], w.shape[0]
     rows = math.prod(x.shape[:-1])
     mt, nb, warps, unroll = launch_shape(rows, K, N)
-    parts = parts_for(mt, N, nb, warps)
     if tune is not None:
-        nb, warps, unroll = tune[:3]
-        parts = tune[3] if len(tune) > 3 else 1
-    if N % (8 * nb * parts):
-        raise ValueError(f"N={N} is not a multiple of {8 * nb * parts} (8 x {nb} x {parts})")
+        nb, warps, unroll = tune
     if add is not None and (add.shape != (*x.shape[:-1], N) or add.dtype != x.dtype):
         raise ValueError(
             f"addend {add.shape} {add.dtype} is not the output's {x.shape[:-1]}+({N},)"
         )
     (y,) = (_kernel() if add is None else _add_kernel())(
         inputs=[x, w] if add is None else [x, w, add],
-        template=[
-            ("T", x.dtype),
-            ("MT", mt),
-            ("NB", nb),
-            ("WARPS", warps),
-            ("U", unroll),
-            ("P", parts),
-        ],
-        grid=((N // (8 * nb * parts)) * 32 * warps * parts, 1, 1),
-        threadgroup=(32 * warps * parts, 1, 1),
+        template=[("T", x.dtype), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll)],
+        grid=((N // (8 * nb)) * 32 * warps, 1, 1),
+        threadgroup=(32 * warps, 1, 1),
         output_shapes=[(*x.shape[:-1], N)],
         output_dtypes=[x.dtype],
     )
@@ -444,14 +370,7 @@ def grouped_matmul_cuda(x: mx.array, ws: list[mx.array]) -> list[mx.array]:
     blocks = sum(w.shape[0] // (8 * nb) for w in ws)
     return _grouped_kernel(len(ws))(
         inputs=[x, *ws],
-        template=[
-            ("T", x.dtype),
-            ("MT", mt),
-            ("NB", nb),
-            ("WARPS", warps),
-            ("U", unroll),
-            ("P", 1),
-        ],
+        template=[("T", x.dtype), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll)],
         grid=(blocks * 32 * warps, 1, 1),
         threadgroup=(32 * warps, 1, 1),
         output_shapes=[(*x.shape[:-1], w.shape[0]) for w in ws],
