@@ -69,9 +69,7 @@ def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool) -> dict:
 
     if supported(x, ws[0]) is not None:
         return kinds
-    kinds["hf2q_small_mm"] = lambda: [small_matmul_cuda(x, w, min_blocks=0) for w in ws]
-    if M > 32:  # 3+ m-tiles: compiled for two blocks per SM (HF2Q_MM_MIN_BLOCKS=2)
-        kinds["hf2q_small_mm_b2"] = lambda: [small_matmul_cuda(x, w, min_blocks=2) for w in ws]
+    kinds["hf2q_small_mm"] = lambda: [small_matmul_cuda(x, w) for w in ws]
     if tune:  # launch shapes: (column blocks per thread block, warps, chunk-loop unrolling)
         for nb in (1, 2, 4):
             for warps in (2, 4, 8):

@@ -125,32 +125,7 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(
     _assert_compiles_without_spills(tmp_path, name, src)
 
 
-@pytest.mark.parametrize("mt,nb,unroll", [(3, 4, 4), (4, 4, 4), (5, 2, 1), (8, 2, 1)])
-def test_small_mm_two_blocks_per_sm_build_fits_128_registers(tmp_path: Path, mt, nb, unroll):
-    # HF2Q_MM_MIN_BLOCKS=2: the bound on MLX's own kernel declaration takes effect.
-    import cuda_emu
-
-    from hf2q.kernels import cuda_matmul as cm
-
-    dt = mx.bfloat16
-    src = cuda_emu.mlx_cuda_source(
-        "hf2q_small_mm_b2",
-        ["x", "w"],
-        [dt, dt],
-        [2, 2],
-        ["y"],
-        [dt],
-        cm._SOURCE,
-        cm._BOUNDED + cm._HEADER,
-        [("T", dt), ("MT", mt), ("NB", nb), ("WARPS", 8), ("U", unroll)],
-    )
-    report = _compile_report(tmp_path, "hf2q_small_mm_b2", src)
-    regs = int(re.search(r"Used (\d+) registers", report).group(1))
-    assert regs <= 128, report
-
-
-def _compile_report(tmp_path: Path, name: str, src: str) -> str:
-    """ptxas's report of compiling ``src`` for sm_90a (warnings are errors)."""
+def _assert_compiles_without_spills(tmp_path: Path, name: str, src: str) -> None:
     cu = tmp_path / f"{name}.cu"
     cu.write_text(src)
     res = subprocess.run(
@@ -171,11 +146,7 @@ def _compile_report(tmp_path: Path, name: str, src: str) -> str:
         text=True,
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    return res.stderr
-
-
-def _assert_compiles_without_spills(tmp_path: Path, name: str, src: str) -> None:
-    report = _compile_report(tmp_path, name, src)
+    report = res.stderr
     assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report), (
         report
     )

@@ -32,7 +32,7 @@ def emulated(monkeypatch, tmp_path):
     kern = cuda_emu.EmulatedKernel(
         "hf2q_small_mm", ["x", "w"], ["y"], cm._SOURCE, cm._HEADER, workdir=tmp_path
     )
-    monkeypatch.setattr(cm, "_kernel", lambda bounded=False: kern)
+    monkeypatch.setattr(cm, "_kernel", lambda: kern)
     return kern
 
 
@@ -145,7 +145,7 @@ def test_emulated_residual_in_the_launch_has_the_bits_of_the_two_steps(
     add = cuda_emu.EmulatedKernel(
         "hf2q_small_mm_add", ["x", "w", "r"], ["y"], cm._SOURCE_ADD, cm._HEADER, workdir=tmp_path
     )
-    monkeypatch.setattr(cm, "_add_kernel", lambda bounded=False: add)
+    monkeypatch.setattr(cm, "_add_kernel", lambda: add)
     x, w = _inputs(5, 256, 64, dtype, seed=8)
     r = mx.random.normal((5, 64)).astype(dtype)
     assert mx.array_equal(cm.small_matmul_cuda(x, w, add=r), cm.small_matmul_cuda(x, w) + r)
@@ -311,31 +311,6 @@ def test_cuda_kernel_rows_are_bit_equal_whatever_the_batch():
     for n in (1, 16, 32):
         part = cm.small_matmul_cuda(x[:n], w)
         assert mx.array_equal(part, full[:n])
-
-
-@cuda_only
-@pytest.mark.parametrize("rows", [48, 64, 128])
-def test_cuda_two_blocks_per_sm_keep_the_bits(rows):
-    # HF2Q_MM_MIN_BLOCKS=2: launches of 3+ m-tiles compiled for two blocks per SM.
-    x, w = _inputs(rows, 2560, 9216, mx.bfloat16, seed=rows)
-    r = mx.random.normal((rows, 9216)).astype(mx.bfloat16)
-    assert mx.array_equal(
-        cm.small_matmul_cuda(x, w, min_blocks=2), cm.small_matmul_cuda(x, w, min_blocks=0)
-    )
-    assert mx.array_equal(
-        cm.small_matmul_cuda(x, w, add=r, min_blocks=2),
-        cm.small_matmul_cuda(x, w, add=r, min_blocks=0),
-    )
-
-
-def test_min_blocks_setting(monkeypatch):
-    monkeypatch.delenv(cm.MIN_BLOCKS_ENV, raising=False)
-    assert cm.min_blocks_setting() == 0
-    monkeypatch.setenv(cm.MIN_BLOCKS_ENV, "2")
-    assert cm.min_blocks_setting() == 2
-    monkeypatch.setenv(cm.MIN_BLOCKS_ENV, "3")
-    with pytest.raises(UsageError, match="HF2Q_MM_MIN_BLOCKS='3' must be 0 or 2"):
-        cm.min_blocks_setting()
 
 
 @cuda_only

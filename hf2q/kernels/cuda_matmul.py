@@ -223,53 +223,25 @@ def grouped_source(groups: int) -> str:
     return _ROWS + "\n".join(lines) + "\n" + _STORE + _BODY
 
 
-#: Prepended to a kernel's header for :data:`MIN_BLOCKS_ENV`: MLX declares the kernel itself, so
-#: the bound rides on the ``__global__`` keyword of that one program (each custom kernel is
-#: compiled on its own).
-_BOUNDED = """#ifdef __global__
-#undef __global__
-#define __global__ __location__(global) __launch_bounds__(256, 2)
-#endif
-"""
-
-#: HF2Q_MM_MIN_BLOCKS=2: launches of three m-tiles or more (more than 32 rows) are compiled for two
-#: 256-thread blocks per SM (at most 128 registers a thread) instead of the 130-255 registers
-#: nvcc picks for them, which leave one block of 8 warps per SM. Same arithmetic (register
-#: allocation only), same bits. Default off until measured on a GPU.
-MIN_BLOCKS_ENV = "HF2Q_MM_MIN_BLOCKS"
-
-
-def min_blocks_setting() -> int:
-    """``HF2Q_MM_MIN_BLOCKS`` (0 or 2; 0 = as nvcc likes)."""
-    import os
-
-    raw = os.environ.get(MIN_BLOCKS_ENV, "0").strip() or "0"
-    if raw not in ("0", "1", "2"):
-        from hf2q.errors import UsageError
-
-        raise UsageError(f"{MIN_BLOCKS_ENV}={raw!r} must be 0 or 2: unset it or fix it")
-    return 2 if raw == "2" else 0
-
-
 @cache
-def _kernel(bounded: bool = False) -> Any:
+def _kernel() -> Any:
     return mx.fast.cuda_kernel(
-        name="hf2q_small_mm" + ("_b2" if bounded else ""),
+        name="hf2q_small_mm",
         input_names=["x", "w"],
         output_names=["y"],
         source=_SOURCE,
-        header=(_BOUNDED if bounded else "") + _HEADER,
+        header=_HEADER,
     )
 
 
 @cache
-def _add_kernel(bounded: bool = False) -> Any:
+def _add_kernel() -> Any:
     return mx.fast.cuda_kernel(
-        name="hf2q_small_mm_add" + ("_b2" if bounded else ""),
+        name="hf2q_small_mm_add",
         input_names=["x", "w", "r"],
         output_names=["y"],
         source=_SOURCE_ADD,
-        header=(_BOUNDED if bounded else "") + _HEADER,
+        header=_HEADER,
     )
 
 
@@ -336,7 +308,6 @@ def small_matmul_cuda(
     *,
     tune: tuple[int, int, int] | None = None,
     add: mx.array | None = None,
-    min_blocks: int | None = None,
 ) -> mx.array:
     """``x @ w.T`` in one tensor-core launch; see :func:`supported` for what it takes.
 
@@ -344,8 +315,6 @@ def small_matmul_cuda(
     every choice computes the same values up to float32 summation order (a row's bits are the
     same across row counts for one choice of ``warps``). ``add``: an array of the output's shape
     and dtype added in the same launch (``x @ w.T + add`` with the bits of the two steps).
-    ``min_blocks``: 2 compiles launches of 3+ m-tiles for two blocks per SM, 0 not (default:
-    :data:`MIN_BLOCKS_ENV`); the same bits either way.
     """
     K, N = w.shape[1], w.shape[0]
     rows = math.prod(x.shape[:-1])
@@ -356,9 +325,7 @@ def small_matmul_cuda(
         raise ValueError(
             f"addend {add.shape} {add.dtype} is not the output's {x.shape[:-1]}+({N},)"
         )
-    mb = min_blocks_setting() if min_blocks is None else min_blocks
-    bounded = mb == 2 and mt >= 3 and 32 * warps <= 256
-    (y,) = (_kernel(bounded) if add is None else _add_kernel(bounded))(
+    (y,) = (_kernel() if add is None else _add_kernel())(
         inputs=[x, w] if add is None else [x, w, add],
         template=[("T", x.dtype), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll)],
         grid=((N // (8 * nb)) * 32 * warps, 1, 1),
