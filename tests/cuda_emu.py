@@ -3,7 +3,7 @@
 What it does: wrap a kernel body exactly the way MLX's CUDA backend does (inputs as ``const T*``,
 outputs as ``T*``, template arguments as ``constexpr`` / ``using`` lines at the top of the body),
 prepend a small C++ prelude that provides the CUDA pieces the hf2q kernels use (``blockIdx``,
-``threadIdx``, ``__shared__``, ``__syncthreads``, ``__shfl_xor_sync``, ``__shfl_sync``, ``float4``, bf16/fp16
+``blockDim``, ``threadIdx``, ``__shared__``, ``__syncthreads``, ``__shfl_xor_sync``, ``__shfl_sync``, ``float4``, bf16/fp16
 conversions with round-to-nearest-even), compile it with the host C++ compiler, and run every
 thread of a block as an OS thread (blocks one after another) so barriers and warp shuffles behave
 as on a GPU. :func:`emulated_kernel` returns an object called like the result of
@@ -47,6 +47,7 @@ using std::min;
 using std::max;
 struct hf2q_dim3 { unsigned x, y, z; };
 static hf2q_dim3 blockIdx;
+static hf2q_dim3 blockDim;
 static thread_local hf2q_dim3 threadIdx;
 static std::barrier<>* hf2q_block_barrier = nullptr;
 static std::vector<std::barrier<>*> hf2q_warp_barriers;
@@ -197,6 +198,7 @@ def _wrap(name: str, params: list[tuple[str, str]], source: str, header: str, te
     ]
     src += f"""
 extern "C" void hf2q_launch(void** p, int bx, int by, int bz, int tx) {{
+  blockDim = hf2q_dim3{{(unsigned)tx, 1u, 1u}};
   std::barrier<> block_barrier(tx);
   hf2q_block_barrier = &block_barrier;
   std::vector<std::barrier<>*> warps;

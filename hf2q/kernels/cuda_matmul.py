@@ -302,6 +302,31 @@ def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
     return mt, nb, warps, unroll
 
 
+#: HF2Q_MM_TILED=1: products of more than 64 rows run :mod:`hf2q.kernels.cuda_tiled_mm` (same
+#: bits, laid out for many rows); default off until measured on a GPU.
+TILED_ENV = "HF2Q_MM_TILED"
+
+
+@cache
+def tiled_enabled() -> bool:
+    """Whether products of more than 64 rows take the tiled kernel (``HF2Q_MM_TILED=1``, read
+    once per process: this runs for every product)."""
+    import os
+
+    raw = os.environ.get(TILED_ENV, "0").strip() or "0"
+    if raw not in ("0", "1"):
+        from hf2q.errors import UsageError
+
+        raise UsageError(f"{TILED_ENV}={raw!r} must be 0 or 1: unset it or fix it")
+    return raw == "1"
+
+
+def _tiled():
+    from hf2q.kernels import cuda_tiled_mm  # it builds on this module
+
+    return cuda_tiled_mm
+
+
 def small_matmul_cuda(
     x: mx.array,
     w: mx.array,
@@ -325,6 +350,8 @@ def small_matmul_cuda(
         raise ValueError(
             f"addend {add.shape} {add.dtype} is not the output's {x.shape[:-1]}+({N},)"
         )
+    if tune is None and rows >= _tiled().MIN_ROWS and tiled_enabled():
+        return _tiled().tiled_matmul_cuda(x, w, add=add)
     (y,) = (_kernel() if add is None else _add_kernel())(
         inputs=[x, w] if add is None else [x, w, add],
         template=[("T", x.dtype), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll)],

@@ -410,6 +410,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
     )
     if grouped_mm_enabled():
         info["small_mm"] += ", products sharing an input in one launch"
+    if small_mm_enabled() and cuda_matmul.tiled_enabled():
+        info["small_mm"] += ", tiled above 64 rows"
     info["attention"] = (
         "row-invariant kernel (bf16/fp16)" if row_attention_enabled() else "MLX attention"
     )
