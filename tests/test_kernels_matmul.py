@@ -465,6 +465,8 @@ def test_tiled_switch_routes_many_rows(emulated_tiled, monkeypatch):
         monkeypatch.setenv(cm.TILED_ENV, "0")
         cm.tiled_enabled.cache_clear()
         assert mx.array_equal(cm.small_matmul_cuda(x, w), y) and calls == [1]
+        # The tied head's columns at many rows would need 1 GB of K-part sums: not taken.
+        assert ct.takes(128, 2560, 9216) and not ct.takes(128, 2560, 248320)
         monkeypatch.setenv(cm.TILED_ENV, "yes")
         cm.tiled_enabled.cache_clear()
         with pytest.raises(UsageError, match="HF2Q_MM_TILED='yes' must be 0 or 1"):

@@ -350,7 +350,12 @@ def small_matmul_cuda(
         raise ValueError(
             f"addend {add.shape} {add.dtype} is not the output's {x.shape[:-1]}+({N},)"
         )
-    if tune is None and rows >= _tiled().MIN_ROWS and tiled_enabled():
+    if (
+        tune is None
+        and rows >= _tiled().MIN_ROWS
+        and tiled_enabled()
+        and _tiled().takes(rows, K, N)
+    ):
         return _tiled().tiled_matmul_cuda(x, w, add=add)
     (y,) = (_kernel() if add is None else _add_kernel())(
         inputs=[x, w] if add is None else [x, w, add],

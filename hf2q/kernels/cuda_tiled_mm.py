@@ -19,7 +19,8 @@ Here a block reads ``x`` once for ``BN`` = 64 columns, a warp holds 8 columns of
 accumulators at 128 rows), at the price of the K parts' float32 sums going through memory.
 
 What it does not do: anything :func:`~hf2q.kernels.cuda_matmul.supported` rejects; ``N`` must
-be a multiple of 8 (the column tile shrinks to what divides it). Off unless ``HF2Q_MM_TILED=1``
+be a multiple of 8 (the column tile shrinks to what divides it); products whose K-part sums
+would pass :data:`MAX_PART_BYTES` (:func:`takes`). Off unless ``HF2Q_MM_TILED=1``
 (:mod:`hf2q.kernels.select`): not measured on a GPU yet.
 """
 
@@ -36,6 +37,19 @@ from hf2q.kernels import cuda_matmul as cm
 #: Rows above which ``small_matmul_cuda`` hands a product to this kernel when it is on
 #: (four m-tiles and fewer stay on the small-M kernel, which matched cuBLAS there).
 MIN_ROWS = 65
+#: Most bytes of K-part sums a launch may write (a 4B-shaped layer's widest product at 128 rows:
+#: 8 x 128 x 9216 x 4 = 38 MB; the tied head's 248320 columns would need 1 GB and stay on the
+#: small-M kernel).
+MAX_PART_BYTES = 64 << 20
+
+
+def takes(rows: int, K: int, N: int) -> bool:
+    """Whether ``small_matmul_cuda`` hands this product to the tiled kernel (when it is on)."""
+    if rows < MIN_ROWS:
+        return False
+    kparts = cm.launch_shape(rows, K, N)[2]
+    return kparts * rows * N * 4 <= MAX_PART_BYTES
+
 
 # Template arguments: T (bf16/fp16), MT (m-tiles), KP (K parts: the small-M kernel's warps for this
 # K), BN (columns per thread block; BN / 8 warps). Output part (KP, M, N) float32.
