@@ -433,21 +433,22 @@ def emulated_tiled(emulated, monkeypatch, tmp_path):
     return ct
 
 
-@pytest.mark.parametrize("K,N", [(512, 64), (128, 48)])
-def test_emulated_tiled_kernel_has_the_small_kernels_bits(emulated_tiled, K, N):
+@pytest.mark.parametrize("K,N,row_counts", [(512, 32, (33, 80)), (128, 16, (70,))])
+def test_emulated_tiled_kernel_has_the_small_kernels_bits(emulated_tiled, K, N, row_counts):
     # HF2Q_MM_TILED: many rows laid out differently, every value with the small-M kernel's bits
-    # (K=512: four K parts, 64-column tiles; K=128: one K part, 16-column tiles).
+    # (K=512: four K parts, 32-column tiles; K=128: one K part, 16-column tiles).
     ct = emulated_tiled
-    x, w = _inputs(100, K, N, mx.bfloat16, seed=K)
-    r = mx.random.normal((100, N)).astype(mx.bfloat16)
-    for rows in (33, 100):
-        got = ct.tiled_matmul_cuda(x[:rows], w)
-        assert mx.array_equal(got, cm.small_matmul_cuda(x[:rows], w)), f"{rows} rows"
-        _assert_rounded_product(got, x[:rows], w)
-        added = ct.tiled_matmul_cuda(x[:rows], w, add=r[:rows])
-        assert mx.array_equal(added, cm.small_matmul_cuda(x[:rows], w, add=r[:rows]))
+    rows = max(row_counts)
+    x, w = _inputs(rows, K, N, mx.bfloat16, seed=K)
+    r = mx.random.normal((rows, N)).astype(mx.bfloat16)
+    for m in row_counts:
+        got = ct.tiled_matmul_cuda(x[:m], w)
+        assert mx.array_equal(got, cm.small_matmul_cuda(x[:m], w)), f"{m} rows"
+        _assert_rounded_product(got, x[:m], w)
+        added = ct.tiled_matmul_cuda(x[:m], w, add=r[:m])
+        assert mx.array_equal(added, cm.small_matmul_cuda(x[:m], w, add=r[:m]))
     # The last row alone (a decode step) has its bits in the many-row launch.
-    assert mx.array_equal(got[-1:], cm.small_matmul_cuda(x[99:100], w))
+    assert mx.array_equal(got[-1:], cm.small_matmul_cuda(x[rows - 1 : rows], w))
 
 
 def test_tiled_switch_routes_many_rows(emulated_tiled, monkeypatch):
