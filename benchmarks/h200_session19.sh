@@ -3,7 +3,8 @@
 # (HF2Q_MM_TILED=1, hf2q/kernels/cuda_tiled_mm.py, written without a GPU in session 18).
 # node_cost.py times it against the small-M kernel and cuBLAS at 48-128 rows of the 4B shapes;
 # the CUDA tests check its bits (and bf16 DFlash against plain decoding with it on); then the
-# random 4B-shaped pair at 1, 4, 8 slots with it off and on (one process each, same machine).
+# random 4B-shaped pair at 1, 4, 8 slots with it off and on from 33 rows (HF2Q_MM_TILED=33: the
+# 4-slot verify's 64 rows too), one process each, same machine.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
@@ -14,10 +15,10 @@ grep -v '"add"' "$OUT/node_tiled.log" | cut -c1-150
 timeout 100 python3 -m pytest -q -x -p no:cacheprovider tests/test_kernels_matmul.py \
   -k "tiled or rows_are_bit_equal" > "$OUT/cuda_tests.log" 2>&1
 echo "kernel tests exit $? $(el)"; tail -n 2 "$OUT/cuda_tests.log"
-HF2Q_MM_TILED=1 timeout 120 python3 -m pytest -q -x -p no:cacheprovider \
+HF2Q_MM_TILED=33 timeout 120 python3 -m pytest -q -x -p no:cacheprovider \
   tests/test_runtime_bf16_exact.py > "$OUT/cuda_tests_exact.log" 2>&1
 echo "bf16 exact (tiled on) exit $? $(el)"; tail -n 2 "$OUT/cuda_tests_exact.log"
-for v in 0 1; do
+for v in 0 33; do
   t=$(( ${BUDGET:-560} - ($(date +%s) - S) - 5 ))
   [ "$t" -lt 40 ] && break
   HF2Q_MM_TILED=$v timeout "$t" python3 benchmarks/slots_synthetic.py --shape 4b --slots 1,4,8 \

@@ -457,20 +457,26 @@ def test_tiled_switch_routes_many_rows(emulated_tiled, monkeypatch):
     tiled = ct.tiled_matmul_cuda
     monkeypatch.setattr(ct, "tiled_matmul_cuda", lambda *a, **k: calls.append(1) or tiled(*a, **k))
     x, w = _inputs(ct.MIN_ROWS, 128, 16, mx.bfloat16, seed=4)
-    cm.tiled_enabled.cache_clear()
+    cm.tiled_min_rows.cache_clear()
     try:
         monkeypatch.setenv(cm.TILED_ENV, "1")
         y = cm.small_matmul_cuda(x, w)
         cm.small_matmul_cuda(x[:-1], w)  # 64 rows: the small-M kernel
         assert calls == [1]
+        monkeypatch.setenv(cm.TILED_ENV, "40")  # from 40 rows on
+        cm.tiled_min_rows.cache_clear()
+        cm.small_matmul_cuda(x[:40], w)
+        cm.small_matmul_cuda(x[:39], w)
+        assert calls == [1, 1]
         monkeypatch.setenv(cm.TILED_ENV, "0")
-        cm.tiled_enabled.cache_clear()
-        assert mx.array_equal(cm.small_matmul_cuda(x, w), y) and calls == [1]
+        cm.tiled_min_rows.cache_clear()
+        assert mx.array_equal(cm.small_matmul_cuda(x, w), y) and calls == [1, 1]
         # The tied head's columns at many rows would need 1 GB of K-part sums: not taken.
         assert ct.takes(128, 2560, 9216) and not ct.takes(128, 2560, 248320)
-        monkeypatch.setenv(cm.TILED_ENV, "yes")
-        cm.tiled_enabled.cache_clear()
-        with pytest.raises(UsageError, match="HF2Q_MM_TILED='yes' must be 0 or 1"):
-            cm.tiled_enabled()
+        for bad in ("yes", "16", "129"):
+            monkeypatch.setenv(cm.TILED_ENV, bad)
+            cm.tiled_min_rows.cache_clear()
+            with pytest.raises(UsageError, match=f"HF2Q_MM_TILED='{bad}' must be 0, 1 or a row"):
+                cm.tiled_min_rows()
     finally:
-        cm.tiled_enabled.cache_clear()
+        cm.tiled_min_rows.cache_clear()

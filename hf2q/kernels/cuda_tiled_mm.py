@@ -20,8 +20,8 @@ accumulators at 128 rows), at the price of the K parts' float32 sums going throu
 
 What it does not do: anything :func:`~hf2q.kernels.cuda_matmul.supported` rejects; ``N`` must
 be a multiple of 8 (the column tile shrinks to what divides it); products whose K-part sums
-would pass :data:`MAX_PART_BYTES` (:func:`takes`). Off unless ``HF2Q_MM_TILED=1``
-(:mod:`hf2q.kernels.select`): not measured on a GPU yet.
+would pass :data:`MAX_PART_BYTES` (:func:`takes`). Off unless ``HF2Q_MM_TILED=1`` (from
+65 rows) or ``=N`` (from N rows): not measured on a GPU yet.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import mlx.core as mx
 
 from hf2q.kernels import cuda_matmul as cm
 
-#: Rows above which ``small_matmul_cuda`` hands a product to this kernel when it is on
+#: Rows from which ``small_matmul_cuda`` hands a product to this kernel with ``HF2Q_MM_TILED=1``
 #: (four m-tiles and fewer stay on the small-M kernel, which matched cuBLAS there).
 MIN_ROWS = 65
 #: Most bytes of K-part sums a launch may write (a 4B-shaped layer's widest product at 128 rows:
@@ -44,9 +44,8 @@ MAX_PART_BYTES = 64 << 20
 
 
 def takes(rows: int, K: int, N: int) -> bool:
-    """Whether ``small_matmul_cuda`` hands this product to the tiled kernel (when it is on)."""
-    if rows < MIN_ROWS:
-        return False
+    """Whether the K-part sums of this product fit :data:`MAX_PART_BYTES` (``small_matmul_cuda``
+    hands it to the tiled kernel from ``cuda_matmul.tiled_min_rows()`` rows on)."""
     kparts = cm.launch_shape(rows, K, N)[2]
     return kparts * rows * N * 4 <= MAX_PART_BYTES
 
