@@ -5,8 +5,8 @@ outputs as ``T*``, template arguments as ``constexpr`` / ``using`` lines at the 
 prepend a small C++ prelude that provides the CUDA pieces the hf2q kernels use (``blockIdx``,
 ``blockDim``, ``threadIdx``, ``__shared__``, ``__syncthreads``, ``__shfl_xor_sync``, ``__shfl_sync``, ``float4``, bf16/fp16
 conversions with round-to-nearest-even), compile it with the host C++ compiler, and run every
-thread of a block as an OS thread (blocks one after another) so barriers and warp shuffles behave
-as on a GPU. :func:`emulated_kernel` returns an object called like the result of
+thread of a block as an OS thread (blocks one after another, on the same threads) so barriers and
+warp shuffles behave as on a GPU. :func:`emulated_kernel` returns an object called like the result of
 ``mx.fast.cuda_kernel``.
 
 What it does not do: model the GPU memory system, warp divergence rules or timing; it checks the
@@ -46,7 +46,7 @@ PRELUDE = r"""
 using std::min;
 using std::max;
 struct hf2q_dim3 { unsigned x, y, z; };
-static hf2q_dim3 blockIdx;
+static thread_local hf2q_dim3 blockIdx;
 static hf2q_dim3 blockDim;
 static thread_local hf2q_dim3 threadIdx;
 static std::barrier<>* hf2q_block_barrier = nullptr;
@@ -204,22 +204,30 @@ extern "C" void hf2q_launch(void** p, int bx, int by, int bz, int tx) {{
   std::vector<std::barrier<>*> warps;
   for (int w = 0; w < (tx + 31) / 32; ++w) warps.push_back(new std::barrier<>(std::min(32, tx - 32 * w)));
   hf2q_warp_barriers = warps;
-  for (int z = 0; z < bz; ++z)
-    for (int y = 0; y < by; ++y)
-      for (int x = 0; x < bx; ++x) {{
-        blockIdx = hf2q_dim3{{(unsigned)x, (unsigned)y, (unsigned)z}};
-        std::vector<std::thread> threads;
-        for (int t = 0; t < tx; ++t)
-          threads.emplace_back([&, t]() {{
-            threadIdx = hf2q_dim3{{(unsigned)t, 0u, 0u}};
+  // One OS thread per thread of a block, each running every block in turn; a barrier between
+  // blocks keeps a block's shared memory (static arrays) to itself.
+  std::vector<std::thread> threads;
+  for (int t = 0; t < tx; ++t)
+    threads.emplace_back([&, t]() {{
+      threadIdx = hf2q_dim3{{(unsigned)t, 0u, 0u}};
+      for (int z = 0; z < bz; ++z)
+        for (int y = 0; y < by; ++y)
+          for (int x = 0; x < bx; ++x) {{
+            blockIdx = hf2q_dim3{{(unsigned)x, (unsigned)y, (unsigned)z}};
             {name}({", ".join(casts)});
-          }});
-        for (auto& th : threads) th.join();
-      }}
+            block_barrier.arrive_and_wait();
+          }}
+    }});
+  for (auto& th : threads) th.join();
   for (auto* w : warps) delete w;
 }}
 """
     return src
+
+
+#: Every program built in this process, by the hash of its whole source: tests that run the same
+#: kernel with the same template arguments load it once (the build is most of their time).
+_BUILT: dict[str, ctypes.CDLL] = {}
 
 
 class EmulatedKernel:
@@ -245,6 +253,8 @@ class EmulatedKernel:
     def _lib(self, params, template) -> ctypes.CDLL:
         code = _wrap(self.name, params, self.source, self.header, template)
         key = hashlib.sha1(code.encode()).hexdigest()[:16]
+        if key not in self._libs and key in _BUILT:  # the same program, built by another test
+            self._libs[key] = _BUILT[key]
         if key not in self._libs:
             cpp = self.workdir / f"{self.name}_{key}.cpp"
             so = self.workdir / f"{self.name}_{key}.so"
@@ -264,7 +274,7 @@ class EmulatedKernel:
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode != 0:
                 raise RuntimeError(f"emulator build of {self.name} failed:\n{res.stderr[-4000:]}")
-            self._libs[key] = ctypes.CDLL(str(so))
+            self._libs[key] = _BUILT[key] = ctypes.CDLL(str(so))
         return self._libs[key]
 
     def __call__(
