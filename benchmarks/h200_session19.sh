@@ -27,3 +27,12 @@ for v in 0 33; do
   echo "synthetic tiled=$v exit $? $(el)"
   python3 benchmarks/bench_rows.py "$OUT/synthetic-tiled$v.json" || tail -c 300 "$OUT/synthetic-tiled$v.log"
 done
+# Issue 6's decode floor: products sharing an input in one launch, residual adds in the product's
+# launch (HF2Q_GROUPED_MM, within noise on session 16's slow host), alternating in one process.
+t=$(( ${BUDGET:-560} - ($(date +%s) - S) - 5 ))
+if [ "$t" -gt 60 ]; then
+  timeout "$t" python3 benchmarks/plain_ab.py --synthetic 4b --tokens 128 --runs 5 \
+    --values HF2Q_GROUPED_MM=0,HF2Q_GROUPED_MM=1 --modes plain --out "$OUT/ab_grouped.json" \
+    > "$OUT/ab_grouped.log" 2>&1
+  echo "grouped A/B exit $? $(el)"; tail -n 1 "$OUT/ab_grouped.log" | cut -c1-900
+fi
