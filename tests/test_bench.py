@@ -211,3 +211,21 @@ def test_requests_per_slot_queues_work_on_the_slots(fitted_pairs, capsys):
 def test_requests_per_slot_must_be_positive(value, capsys):
     assert main(["bench", "--requests-per-slot", value]) != 0
     assert "--requests-per-slot must be at least 1" in capsys.readouterr().err
+
+
+def test_the_view_says_when_the_batch_drained_and_how_to_keep_it_full():
+    from hf2q.cli.bench_view import drain_note
+
+    def report(busy, rps=1):
+        rows = [
+            {"slots": 1, "mode": "dflash", "busy_rows": 1.0},
+            {"slots": 8, "mode": "plain", "busy_rows": 8.0},
+            {"slots": 8, "mode": "dflash", "busy_rows": busy},
+        ]
+        return {"config": {"requests_per_slot": rps}, "results": rows}
+
+    note = drain_note(report(4.37))
+    assert note.startswith("note: at 8 slots batched DFlash kept 4.4 rows busy on average")
+    assert "--requests-per-slot K" in note
+    assert "--requests-per-slot" not in drain_note(report(4.37, rps=4))
+    assert drain_note(report(6.81)) is None  # busy enough

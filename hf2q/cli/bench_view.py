@@ -1,7 +1,8 @@
 """Terminal rendering of ``hf2q bench``: a Rich table of the report and a tok/s chart by slot count.
 
 What it does: turn the report of ``hf2q.runtime.bench.run_bench`` into a table (one row per slot
-count and mode) and a compact bar chart of generation tok/s. On a terminal both are Rich
+count and mode) and a compact bar chart of generation tok/s, and say when batched DFlash ran with
+many of its rows idle (:func:`drain_note`). On a terminal both are Rich
 renderables; otherwise the same content is printed as plain text lines.
 
 What it does not do: measure anything.
@@ -101,6 +102,34 @@ def chart_lines(report: dict[str, Any]) -> list[tuple[str, str, str, float]]:
     return lines
 
 
+def drain_note(report: dict[str, Any]) -> str | None:
+    """A line for when batched DFlash rounds ran with many rows idle (below 3/4 of the slots on
+    average): its requests finish at different rounds, the batch runs on for the slowest, so its
+    tok/s at N slots is partly a smaller batch's; with one request per slot it names the option
+    that keeps the rows busy. None when no row says so."""
+    drained = [
+        r
+        for r in report["results"]
+        if r["mode"] == "dflash"
+        and r["slots"] > 1
+        and r.get("busy_rows") is not None
+        and r["busy_rows"] < 0.75 * r["slots"]
+    ]
+    if not drained:
+        return None
+    r = max(drained, key=lambda r: r["slots"])
+    line = (
+        f"note: at {r['slots']} slots batched DFlash kept {r['busy_rows']:.1f} rows busy on "
+        "average: its requests finish at different rounds and the batch runs on for the slowest"
+    )
+    if report["config"].get("requests_per_slot", 1) == 1:
+        line += (
+            "; --requests-per-slot K queues K requests per slot, so a finished row takes the"
+            " next one (continuous batching)"
+        )
+    return line
+
+
 def print_report(report: dict[str, Any], *, terminal: bool) -> None:
     """The table, then the chart, then one line on what was measured."""
     cfg = report["config"]
@@ -122,6 +151,9 @@ def print_report(report: dict[str, Any], *, terminal: bool) -> None:
         for label, mode, bar, tps in chart_lines(report):
             out.print(f"{label:>3} {mode:<10} {bar} {_f(tps)}", soft_wrap=True)
         out.print(about, soft_wrap=True)
+        note = drain_note(report)
+        if note:
+            out.print(note, soft_wrap=True)
         return
     table = Table(title="hf2q bench", title_justify="left")
     for i, h in enumerate(HEADERS):
@@ -140,3 +172,6 @@ def print_report(report: dict[str, Any], *, terminal: bool) -> None:
         chart.append(f" {_f(tps)}\n")
     out.print(chart)
     out.print(Text(about, style="dim"), soft_wrap=True)
+    note = drain_note(report)
+    if note:
+        out.print(Text(note, style="yellow"), soft_wrap=True)
