@@ -4,3 +4,27 @@
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 S=$(date +%s)
 el() { echo "[$(( $(date +%s) - S ))s]"; }
+
+# node_costs NAME ROWS: benchmarks/node_cost.py on the 4B shapes at ROWS (comma-separated) into
+# $OUT/NAME.json / .log, its product rows shown.
+node_costs() {
+  timeout 100 python3 benchmarks/node_cost.py --rows "$2" --shapes 4b --ops 16 --reps 5 \
+    --out "$OUT/$1.json" > "$OUT/$1.log" 2>&1
+  echo "node_cost exit $? $(el)"
+  grep -v '"add"' "$OUT/$1.log" | cut -c1-150
+}
+
+# synthetic_variants NAME VAR "VALUES": the random 4B-shaped pair at 1, 4, 8 slots once per value of
+# VAR (one process each), while ${BUDGET:-560} s allow, into $OUT/NAME<value>.json / .log.
+synthetic_variants() {
+  local v t
+  for v in $3; do
+    t=$(( ${BUDGET:-560} - ($(date +%s) - S) - 5 ))
+    [ "$t" -lt 40 ] && break
+    env "$2=$v" timeout "$t" python3 benchmarks/slots_synthetic.py --shape 4b --slots 1,4,8 \
+      --gen-tokens 32 --prompt-tokens 64 --trials 3 --warmup 1 --out "$OUT/$1$v.json" \
+      > "$OUT/$1$v.log" 2>&1
+    echo "$1 $2=$v exit $? $(el)"
+    python3 benchmarks/bench_rows.py "$OUT/$1$v.json" || tail -c 300 "$OUT/$1$v.log"
+  done
+}
