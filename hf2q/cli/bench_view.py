@@ -141,6 +141,7 @@ def print_report(report: dict[str, Any], *, terminal: bool) -> None:
         f"{report.get('platform', {}).get('backend', '?')}, BLAS {report.get('platform', {}).get('blas_kind', '?')}"
     )
     rows = _rows(report)
+    note = drain_note(report)
     if not terminal:
         # Plain aligned columns (no cell contains a space, so the lines split on whitespace).
         cells = [[h.replace(" ", "_") for h in HEADERS], *rows]
@@ -151,7 +152,6 @@ def print_report(report: dict[str, Any], *, terminal: bool) -> None:
         for label, mode, bar, tps in chart_lines(report):
             out.print(f"{label:>3} {mode:<10} {bar} {_f(tps)}", soft_wrap=True)
         out.print(about, soft_wrap=True)
-        note = drain_note(report)
         if note:
             out.print(note, soft_wrap=True)
         return
@@ -172,6 +172,5 @@ def print_report(report: dict[str, Any], *, terminal: bool) -> None:
         chart.append(f" {_f(tps)}\n")
     out.print(chart)
     out.print(Text(about, style="dim"), soft_wrap=True)
-    note = drain_note(report)
     if note:
         out.print(Text(note, style="yellow"), soft_wrap=True)
