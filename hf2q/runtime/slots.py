@@ -628,7 +628,7 @@ def _dflash_slots(
     def lookup_due() -> bool:
         """Whether a row would draft its next round from its lookup proposal (``lookup=True``):
         such a round needs the row's latest tokens, so it runs synchronously."""
-        return any(
+        return lookup and any(
             x is not None and x.chooser is not None and x.chooser.proposal(B - 1) is not None
             for x in rows
         )
