@@ -83,9 +83,8 @@ def main() -> None:
     for loop in args.loops.split(","):
         if loop not in LOOPS:
             raise SystemExit(f"unknown loop {loop!r}: choose from {', '.join(LOOPS)}")
-        _once(
-            loop, pair, prompts, args.slots, args.tokens, args.lookup
-        )  # warm-up (kernel compilation)
+        # Warm-up (kernel compilation).
+        _once(loop, pair, prompts, args.slots, args.tokens, args.lookup)
         prof = cProfile.Profile()
         tic = time.perf_counter()
         prof.enable()

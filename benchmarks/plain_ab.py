@@ -87,10 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                     s = run(plain_generate(pair.target, prompt, max_tokens=args.tokens))
                     per = max(s.generation_tokens - 1, 1)
                 else:
-                    n, lk = args.tokens, args.lookup
-                    s = run(
-                        dflash_generate(pair.target, pair.drafter, prompt, max_tokens=n, lookup=lk)
-                    )
+                    kw = {"max_tokens": args.tokens, "lookup": args.lookup}
+                    s = run(dflash_generate(pair.target, pair.drafter, prompt, **kw))
                     per = max(s.rounds, 1)
                 if r:
                     ms[mode][v].append(s.decode_time / per * 1e3)
