@@ -70,10 +70,6 @@ def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool) -> dict:
     if supported(x, ws[0]) is not None:
         return kinds
     kinds["hf2q_small_mm"] = lambda: [small_matmul_cuda(x, w) for w in ws]
-    if M > 32:  # the many-row layout with the same bits (HF2Q_MM_TILED)
-        from hf2q.kernels.cuda_tiled_mm import tiled_matmul_cuda
-
-        kinds["hf2q_tiled_mm"] = lambda: [tiled_matmul_cuda(x, w) for w in ws]
     if tune:  # launch shapes: (column blocks per thread block, warps, chunk-loop unrolling)
         for nb in (1, 2, 4):
             for warps in (2, 4, 8):

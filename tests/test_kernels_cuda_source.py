@@ -125,44 +125,6 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(
     _assert_compiles_without_spills(tmp_path, name, src)
 
 
-@pytest.mark.parametrize("mt,kparts,bn", [(5, 8, 64), (8, 8, 64), (8, 8, 32), (8, 1, 16)])
-def test_tiled_mm_kernels_compile_for_sm90_without_spills(tmp_path: Path, mt, kparts, bn):
-    import cuda_emu
-
-    from hf2q.kernels import cuda_matmul as cm
-    from hf2q.kernels import cuda_tiled_mm as ct
-
-    dt = mx.bfloat16
-    src = cuda_emu.mlx_cuda_source(
-        "hf2q_tiled_mm_part",
-        ["x", "w"],
-        [dt, dt],
-        [2, 2],
-        ["part"],
-        [mx.float32],
-        ct._PART,
-        cm._HEADER,
-        [("T", dt), ("MT", mt), ("KP", kparts), ("BN", bn)],
-    )
-    report = _compile_report(tmp_path, "hf2q_tiled_mm_part", src)
-    assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report)
-    # Room for three 256-thread blocks per SM (the small-M kernel: 190-255 registers, one).
-    assert int(re.search(r"Used (\d+) registers", report).group(1)) <= 85, report
-    for add in (False, True):
-        src = cuda_emu.mlx_cuda_source(
-            "hf2q_tiled_mm_sum",
-            ["part", "r"] if add else ["part"],
-            [mx.float32, dt] if add else [mx.float32],
-            [3, 2] if add else [3],
-            ["y"],
-            [dt],
-            ct._SUM + (ct._STORE_ADD if add else ct._STORE),
-            cm._HEADER,
-            [("T", dt), ("KP", kparts)],
-        )
-        _assert_compiles_without_spills(tmp_path, "hf2q_tiled_mm_sum", src)
-
-
 def _compile_report(tmp_path: Path, name: str, src: str) -> str:
     """ptxas's report of compiling ``src`` for sm_90a (warnings are errors)."""
     cu = tmp_path / f"{name}.cu"

@@ -314,19 +314,6 @@ def test_cuda_kernel_rows_are_bit_equal_whatever_the_batch():
 
 
 @cuda_only
-@pytest.mark.parametrize("rows", [65, 128])
-@pytest.mark.parametrize("K,N", [(2560, 9216), (9216, 2560), (2560, 2560)])
-def test_cuda_tiled_kernel_has_the_small_kernels_bits(rows, K, N):
-    from hf2q.kernels import cuda_tiled_mm as ct
-
-    x, w = _inputs(rows, K, N, mx.bfloat16, seed=rows)
-    r = mx.random.normal((rows, N)).astype(mx.bfloat16)
-    assert mx.array_equal(ct.tiled_matmul_cuda(x, w), cm.small_matmul_cuda(x, w))
-    assert mx.array_equal(ct.tiled_matmul_cuda(x, w, add=r), cm.small_matmul_cuda(x, w, add=r))
-    assert mx.array_equal(ct.tiled_matmul_cuda(x, w)[-1:], cm.small_matmul_cuda(x[-1:], w))
-
-
-@cuda_only
 @pytest.mark.parametrize("rows", [1, 16, 64])
 def test_cuda_grouped_kernel_gives_each_product_the_single_kernels_bits(rows):
     # A Qwen3.5-4B Gated-DeltaNet layer's input projections (qkv, z, b, a) and the MLP's gate/up.
@@ -403,80 +390,3 @@ def test_runners_with_the_dispatch_leave_what_it_cannot_run_alone(fixture, reque
         for mm in (False, True)
     ]
     assert mx.array_equal(outs[0], outs[1])
-
-
-@pytest.fixture
-def emulated_tiled(emulated, monkeypatch, tmp_path):
-    """The tiled kernel's two launches, run by the CPU emulator (the small-M kernel too)."""
-    from hf2q.kernels import cuda_tiled_mm as ct
-
-    part = cuda_emu.EmulatedKernel(
-        "hf2q_tiled_mm_part", ["x", "w"], ["part"], ct._PART, cm._HEADER, workdir=tmp_path
-    )
-    sums = {
-        add: cuda_emu.EmulatedKernel(
-            "hf2q_tiled_mm_sum" + ("_add" if add else ""),
-            ["part", "r"] if add else ["part"],
-            ["y"],
-            ct._SUM + (ct._STORE_ADD if add else ct._STORE),
-            cm._HEADER,
-            workdir=tmp_path,
-        )
-        for add in (False, True)
-    }
-    small_add = cuda_emu.EmulatedKernel(
-        "hf2q_small_mm_add", ["x", "w", "r"], ["y"], cm._SOURCE_ADD, cm._HEADER, workdir=tmp_path
-    )
-    monkeypatch.setattr(ct, "_part_kernel", lambda: part)
-    monkeypatch.setattr(ct, "_sum_kernel", lambda add: sums[add])
-    monkeypatch.setattr(cm, "_add_kernel", lambda: small_add)
-    return ct
-
-
-@pytest.mark.parametrize("K,N,row_counts", [(512, 32, (33, 80)), (128, 16, (70,))])
-def test_emulated_tiled_kernel_has_the_small_kernels_bits(emulated_tiled, K, N, row_counts):
-    # HF2Q_MM_TILED: many rows laid out differently, every value with the small-M kernel's bits
-    # (K=512: four K parts, 32-column tiles; K=128: one K part, 16-column tiles).
-    ct = emulated_tiled
-    rows = max(row_counts)
-    x, w = _inputs(rows, K, N, mx.bfloat16, seed=K)
-    r = mx.random.normal((rows, N)).astype(mx.bfloat16)
-    for m in row_counts:
-        got = ct.tiled_matmul_cuda(x[:m], w)
-        assert mx.array_equal(got, cm.small_matmul_cuda(x[:m], w)), f"{m} rows"
-        _assert_rounded_product(got, x[:m], w)
-        added = ct.tiled_matmul_cuda(x[:m], w, add=r[:m])
-        assert mx.array_equal(added, cm.small_matmul_cuda(x[:m], w, add=r[:m]))
-    # The last row alone (a decode step) has its bits in the many-row launch.
-    assert mx.array_equal(got[-1:], cm.small_matmul_cuda(x[rows - 1 : rows], w))
-
-
-def test_tiled_switch_routes_many_rows(emulated_tiled, monkeypatch):
-    ct = emulated_tiled
-    calls = []
-    tiled = ct.tiled_matmul_cuda
-    monkeypatch.setattr(ct, "tiled_matmul_cuda", lambda *a, **k: calls.append(1) or tiled(*a, **k))
-    x, w = _inputs(ct.MIN_ROWS, 128, 16, mx.bfloat16, seed=4)
-    cm.tiled_min_rows.cache_clear()
-    try:
-        monkeypatch.setenv(cm.TILED_ENV, "1")
-        y = cm.small_matmul_cuda(x, w)
-        cm.small_matmul_cuda(x[:-1], w)  # 64 rows: the small-M kernel
-        assert calls == [1]
-        monkeypatch.setenv(cm.TILED_ENV, "40")  # from 40 rows on
-        cm.tiled_min_rows.cache_clear()
-        cm.small_matmul_cuda(x[:40], w)
-        cm.small_matmul_cuda(x[:39], w)
-        assert calls == [1, 1]
-        monkeypatch.setenv(cm.TILED_ENV, "0")
-        cm.tiled_min_rows.cache_clear()
-        assert mx.array_equal(cm.small_matmul_cuda(x, w), y) and calls == [1, 1]
-        # The tied head's columns at many rows would need 1 GB of K-part sums: not taken.
-        assert ct.takes(128, 2560, 9216) and not ct.takes(128, 2560, 248320)
-        for bad in ("yes", "16", "129"):
-            monkeypatch.setenv(cm.TILED_ENV, bad)
-            cm.tiled_min_rows.cache_clear()
-            with pytest.raises(UsageError, match=f"HF2Q_MM_TILED='{bad}' must be 0, 1 or a row"):
-                cm.tiled_min_rows()
-    finally:
-        cm.tiled_min_rows.cache_clear()

@@ -302,36 +302,6 @@ def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
     return mt, nb, warps, unroll
 
 
-#: HF2Q_MM_TILED=1: products of more than 64 rows run :mod:`hf2q.kernels.cuda_tiled_mm` (same
-#: bits, laid out for many rows); ``=N`` (33 to 128) from N rows on; default off until measured on
-#: a GPU.
-TILED_ENV = "HF2Q_MM_TILED"
-
-
-@cache
-def tiled_min_rows() -> int | None:
-    """From how many rows products take the tiled kernel (``HF2Q_MM_TILED``; None: never). Read
-    once per process: this runs for every product."""
-    import os
-
-    raw = os.environ.get(TILED_ENV, "0").strip() or "0"
-    n = int(raw) if raw.isdigit() else -1
-    if not (n in (0, 1) or 33 <= n <= MAX_ROWS):
-        from hf2q.errors import UsageError
-
-        raise UsageError(
-            f"{TILED_ENV}={raw!r} must be 0, 1 or a row count from 33 to {MAX_ROWS}: "
-            "unset it or fix it"
-        )
-    return None if n == 0 else _tiled().MIN_ROWS if n == 1 else n
-
-
-def _tiled():
-    from hf2q.kernels import cuda_tiled_mm  # it builds on this module
-
-    return cuda_tiled_mm
-
-
 def small_matmul_cuda(
     x: mx.array,
     w: mx.array,
@@ -355,9 +325,6 @@ def small_matmul_cuda(
         raise ValueError(
             f"addend {add.shape} {add.dtype} is not the output's {x.shape[:-1]}+({N},)"
         )
-    low = tiled_min_rows() if tune is None and rows > 32 else None
-    if low is not None and rows >= low and _tiled().takes(rows, K, N):
-        return _tiled().tiled_matmul_cuda(x, w, add=add)
     (y,) = (_kernel() if add is None else _add_kernel())(
         inputs=[x, w] if add is None else [x, w, add],
         template=[("T", x.dtype), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll)],

@@ -410,9 +410,6 @@ def describe(attn: object | None = None) -> dict[str, str]:
     )
     if grouped_mm_enabled():
         info["small_mm"] += ", products sharing an input in one launch"
-    tiled = cuda_matmul.tiled_min_rows() if small_mm_enabled() else None
-    if tiled is not None:
-        info["small_mm"] += f", tiled from {tiled} rows"
     info["attention"] = (
         "row-invariant kernel (bf16/fp16)" if row_attention_enabled() else "MLX attention"
     )
