@@ -25,6 +25,8 @@ import mlx.core as mx
 
 DEMO = [(256, 768), (768, 256), (256, 1024)]
 SHAPE_4B = [(2560, 9216), (9216, 2560), (2560, 2560)]
+#: Qwen3.5-4B's tied head (hidden 2560, vocab 248320): 1.27 GB in bf16, so at most 2 weights.
+HEAD_4B = [(2560, 248320)]
 
 
 def _cuda() -> bool:
@@ -87,7 +89,7 @@ def main() -> None:
     ap.add_argument("--ops", type=int, default=32)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--rows", default="1,16,32,128")
-    ap.add_argument("--shapes", default="demo,4b")
+    ap.add_argument("--shapes", default="demo,4b", help="demo, 4b and/or head4b (the tied head)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument(
         "--tune", action="store_true", help="also time every launch shape of the kernel"
@@ -96,7 +98,9 @@ def main() -> None:
     args = ap.parse_args()
     dtype = getattr(mx, args.dtype)
     cuda = _cuda()
-    shapes = (DEMO if "demo" in args.shapes else []) + (SHAPE_4B if "4b" in args.shapes else [])
+    chosen = args.shapes.split(",")
+    shapes = (DEMO if "demo" in chosen else []) + (SHAPE_4B if "4b" in chosen else [])
+    shapes += HEAD_4B if "head4b" in chosen else []
     rows_list = [int(r) for r in args.rows.split(",")]
     if cuda:
         from hf2q.kernels.cuda_matmul import small_matmul_cuda, supported
@@ -105,7 +109,8 @@ def main() -> None:
     results, checks = [], []
     mx.random.seed(0)
     for K, N in shapes:
-        ws = [(mx.random.normal((N, K)) * K**-0.5).astype(dtype) for _ in range(args.ops)]
+        ops = min(args.ops, 2) if N * K > 1 << 28 else args.ops
+        ws = [(mx.random.normal((N, K)) * K**-0.5).astype(dtype) for _ in range(ops)]
         mx.eval(ws)
         for M in rows_list:
             x = mx.random.normal((M, K)).astype(dtype)

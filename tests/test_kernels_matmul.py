@@ -241,6 +241,21 @@ def test_kernel_rows_setting_keeps_large_weights_on_the_kernel(monkeypatch):
             select.small_mm_rows()
 
 
+def test_draft_rows_setting(monkeypatch):
+    monkeypatch.delenv(select.DRAFT_MM_ROWS_ENV, raising=False)
+    assert select.draft_mm_rows() == cm.MAX_ROWS
+    for raw, want in [("48", 48), ("0", 0), ("500", cm.MAX_ROWS)]:
+        monkeypatch.setenv(select.DRAFT_MM_ROWS_ENV, raw)
+        assert select.draft_mm_rows() == want
+    # Drafts take the kernel only where it runs at all (CUDA) and within the rows.
+    monkeypatch.setenv(select.DRAFT_MM_ROWS_ENV, "48")
+    assert select.draft_mm_enabled(48) is select.small_mm_enabled()
+    assert not select.draft_mm_enabled(49)
+    monkeypatch.setenv(select.DRAFT_MM_ROWS_ENV, "many")
+    with pytest.raises(UsageError, match="HF2Q_DRAFT_MM_ROWS='many' must be 0"):
+        select.draft_mm_rows()
+
+
 def test_linear_dispatch(emulated, monkeypatch):
     x, _ = _inputs(5, 128, 32, mx.bfloat16, seed=4)
     mod = nn.Linear(128, 32, bias=True)
@@ -332,6 +347,31 @@ def test_cuda_residual_in_the_launch_has_the_bits_of_mlx_add(rows, dtype):
     x, w = _inputs(rows, 9216, 2560, dtype, seed=7)
     r = mx.random.normal((rows, 2560)).astype(dtype)
     assert mx.array_equal(cm.small_matmul_cuda(x, w, add=r), cm.small_matmul_cuda(x, w) + r)
+
+
+@cuda_only
+def test_cuda_drafts_of_many_rows_run_mlx_matmul(demo_pair, monkeypatch):
+    # HF2Q_DRAFT_MM_ROWS: a draft of more block rows than the setting runs no kernel product
+    # (layers and head); its logits are the same product rounded by cuBLAS instead.
+    target, drafter = demo_pair.target, demo_pair.drafter
+    H = drafter.config.hidden_size * len(drafter.config.target_layer_ids)
+    mx.random.seed(3)
+    feats = (mx.random.normal((2, 3, H)) * 0.5).astype(target.dtype)
+    bs = drafter.block_size
+    block = mx.concatenate(
+        [mx.full((2, 1), 5), mx.full((2, bs - 1), drafter.mask_token_id)], axis=1
+    ).astype(mx.int32)
+    calls = []
+    real = cm.small_matmul_cuda
+    monkeypatch.setattr(cm, "small_matmul_cuda", lambda *a, **k: calls.append(1) or real(*a, **k))
+    outs = []
+    for rows in (str(2 * bs), str(2 * bs - 1)):
+        monkeypatch.setenv(select.DRAFT_MM_ROWS_ENV, rows)
+        outs.append(drafter(block, feats, drafter.make_cache()).astype(mx.float32))
+        mx.eval(outs[-1])
+        assert bool(calls) is (rows == str(2 * bs))
+        calls.clear()
+    assert mx.allclose(outs[0], outs[1], rtol=5e-2, atol=5e-2)
 
 
 @cuda_only

@@ -64,6 +64,12 @@ GROUPED_MM_ENV = "HF2Q_GROUPED_MM"
 #: beyond N, weights of more than 4M elements go to cuBLAS (default: the kernel's 128 rows).
 SMALL_MM_ROWS_ENV = "HF2Q_SMALL_MM_ROWS"
 
+#: HF2Q_DRAFT_MM_ROWS=N: a drafter forward of more than N block rows (all slots' rows together)
+#: runs its products and its head with MLX's matmul (cuBLAS) instead of the small-M kernel. Draft
+#: logits only propose tokens (the verify decides them), so they need not be row-invariant; 0: the
+#: drafter never uses the kernel (default: the kernel's 128 rows, every draft on it).
+DRAFT_MM_ROWS_ENV = "HF2Q_DRAFT_MM_ROWS"
+
 #: HF2Q_ROW_ATTENTION=0: the compiled attention runners keep MLX's attention instead of the
 #: row-invariant kernel of :mod:`hf2q.kernels.cuda_attention` (CUDA only; default on there).
 ROW_ATTENTION_ENV = "HF2Q_ROW_ATTENTION"
@@ -157,6 +163,20 @@ def small_mm_rows() -> int:
             f"{SMALL_MM_ROWS_ENV}={n} is more than the kernel's {cuda_matmul.MAX_ROWS} rows: lower it"
         )
     return n
+
+
+def draft_mm_rows() -> int:
+    """Block rows up to which a drafter forward's products run the small-M kernel
+    (``HF2Q_DRAFT_MM_ROWS``, default :data:`hf2q.kernels.cuda_matmul.MAX_ROWS`); more rows run
+    MLX's matmul. Only where :func:`small_mm_enabled`."""
+    n = _count(DRAFT_MM_ROWS_ENV, f"a row count up to {cuda_matmul.MAX_ROWS}")
+    return cuda_matmul.MAX_ROWS if n is None else min(n, cuda_matmul.MAX_ROWS)
+
+
+def draft_mm_enabled(rows: int) -> bool:
+    """Whether a drafter forward of ``rows`` block rows runs its products (and head) through the
+    small-M kernel: :func:`small_mm_enabled` and at most :func:`draft_mm_rows` rows."""
+    return small_mm_enabled() and rows <= draft_mm_rows()
 
 
 def mm_key() -> tuple[bool, int]:
@@ -410,6 +430,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
     )
     if grouped_mm_enabled():
         info["small_mm"] += ", products sharing an input in one launch"
+    if small_mm_enabled() and draft_mm_rows() < cuda_matmul.MAX_ROWS:
+        info["small_mm"] += f"; drafts of more than {draft_mm_rows()} rows: MLX matmul"
     info["attention"] = (
         "row-invariant kernel (bf16/fp16)" if row_attention_enabled() else "MLX attention"
     )

@@ -11,6 +11,7 @@ acceptance, or touch the target's caches. Facts about the format: ``shared/docs/
 
 from __future__ import annotations
 
+import inspect
 import json
 import weakref
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from hf2q.kernels.linear import linear, swiglu_mlp
 from hf2q.kernels.select import (
     bucketed,
     compile_enabled,
+    draft_mm_enabled,
     fuse_proj_enabled,
     row_attention_enabled,
     sdpa_bucket,
@@ -646,6 +648,7 @@ class DFlashDraftModel(nn.Module):
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self._embed: Callable[[mx.array], mx.array] | None = None
         self._head: Callable[[mx.array], mx.array] | None = None
+        self._head_takes_mm = False
 
     def bind(
         self, embed: Callable[[mx.array], mx.array], head: Callable[[mx.array], mx.array]
@@ -653,6 +656,9 @@ class DFlashDraftModel(nn.Module):
         """Use the target's embedding (token ids -> hidden) and head (hidden -> logits)."""
         # Plain callables, not modules: the target's weights must not join this model's parameters.
         self._embed, self._head = embed, head
+        # A target's head takes ``mm`` (whether its product runs the small-M kernel): drafts of
+        # many rows pass False (select.draft_mm_enabled); any other callable is called as is.
+        self._head_takes_mm = "mm" in inspect.signature(head).parameters
         return self
 
     @property
@@ -698,6 +704,7 @@ class DFlashDraftModel(nn.Module):
         cache: list[KVCache],
         *,
         fast: bool | None = None,
+        mm: bool | None = None,
     ) -> mx.array:
         """Final-normed hidden states (B, L, H) of the block rows.
 
@@ -708,6 +715,8 @@ class DFlashDraftModel(nn.Module):
             cache: from :meth:`make_cache`.
             fast: layers through :meth:`DFlashDecoderLayer.fast` where they allow it (None:
                 :meth:`fast_enabled`).
+            mm: products through the small-M kernel (None: ``select.draft_mm_enabled`` of the
+                block's rows).
         """
         if self._embed is None:
             raise RuntimeError("DFlashDraftModel.bind(embed, head) must be called before drafting")
@@ -715,7 +724,7 @@ class DFlashDraftModel(nn.Module):
         fw = DraftPass(
             fuse=fuse_proj_enabled(),
             bucket=sdpa_bucket(),
-            mm=small_mm_enabled(),
+            mm=draft_mm_enabled(block.size) if mm is None else mm,
             fast=self.fast_enabled() if fast is None else fast,
         )
         ctx = self.context(features, fw.mm)
@@ -724,8 +733,13 @@ class DFlashDraftModel(nn.Module):
         return self.norm(h)
 
     def __call__(self, block: mx.array, features: mx.array, cache: list[KVCache]) -> mx.array:
-        """Draft logits (B, L-1, vocab) for block positions 1..L-1."""
-        return self._head(self.hidden(block, features, cache)[:, 1:])
+        """Draft logits (B, L-1, vocab) for block positions 1..L-1 (products through the small-M
+        kernel up to ``select.draft_mm_rows()`` block rows, MLX's matmul beyond)."""
+        mm = draft_mm_enabled(block.size)
+        h = self.hidden(block, features, cache, mm=mm)[:, 1:]
+        if self._head_takes_mm and not mm:
+            return self._head(h, mm=False)
+        return self._head(h)
 
 
 def load_drafter_config(path: str | Path) -> DFlashConfig:
