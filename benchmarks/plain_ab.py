@@ -17,6 +17,11 @@ Usage (GPU):
     python3 benchmarks/plain_ab.py --demo --lookup --values HF2Q_LAGGED_LOOKUP=0,HF2Q_LAGGED_LOOKUP=1 \
         --modes plain,dflash
 
+``--slots N`` decodes N random prompts together (batched plain decoding and batched DFlash,
+``hf2q.runtime.slots``) and reports per value the round time and the aggregate tok/s:
+    python3 benchmarks/plain_ab.py --slots 4 --values HF2Q_DRAFT_MM_ROWS=128,HF2Q_DRAFT_MM_ROWS=32 \
+        --modes plain,dflash --tokens 32 --prompt-tokens 64
+
 ``--demo`` runs the embedded demo pair on its fibonacci prompt (the built-in workload's first,
 where lookup drafts loops) instead of a random pair and prompt; ``--lookup`` lets DFlash draft
 by lookup as ``hf2q generate --dflash`` does by default.
@@ -46,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--runs", type=int, default=5, help="timed runs per value (after a warm-up)")
     ap.add_argument("--modes", default="plain", help="plain, or plain,dflash")
+    ap.add_argument("--slots", type=int, default=0, help="N > 0: N prompts decoded together")
     ap.add_argument(
         "--runners", action="store_true", help="the compiled runners as the path here (CPU)"
     )
@@ -70,6 +76,15 @@ def main(argv: list[str] | None = None) -> int:
         pair = synthetic_pair(args.synthetic)
         vocab = pair.target.args.vocab_size
         prompt = mx.random.randint(0, vocab, (args.prompt_tokens,), key=mx.random.key(1)).tolist()
+    prompts = [prompt]
+    if args.slots > 0:
+        from hf2q.runtime.slots import Request
+
+        vocab = pair.target.args.vocab_size
+        keys = [mx.random.key(1 + i) for i in range(args.slots)]
+        shape = (len(prompt) if args.demo else args.prompt_tokens,)
+        prompts = [prompt] + [mx.random.randint(0, vocab, shape, key=k).tolist() for k in keys[1:]]
+        reqs = [Request(p, max_tokens=args.tokens) for p in prompts]
     values = args.values.split(",")
     settings = {v: _setting(args.env, v) for v in values}
     names = sorted({n for st in settings.values() for n in st})
@@ -77,13 +92,17 @@ def main(argv: list[str] | None = None) -> int:
     ms: dict[str, dict[str, list[float]]] = {m: {v: [] for v in values} for m in modes}
     tokens: dict[str, dict[str, list[int]]] = {m: {} for m in modes}
     per_token: dict[str, list[float]] = {v: [] for v in values}
+    tps: dict[str, dict[str, list[float]]] = {m: {v: [] for v in values} for m in modes}
     for r in range(args.runs + 1):  # run 0 compiles
         for v in values:
             for n in names:
                 os.environ.pop(n, None)
             os.environ.update(settings[v])
             for mode in modes:
-                if mode == "plain":
+                if args.slots > 0:
+                    s = _slots_run(pair, reqs, args.slots, mode, args.lookup)
+                    per = max(s.rounds, 1)
+                elif mode == "plain":
                     s = run(plain_generate(pair.target, prompt, max_tokens=args.tokens))
                     per = max(s.generation_tokens - 1, 1)
                 else:
@@ -92,9 +111,13 @@ def main(argv: list[str] | None = None) -> int:
                     per = max(s.rounds, 1)
                 if r:
                     ms[mode][v].append(s.decode_time / per * 1e3)
-                    if mode == "dflash":  # with lookup the rounds differ: time per token too
+                    tps[mode][v].append(s.generation_tps)
+                    if (
+                        mode == "dflash" and not args.slots
+                    ):  # with lookup the rounds differ: time per token too
                         per_token[v].append(s.decode_time / max(s.generation_tokens - 1, 1) * 1e3)
-                tokens[mode].setdefault(v, s.tokens)
+                got = [t for q in s.requests for t in q.tokens] if args.slots else s.tokens
+                tokens[mode].setdefault(v, got)
     report = {
         "model": "demo pair" if args.demo else f"synthetic {args.synthetic}",
         "lookup": args.lookup,
@@ -103,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         "values": {v: settings[v] for v in values},
         "tokens": args.tokens,
         "runs": args.runs,
+        "slots": args.slots or None,
         "ms_per_token": {v: round(statistics.median(x), 4) for v, x in ms[modes[0]].items()},
         "ms_per_token_min_max": {
             v: [round(min(x), 4), round(max(x), 4)] for v, x in ms[modes[0]].items()
@@ -114,12 +138,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{m} {v}": tokens[m][v] == tokens[modes[0]][values[0]] for m in modes for v in values
         },
     }
+    report["tokens_per_s"] = {
+        f"{m} {v}": round(statistics.median(tps[m][v]), 2) for m in modes for v in values
+    }
     if "dflash" in modes:
         rounds = {v: statistics.median(x) for v, x in ms["dflash"].items()}
         report["dflash_round_ms"] = {v: round(x, 4) for v, x in rounds.items()}
-        report["dflash_ms_per_token"] = {
-            v: round(statistics.median(x), 4) for v, x in per_token.items()
-        }
+        if not args.slots:
+            report["dflash_ms_per_token"] = {
+                v: round(statistics.median(x), 4) for v, x in per_token.items()
+            }
         if "plain" in modes:
             report["E"] = {
                 v: round(statistics.median(ms["plain"][v]) / rounds[v], 3) for v in values
@@ -128,6 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps(report) + "\n")
     return 0
+
+
+def _slots_run(pair, reqs, slots: int, mode: str, lookup: bool):
+    """One batched run of ``reqs`` on ``slots`` rows: its :class:`SlotsSummary`."""
+    from hf2q.runtime.slots import run_slots, slots_dflash_generate, slots_plain_generate
+
+    if mode == "plain":
+        return run_slots(slots_plain_generate(pair.target, reqs, slots=slots))
+    gen = slots_dflash_generate(pair.target, pair.drafter, reqs, slots=slots, lookup=lookup)
+    return run_slots(gen)
 
 
 def _setting(env: str, value: str) -> dict[str, str]:

@@ -55,9 +55,11 @@ FUSE_PROJ_ENV = "HF2Q_FUSE_PROJ"
 #: the tensor-core kernel of :mod:`hf2q.kernels.cuda_matmul` (CUDA only; default on there).
 SMALL_MM_ENV = "HF2Q_SMALL_MM"
 
-#: HF2Q_GROUPED_MM=1: where the small-M kernel runs, products sharing an input (a Gated-DeltaNet
+#: HF2Q_GROUPED_MM=0: where the small-M kernel runs, products sharing an input (a Gated-DeltaNet
 #: layer's four input projections, attention's q/k/v, the MLP's gate and up) are one launch of
-#: :func:`hf2q.kernels.cuda_matmul.grouped_matmul_cuda` (same bits as separate launches; no copy).
+#: :func:`hf2q.kernels.cuda_matmul.grouped_matmul_cuda` (same bits as separate launches; no copy),
+#: residual adds in the product's launch; 0 turns that off (on by default: plain decoding 0.4-12%
+#: faster a token on the H200 in three alternating A/Bs, sessions 16 and 19).
 GROUPED_MM_ENV = "HF2Q_GROUPED_MM"
 
 #: HF2Q_SMALL_MM_ROWS=N: products of up to N rows run the small-M kernel whatever the weight's size;
@@ -65,9 +67,10 @@ GROUPED_MM_ENV = "HF2Q_GROUPED_MM"
 SMALL_MM_ROWS_ENV = "HF2Q_SMALL_MM_ROWS"
 
 #: HF2Q_DRAFT_MM_ROWS=N: a drafter forward of more than N block rows (all slots' rows together)
-#: runs its products and its head with MLX's matmul (cuBLAS) instead of the small-M kernel. Draft
-#: logits only propose tokens (the verify decides them), so they need not be row-invariant; 0: the
-#: drafter never uses the kernel (default: the kernel's 128 rows, every draft on it).
+#: runs its products and its head with MLX's matmul (cuBLAS) instead of the small-M kernel, where
+#: its largest weight (the head) has more than ``linear.SMALL_WEIGHT`` elements (small drafters'
+#: products stay on the kernel, one graph node each). Draft logits only propose tokens (the verify
+#: decides them), so they need not be row-invariant; 0: such drafters never use the kernel.
 DRAFT_MM_ROWS_ENV = "HF2Q_DRAFT_MM_ROWS"
 
 #: HF2Q_ROW_ATTENTION=0: the compiled attention runners keep MLX's attention instead of the
@@ -144,8 +147,8 @@ def small_mm_enabled() -> bool:
 
 def grouped_mm_enabled() -> bool:
     """Whether products sharing an input are one launch of the small-M kernel
-    (``HF2Q_GROUPED_MM``, default off until timed on a GPU; only where :func:`small_mm_enabled`)."""
-    return small_mm_enabled() and _flag(GROUPED_MM_ENV, "0")
+    (``HF2Q_GROUPED_MM``, default on; only where :func:`small_mm_enabled`)."""
+    return small_mm_enabled() and _flag(GROUPED_MM_ENV, "1")
 
 
 def small_mm_rows() -> int:
@@ -173,10 +176,13 @@ def draft_mm_rows() -> int:
     return cuda_matmul.MAX_ROWS if n is None else min(n, cuda_matmul.MAX_ROWS)
 
 
-def draft_mm_enabled(rows: int) -> bool:
-    """Whether a drafter forward of ``rows`` block rows runs its products (and head) through the
-    small-M kernel: :func:`small_mm_enabled` and at most :func:`draft_mm_rows` rows."""
-    return small_mm_enabled() and rows <= draft_mm_rows()
+def draft_mm_enabled(rows: int, largest: int) -> bool:
+    """Whether a drafter forward of ``rows`` block rows, whose largest product weight (its head)
+    has ``largest`` elements, runs its products (and head) through the small-M kernel: where
+    :func:`small_mm_enabled`, for at most :func:`draft_mm_rows` rows or small weights."""
+    if not small_mm_enabled():
+        return False
+    return largest <= linear.SMALL_WEIGHT or rows <= draft_mm_rows()
 
 
 def mm_key() -> tuple[bool, int]:

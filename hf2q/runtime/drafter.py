@@ -691,6 +691,12 @@ class DFlashDraftModel(nn.Module):
         for layer, c in zip(self.layers, cache, strict=True):
             layer.self_attn.append_context(ctx, c, mm)
 
+    def kernel_products(self, rows: int) -> bool:
+        """Whether a forward of ``rows`` block rows runs its products and head through the small-M
+        kernel (``select.draft_mm_enabled``; the head's vocab x hidden is the largest weight)."""
+        cfg = self.config
+        return draft_mm_enabled(rows, max(cfg.vocab_size, cfg.intermediate_size) * cfg.hidden_size)
+
     @staticmethod
     def fast_enabled() -> bool:
         """Whether drafting runs :meth:`DFlashDecoderLayer.fast` where a layer allows it: on
@@ -715,8 +721,7 @@ class DFlashDraftModel(nn.Module):
             cache: from :meth:`make_cache`.
             fast: layers through :meth:`DFlashDecoderLayer.fast` where they allow it (None:
                 :meth:`fast_enabled`).
-            mm: products through the small-M kernel (None: ``select.draft_mm_enabled`` of the
-                block's rows).
+            mm: products through the small-M kernel (None: :meth:`kernel_products`).
         """
         if self._embed is None:
             raise RuntimeError("DFlashDraftModel.bind(embed, head) must be called before drafting")
@@ -724,7 +729,7 @@ class DFlashDraftModel(nn.Module):
         fw = DraftPass(
             fuse=fuse_proj_enabled(),
             bucket=sdpa_bucket(),
-            mm=draft_mm_enabled(block.size) if mm is None else mm,
+            mm=self.kernel_products(block.size) if mm is None else mm,
             fast=self.fast_enabled() if fast is None else fast,
         )
         ctx = self.context(features, fw.mm)
@@ -735,7 +740,7 @@ class DFlashDraftModel(nn.Module):
     def __call__(self, block: mx.array, features: mx.array, cache: list[KVCache]) -> mx.array:
         """Draft logits (B, L-1, vocab) for block positions 1..L-1 (products through the small-M
         kernel up to ``select.draft_mm_rows()`` block rows, MLX's matmul beyond)."""
-        mm = draft_mm_enabled(block.size)
+        mm = self.kernel_products(block.size)
         h = self.hidden(block, features, cache, mm=mm)[:, 1:]
         if self._head_takes_mm and not mm:
             return self._head(h, mm=False)
