@@ -243,7 +243,7 @@ def test_kernel_rows_setting_keeps_large_weights_on_the_kernel(monkeypatch):
 
 def test_draft_rows_setting(monkeypatch):
     monkeypatch.delenv(select.DRAFT_MM_ROWS_ENV, raising=False)
-    assert select.draft_mm_rows() == cm.MAX_ROWS
+    assert select.draft_mm_rows() == select.DRAFT_MM_ROWS == 32
     for raw, want in [("48", 48), ("0", 0), ("500", cm.MAX_ROWS)]:
         monkeypatch.setenv(select.DRAFT_MM_ROWS_ENV, raw)
         assert select.draft_mm_rows() == want

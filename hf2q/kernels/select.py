@@ -71,7 +71,11 @@ SMALL_MM_ROWS_ENV = "HF2Q_SMALL_MM_ROWS"
 #: its largest weight (the head) has more than ``linear.SMALL_WEIGHT`` elements (small drafters'
 #: products stay on the kernel, one graph node each). Draft logits only propose tokens (the verify
 #: decides them), so they need not be row-invariant; 0: such drafters never use the kernel.
+#: Default 32 (two slots' 16-token blocks): on the H200 the tied head of Qwen3.5-4B costs the
+#: kernel 860 us at 64 rows and cuBLAS 428 (equal at 16 rows), and the 4B-shaped pair's round
+#: was 3.8% shorter at 4 slots and 4.8% at 8 with 32 than with 128 (session 19, run 3).
 DRAFT_MM_ROWS_ENV = "HF2Q_DRAFT_MM_ROWS"
+DRAFT_MM_ROWS = 32
 
 #: HF2Q_ROW_ATTENTION=0: the compiled attention runners keep MLX's attention instead of the
 #: row-invariant kernel of :mod:`hf2q.kernels.cuda_attention` (CUDA only; default on there).
@@ -170,10 +174,10 @@ def small_mm_rows() -> int:
 
 def draft_mm_rows() -> int:
     """Block rows up to which a drafter forward's products run the small-M kernel
-    (``HF2Q_DRAFT_MM_ROWS``, default :data:`hf2q.kernels.cuda_matmul.MAX_ROWS`); more rows run
-    MLX's matmul. Only where :func:`small_mm_enabled`."""
+    (``HF2Q_DRAFT_MM_ROWS``, default :data:`DRAFT_MM_ROWS`); more rows run MLX's matmul where the
+    drafter's weights are large (:func:`draft_mm_enabled`)."""
     n = _count(DRAFT_MM_ROWS_ENV, f"a row count up to {cuda_matmul.MAX_ROWS}")
-    return cuda_matmul.MAX_ROWS if n is None else min(n, cuda_matmul.MAX_ROWS)
+    return DRAFT_MM_ROWS if n is None else min(n, cuda_matmul.MAX_ROWS)
 
 
 def draft_mm_enabled(rows: int, largest: int) -> bool:
@@ -437,7 +441,9 @@ def describe(attn: object | None = None) -> dict[str, str]:
     if grouped_mm_enabled():
         info["small_mm"] += ", products sharing an input in one launch"
     if small_mm_enabled() and draft_mm_rows() < cuda_matmul.MAX_ROWS:
-        info["small_mm"] += f"; drafts of more than {draft_mm_rows()} rows: MLX matmul"
+        info["small_mm"] += (
+            f"; large drafters' drafts of more than {draft_mm_rows()} rows: MLX matmul"
+        )
     info["attention"] = (
         "row-invariant kernel (bf16/fp16)" if row_attention_enabled() else "MLX attention"
     )
