@@ -88,7 +88,7 @@ def test_rollback_kernel_compiles_for_sm90_without_spills(tmp_path: Path, layers
 
 @pytest.mark.parametrize("kind", ["single", "add", "grouped2", "grouped4"])
 @pytest.mark.parametrize(
-    "mt,nb,warps,unroll", [(1, 4, 8, 1), (1, 2, 8, 1), (4, 4, 8, 4), (8, 2, 8, 1)]
+    "mt,nb,warps,unroll", [(1, 4, 8, 1), (1, 2, 8, 1), (4, 4, 8, 4), (8, 2, 8, 1), (8, 4, 8, 1)]
 )
 def test_small_mm_kernels_compile_for_sm90_without_spills(
     tmp_path: Path, kind, mt, nb, warps, unroll

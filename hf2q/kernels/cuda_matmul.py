@@ -43,6 +43,8 @@ import mlx.core as mx
 MAX_ROWS = 128
 #: K is consumed in chunks of this many elements (four mma k-steps).
 K_CHUNK = 64
+#: Columns from which a product counts as a head's for the launch shape (:func:`launch_shape`).
+WIDE_N = 1 << 16
 
 _HEADER = r"""
 // D += A (16x16, row) * B (16x8, col) for one warp, float32 accumulators (PTX mma.m16n8k16).
@@ -282,9 +284,14 @@ def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
     # 4B shapes: four blocks, chunk loop unrolled 4 times, 21-41 us a product against 30-61 us
     # for one block, cuBLAS 24-56 us; five m-tiles or more take two blocks, unrolled once, which
     # keeps their accumulators in registers).
+    # A head's width (tens of thousands of columns) at five m-tiles or more also takes four
+    # blocks, unrolled once (session 19, the tied 2560 x 248320 head at 128 rows: 1069 us against
+    # 1563 with two blocks; 242 registers, no spills).
     unroll = 1
     if 3 <= mt <= 4 and N % 32 == 0:
         nb, unroll = 4, 4
+    elif mt >= 5 and N % 32 == 0 and N >= WIDE_N:
+        nb = 4
     elif mt >= 5 and N % 16 == 0:
         nb = 2
     elif mt == 1 and N % 32 == 0 and N >= 32 * 264:
