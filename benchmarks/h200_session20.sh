@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Next H200 call (after .device/s2/install.sh): what session 19 could not finish on its slow last
+# host. The layer shapes' launch at 8 m-tiles (four column blocks won for the head's width: does it
+# for 2560-9216 columns too?), grouped products off/on alternating on the demo pair at 8 slots
+# (the plain step got faster with them; does DFlash's round?), and issue 5's runs with the
+# defaults (the demo pair with a queue, the 4B-shaped pair at 1/4/8 slots).
+set -uo pipefail
+# shellcheck source=benchmarks/h200_common.sh
+. benchmarks/h200_common.sh
+timeout 120 python3 benchmarks/node_cost.py --rows 128 --shapes 4b --ops 16 --reps 5 --tune \
+  --out "$OUT/node_tune128.json" > "$OUT/node_tune128.log" 2>&1
+echo "node_cost tune exit $? $(el)"
+grep -v '"add"' "$OUT/node_tune128.log" | grep -o '"N": [0-9]*, "rows": [0-9]*, "kind": "[^"]*".*"total_us": [0-9.]*'
+timeout 200 python3 benchmarks/plain_ab.py --demo --lookup --slots 8 --tokens 128 --runs 4 \
+  --values HF2Q_GROUPED_MM=0,HF2Q_GROUPED_MM=1 --modes plain,dflash \
+  --out "$OUT/ab_grouped_demo8.json" > "$OUT/ab_grouped_demo8.log" 2>&1
+echo "grouped A/B demo 8 slots exit $? $(el)"; tail -n 1 "$OUT/ab_grouped_demo8.log" | cut -c1-1200
+t=$(( ${BUDGET:-560} - ($(date +%s) - S) - 5 ))
+if [ "$t" -gt 100 ]; then
+  timeout "$t" python3 -m hf2q bench --slots 1,4,8 --requests-per-slot 4 \
+    --gen-tokens 128 --trials 3 --warmup 1 --json --out "$OUT/demo-rps4.json" \
+    > "$OUT/demo-rps4.log" 2>&1
+  echo "demo bench exit $? $(el)"; python3 benchmarks/bench_rows.py "$OUT/demo-rps4.json" \
+    || tail -c 400 "$OUT/demo-rps4.log"
+fi
+synthetic_variants synthetic-final HF2Q_DRAFT_MM_ROWS "32"
+(cd "$OUT" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
