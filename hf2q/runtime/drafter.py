@@ -658,7 +658,10 @@ class DFlashDraftModel(nn.Module):
         self._embed, self._head = embed, head
         # A target's head takes ``mm`` (whether its product runs the small-M kernel): drafts of
         # many rows pass False (select.draft_mm_enabled); any other callable is called as is.
-        self._head_takes_mm = "mm" in inspect.signature(head).parameters
+        try:
+            self._head_takes_mm = "mm" in inspect.signature(head).parameters
+        except (TypeError, ValueError):  # a callable without a signature (a builtin): as is
+            self._head_takes_mm = False
         return self
 
     @property
