@@ -86,9 +86,13 @@ def test_rollback_kernel_compiles_for_sm90_without_spills(tmp_path: Path, layers
     _assert_compiles_without_spills(tmp_path, name, src)
 
 
-@pytest.mark.parametrize("kind", ["single", "add", "grouped2", "grouped4"])
+_LAUNCHES = [(1, 4, 8, 1), (1, 2, 8, 1), (4, 4, 8, 4), (8, 2, 8, 1)]
+
+
 @pytest.mark.parametrize(
-    "mt,nb,warps,unroll", [(1, 4, 8, 1), (1, 2, 8, 1), (4, 4, 8, 4), (8, 2, 8, 1), (8, 4, 8, 1)]
+    "kind,mt,nb,warps,unroll",
+    [(k, *launch) for k in ("single", "add", "grouped2", "grouped4") for launch in _LAUNCHES]
+    + [("single", 8, 4, 8, 1)],  # a head's width at 8 m-tiles (only the single kernel's)
 )
 def test_small_mm_kernels_compile_for_sm90_without_spills(
     tmp_path: Path, kind, mt, nb, warps, unroll

@@ -68,7 +68,7 @@ def test_emulated_kernel_computes_the_product(emulated, rows, dtype):
     _assert_rounded_product(y, x, w)
 
 
-@pytest.mark.parametrize("tune", [(1, 1, 1), (2, 4, 2), (4, 2, 4), (4, 4, 1)])
+@pytest.mark.parametrize("tune", [(1, 1, 1), (2, 4, 2), (4, 2, 4)])
 def test_emulated_kernel_every_launch_shape(emulated, tune):
     x, w = _inputs(17, 512, 64, mx.bfloat16, seed=1)
     _assert_rounded_product(cm.small_matmul_cuda(x, w, tune=tune), x, w)
@@ -84,7 +84,8 @@ def test_emulated_kernel_many_rows_launch_keeps_each_rows_bits(emulated):
         y = cm.small_matmul_cuda(x[:rows], w)
         _assert_rounded_product(y, x[:rows], w)
         assert mx.array_equal(y[-1:], cm.small_matmul_cuda(x[rows - 1 : rows], w))
-        assert mx.array_equal(cm.small_matmul_cuda(x[:rows], w, tune=(4, 4, 1)), y)
+    # A head's launch at 5-8 m-tiles (four blocks, unrolled once): the same bits.
+    assert mx.array_equal(cm.small_matmul_cuda(x, w, tune=(4, 4, 1)), y)
 
 
 def test_emulated_kernel_rows_are_independent_of_the_batch(emulated):
