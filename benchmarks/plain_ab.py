@@ -76,15 +76,15 @@ def main(argv: list[str] | None = None) -> int:
         pair = synthetic_pair(args.synthetic)
         vocab = pair.target.args.vocab_size
         prompt = mx.random.randint(0, vocab, (args.prompt_tokens,), key=mx.random.key(1)).tolist()
-    prompts = [prompt]
-    if args.slots > 0:
+    if args.slots > 0:  # the prompt above, then random ones of its length
         from hf2q.runtime.slots import Request
 
         vocab = pair.target.args.vocab_size
-        keys = [mx.random.key(1 + i) for i in range(args.slots)]
-        shape = (len(prompt) if args.demo else args.prompt_tokens,)
-        prompts = [prompt] + [mx.random.randint(0, vocab, shape, key=k).tolist() for k in keys[1:]]
-        reqs = [Request(p, max_tokens=args.tokens) for p in prompts]
+        others = [
+            mx.random.randint(0, vocab, (len(prompt),), key=mx.random.key(2 + i)).tolist()
+            for i in range(args.slots - 1)
+        ]
+        reqs = [Request(p, max_tokens=args.tokens) for p in [prompt, *others]]
     values = args.values.split(",")
     settings = {v: _setting(args.env, v) for v in values}
     names = sorted({n for st in settings.values() for n in st})
@@ -112,9 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                 if r:
                     ms[mode][v].append(s.decode_time / per * 1e3)
                     tps[mode][v].append(s.generation_tps)
-                    if (
-                        mode == "dflash" and not args.slots
-                    ):  # with lookup the rounds differ: time per token too
+                    # With lookup the rounds differ: DFlash's time per token too.
+                    if mode == "dflash" and not args.slots:
                         per_token[v].append(s.decode_time / max(s.generation_tokens - 1, 1) * 1e3)
                 got = [t for q in s.requests for t in q.tokens] if args.slots else s.tokens
                 tokens[mode].setdefault(v, got)
