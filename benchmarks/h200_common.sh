@@ -28,3 +28,22 @@ synthetic_variants() {
     python3 benchmarks/bench_rows.py "$OUT/$1$v.json" || tail -c 300 "$OUT/$1$v.log"
   done
 }
+
+# ab_run NAME TIMEOUT ARGS...: benchmarks/plain_ab.py ARGS into $OUT/NAME.json / .log, its report's
+# start shown.
+ab_run() {
+  local name=$1 t=$2
+  shift 2
+  timeout "$t" python3 benchmarks/plain_ab.py "$@" --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+  echo "$name exit $? $(el)"; tail -n 1 "$OUT/$name.log" | cut -c1-1200
+}
+
+# demo_queue_bench NAME: hf2q bench on the demo pair at 1, 4, 8 slots with 4 requests per slot, in
+# what remains of ${BUDGET:-560} s, into $OUT/NAME.json / .log, its rows shown.
+demo_queue_bench() {
+  local t=$(( ${BUDGET:-560} - ($(date +%s) - S) - 5 ))
+  [ "$t" -lt 100 ] && return
+  timeout "$t" python3 -m hf2q bench --slots 1,4,8 --requests-per-slot 4 --gen-tokens 128 \
+    --trials 3 --warmup 1 --json --out "$OUT/$1.json" > "$OUT/$1.log" 2>&1
+  echo "$1 exit $? $(el)"; python3 benchmarks/bench_rows.py "$OUT/$1.json" || tail -c 400 "$OUT/$1.log"
+}

@@ -11,17 +11,8 @@ timeout 120 python3 benchmarks/node_cost.py --rows 128 --shapes 4b --ops 16 --re
   --out "$OUT/node_tune128.json" > "$OUT/node_tune128.log" 2>&1
 echo "node_cost tune exit $? $(el)"
 grep -v '"add"' "$OUT/node_tune128.log" | grep -o '"N": [0-9]*, "rows": [0-9]*, "kind": "[^"]*".*"total_us": [0-9.]*'
-timeout 200 python3 benchmarks/plain_ab.py --demo --lookup --slots 8 --tokens 128 --runs 4 \
-  --values HF2Q_GROUPED_MM=0,HF2Q_GROUPED_MM=1 --modes plain,dflash \
-  --out "$OUT/ab_grouped_demo8.json" > "$OUT/ab_grouped_demo8.log" 2>&1
-echo "grouped A/B demo 8 slots exit $? $(el)"; tail -n 1 "$OUT/ab_grouped_demo8.log" | cut -c1-1200
-t=$(( ${BUDGET:-560} - ($(date +%s) - S) - 5 ))
-if [ "$t" -gt 100 ]; then
-  timeout "$t" python3 -m hf2q bench --slots 1,4,8 --requests-per-slot 4 \
-    --gen-tokens 128 --trials 3 --warmup 1 --json --out "$OUT/demo-rps4.json" \
-    > "$OUT/demo-rps4.log" 2>&1
-  echo "demo bench exit $? $(el)"; python3 benchmarks/bench_rows.py "$OUT/demo-rps4.json" \
-    || tail -c 400 "$OUT/demo-rps4.log"
-fi
+ab_run ab_grouped_demo8 200 --demo --lookup --slots 8 --tokens 128 --runs 4 \
+  --values HF2Q_GROUPED_MM=0,HF2Q_GROUPED_MM=1 --modes plain,dflash
+demo_queue_bench demo-rps4
 synthetic_variants synthetic-final HF2Q_DRAFT_MM_ROWS "32"
 (cd "$OUT" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
