@@ -74,16 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         prompt = encode_prompt(pair.tokenizer, BUILTIN_PROMPTS[0], chat=False)
     else:
         pair = synthetic_pair(args.synthetic)
-        vocab = pair.target.args.vocab_size
-        prompt = mx.random.randint(0, vocab, (args.prompt_tokens,), key=mx.random.key(1)).tolist()
+        prompt = _random_prompt(pair, args.prompt_tokens, 1)
     if args.slots > 0:  # the prompt above, then random ones of its length
         from hf2q.runtime.slots import Request
 
-        vocab = pair.target.args.vocab_size
-        others = [
-            mx.random.randint(0, vocab, (len(prompt),), key=mx.random.key(2 + i)).tolist()
-            for i in range(args.slots - 1)
-        ]
+        others = [_random_prompt(pair, len(prompt), 2 + i) for i in range(args.slots - 1)]
         reqs = [Request(p, max_tokens=args.tokens) for p in [prompt, *others]]
     values = args.values.split(",")
     settings = {v: _setting(args.env, v) for v in values}
@@ -136,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         "tokens_equal": {
             f"{m} {v}": tokens[m][v] == tokens[modes[0]][values[0]] for m in modes for v in values
         },
-    }
-    report["tokens_per_s"] = {
-        f"{m} {v}": round(statistics.median(tps[m][v]), 2) for m in modes for v in values
+        "tokens_per_s": {
+            f"{m} {v}": round(statistics.median(tps[m][v]), 2) for m in modes for v in values
+        },
     }
     if "dflash" in modes:
         rounds = {v: statistics.median(x) for v, x in ms["dflash"].items()}
@@ -155,6 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps(report) + "\n")
     return 0
+
+
+def _random_prompt(pair, n: int, seed: int) -> list[int]:
+    """``n`` token ids drawn uniformly from the target's vocabulary with key ``seed``."""
+    import mlx.core as mx
+
+    vocab = pair.target.args.vocab_size
+    return mx.random.randint(0, vocab, (n,), key=mx.random.key(seed)).tolist()
 
 
 def _slots_run(pair, reqs, slots: int, mode: str, lookup: bool):
