@@ -4,6 +4,8 @@
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 S=$(date +%s)
 el() { echo "[$(( $(date +%s) - S ))s]"; }
+# left: the seconds of ${BUDGET:-560} still free, less 5 for what follows a run.
+left() { echo $(( ${BUDGET:-560} - ($(date +%s) - S) - 5 )); }
 
 # node_costs NAME ROWS: benchmarks/node_cost.py on the 4B shapes at ROWS (comma-separated) into
 # $OUT/NAME.json / .log, its product rows shown.
@@ -19,7 +21,7 @@ node_costs() {
 synthetic_variants() {
   local v t
   for v in $3; do
-    t=$(( ${BUDGET:-560} - ($(date +%s) - S) - 5 ))
+    t=$(left)
     [ "$t" -lt 40 ] && break
     env "$2=$v" timeout "$t" python3 benchmarks/slots_synthetic.py --shape 4b --slots 1,4,8 \
       --gen-tokens 32 --prompt-tokens 64 --trials 3 --warmup 1 --out "$OUT/$1$v.json" \
@@ -41,7 +43,8 @@ ab_run() {
 # demo_queue_bench NAME: hf2q bench on the demo pair at 1, 4, 8 slots with 4 requests per slot, in
 # what remains of ${BUDGET:-560} s, into $OUT/NAME.json / .log, its rows shown.
 demo_queue_bench() {
-  local t=$(( ${BUDGET:-560} - ($(date +%s) - S) - 5 ))
+  local t
+  t=$(left)
   [ "$t" -lt 100 ] && return
   timeout "$t" python3 -m hf2q bench --slots 1,4,8 --requests-per-slot 4 --gen-tokens 128 \
     --trials 3 --warmup 1 --json --out "$OUT/$1.json" > "$OUT/$1.log" 2>&1
