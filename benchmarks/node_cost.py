@@ -76,8 +76,9 @@ def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool) -> dict:
         # the default's warps: the choices that keep every row's bits
         from hf2q.kernels.cuda_matmul import launch_shape
 
-        warps = launch_shape(M, x.shape[-1], ws[0].shape[0])[2]
-        for nb in (1, 2, 4):
+        mt, _, warps, _ = launch_shape(M, x.shape[-1], ws[0].shape[0])
+        # eight blocks only up to four m-tiles: 8 x 8 x 4 accumulators would not fit in registers
+        for nb in (1, 2, 4, 8) if mt <= 4 else (1, 2, 4):
             for unroll in (1, 2, 4):
                 t = (nb, warps, unroll)
                 if ws[0].shape[0] % (8 * nb) == 0:

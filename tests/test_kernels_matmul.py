@@ -68,18 +68,20 @@ def test_emulated_kernel_computes_the_product(emulated, rows, dtype):
     _assert_rounded_product(y, x, w)
 
 
-@pytest.mark.parametrize("tune", [(1, 1, 1), (2, 4, 2), (4, 2, 4)])
+@pytest.mark.parametrize("tune", [(1, 1, 1), (2, 4, 2), (4, 2, 4), (8, 4, 1)])
 def test_emulated_kernel_every_launch_shape(emulated, tune):
     x, w = _inputs(17, 512, 64, mx.bfloat16, seed=1)
     _assert_rounded_product(cm.small_matmul_cuda(x, w, tune=tune), x, w)
 
 
 def test_emulated_kernel_many_rows_launch_keeps_each_rows_bits(emulated):
-    # 3-4 m-tiles take four column blocks and an unrolled chunk loop, 5-8 two blocks: same bits.
+    # 3-4 m-tiles take four column blocks and an unrolled chunk loop, 5-7 two blocks, 8 four
+    # blocks unrolled once: same bits.
     x, w = _inputs(100, 512, 64, mx.bfloat16, seed=9)
     assert cm.launch_shape(50, 512, 64)[1:] == (4, 4, 4)
     assert cm.launch_shape(100, 512, 64)[1:] == (2, 4, 1)
     assert cm.launch_shape(100, 512, cm.WIDE_N)[1:] == (4, 4, 1)  # a head's width
+    assert cm.launch_shape(128, 512, 64)[1:] == (4, 4, 1)  # eight m-tiles: any width
     for rows in (50, 100):
         y = cm.small_matmul_cuda(x[:rows], w)
         _assert_rounded_product(y, x[:rows], w)

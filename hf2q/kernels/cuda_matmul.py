@@ -286,11 +286,13 @@ def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
     # keeps their accumulators in registers).
     # A head's width (tens of thousands of columns) at five m-tiles or more also takes four
     # blocks, unrolled once (session 19, the tied 2560 x 248320 head at 128 rows: 1069 us against
-    # 1563 with two blocks; 242 registers, no spills).
+    # 1563 with two blocks; 242 registers, no spills), and so does every width at eight m-tiles
+    # (session 20, the 4B layer shapes at 128 rows: 9216 x 2560 49.6 us against 75.8, 2560 x 9216
+    # 53.5 against 68.7, 2560 x 2560 21.6 against 27.4; cuBLAS 46.6 / 49.6 / 23.5).
     unroll = 1
     if 3 <= mt <= 4 and N % 32 == 0:
         nb, unroll = 4, 4
-    elif mt >= 5 and N % 32 == 0 and N >= WIDE_N:
+    elif mt >= 5 and N % 32 == 0 and (N >= WIDE_N or mt >= 8):
         nb = 4
     elif mt >= 5 and N % 16 == 0:
         nb = 2
