@@ -43,8 +43,6 @@ import mlx.core as mx
 MAX_ROWS = 128
 #: K is consumed in chunks of this many elements (four mma k-steps).
 K_CHUNK = 64
-#: Columns from which a product counts as a head's for the launch shape (:func:`launch_shape`).
-WIDE_N = 1 << 16
 
 _HEADER = r"""
 // D += A (16x16, row) * B (16x8, col) for one warp, float32 accumulators (PTX mma.m16n8k16).
@@ -282,17 +280,16 @@ def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
     # at least 264 blocks: two per SM of an H200's 132. With three m-tiles or more the inputs'
     # loads outweigh the weight's: more column blocks per input load (session 16, 64 rows of the
     # 4B shapes: four blocks, chunk loop unrolled 4 times, 21-41 us a product against 30-61 us
-    # for one block, cuBLAS 24-56 us; five m-tiles or more take two blocks, unrolled once, which
-    # keeps their accumulators in registers).
-    # A head's width (tens of thousands of columns) at five m-tiles or more also takes four
-    # blocks, unrolled once (session 19, the tied 2560 x 248320 head at 128 rows: 1069 us against
-    # 1563 with two blocks; 242 registers, no spills), and so does every width at eight m-tiles
-    # (session 20, the 4B layer shapes at 128 rows: 9216 x 2560 49.6 us against 75.8, 2560 x 9216
-    # 53.5 against 68.7, 2560 x 2560 21.6 against 27.4; cuBLAS 46.6 / 49.6 / 23.5).
+    # for one block, cuBLAS 24-56 us). Five m-tiles or more take four blocks, unrolled once
+    # (session 20, `node_cost.py --tune`, us a product, K x N: at 96 rows 2560 x 9216 46.4
+    # against 115.0 with two blocks, 9216 x 2560 45.1 against 121.4, 2560 x 2560 18.0 against
+    # 28.9; at 128 rows 49.6 / 53.5 / 21.6 against 75.8 / 68.7 / 27.4, cuBLAS 46.6 / 49.6 / 23.5;
+    # session 19, the tied 2560 x 248320 head at 128 rows: 1069 against 1563). 242 registers at
+    # eight m-tiles, no spills.
     unroll = 1
     if 3 <= mt <= 4 and N % 32 == 0:
         nb, unroll = 4, 4
-    elif mt >= 5 and N % 32 == 0 and (N >= WIDE_N or mt >= 8):
+    elif mt >= 5 and N % 32 == 0:
         nb = 4
     elif mt >= 5 and N % 16 == 0:
         nb = 2
