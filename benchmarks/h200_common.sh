@@ -16,6 +16,15 @@ node_costs() {
   grep -v '"add"' "$OUT/$1.log" | cut -c1-150
 }
 
+# node_tune NAME ROWS SHAPES TIMEOUT: benchmarks/node_cost.py --tune (the launch shapes that keep
+# the bits) at ROWS of SHAPES into $OUT/NAME.json / .log, each product's kind and time shown.
+node_tune() {
+  timeout "$4" python3 benchmarks/node_cost.py --rows "$2" --shapes "$3" --ops 16 --reps 5 --tune \
+    --out "$OUT/$1.json" > "$OUT/$1.log" 2>&1
+  echo "node_cost tune $3 exit $? $(el)"
+  grep -v '"add"' "$OUT/$1.log" | grep -o '"N": [0-9]*, "rows": [0-9]*, "kind": "[^"]*".*"total_us": [0-9.]*'
+}
+
 # synthetic_variants NAME VAR "VALUES": the random 4B-shaped pair at 1, 4, 8 slots once per value of
 # VAR (one process each), while ${BUDGET:-560} s allow, into $OUT/NAME<value>.json / .log.
 synthetic_variants() {

@@ -7,10 +7,7 @@
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
-timeout 120 python3 benchmarks/node_cost.py --rows 128 --shapes 4b --ops 16 --reps 5 --tune \
-  --out "$OUT/node_tune128.json" > "$OUT/node_tune128.log" 2>&1
-echo "node_cost tune exit $? $(el)"
-grep -v '"add"' "$OUT/node_tune128.log" | grep -o '"N": [0-9]*, "rows": [0-9]*, "kind": "[^"]*".*"total_us": [0-9.]*'
+node_tune node_tune128 128 4b 120
 ab_run ab_grouped_demo8 200 --demo --lookup --slots 8 --tokens 128 --runs 4 \
   --values HF2Q_GROUPED_MM=0,HF2Q_GROUPED_MM=1 --modes plain,dflash
 demo_queue_bench demo-rps4

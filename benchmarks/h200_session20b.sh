@@ -7,14 +7,8 @@
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
-timeout 100 python3 benchmarks/node_cost.py --rows 64,96 --shapes 4b --ops 16 --reps 5 --tune \
-  --out "$OUT/node_tune4b.json" > "$OUT/node_tune4b.log" 2>&1
-echo "node_cost tune 4b exit $? $(el)"
-grep -v '"add"' "$OUT/node_tune4b.log" | grep -o '"N": [0-9]*, "rows": [0-9]*, "kind": "[^"]*".*"total_us": [0-9.]*'
-timeout 60 python3 benchmarks/node_cost.py --rows 128 --shapes demo --ops 16 --reps 5 --tune \
-  --out "$OUT/node_tune_demo.json" > "$OUT/node_tune_demo.log" 2>&1
-echo "node_cost tune demo exit $? $(el)"
-grep -v '"add"' "$OUT/node_tune_demo.log" | grep -o '"N": [0-9]*, "rows": [0-9]*, "kind": "[^"]*".*"total_us": [0-9.]*'
+node_tune node_tune4b 64,96 4b 100
+node_tune node_tune_demo 128 demo 60
 synthetic_variants synthetic-wide8 HF2Q_DRAFT_MM_ROWS "32"
 timeout 130 python3 benchmarks/verify_cost.py --dtypes bf16 --paths runtime --reps 9 --no-profile \
   --out "$OUT/verify_cost.json" > "$OUT/verify_cost.log" 2>&1
