@@ -248,14 +248,11 @@ class EmulatedKernel:
         self.source = source
         self.header = header
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hf2q_cuda_emu_"))
-        self._libs: dict[str, ctypes.CDLL] = {}
 
     def _lib(self, params, template) -> ctypes.CDLL:
         code = _wrap(self.name, params, self.source, self.header, template)
         key = hashlib.sha1(code.encode()).hexdigest()[:16]
-        if key not in self._libs and key in _BUILT:  # the same program, built by another test
-            self._libs[key] = _BUILT[key]
-        if key not in self._libs:
+        if key not in _BUILT:  # else the same program, built by this or another kernel object
             cpp = self.workdir / f"{self.name}_{key}.cpp"
             so = self.workdir / f"{self.name}_{key}.so"
             cpp.write_text(code)
@@ -274,8 +271,8 @@ class EmulatedKernel:
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode != 0:
                 raise RuntimeError(f"emulator build of {self.name} failed:\n{res.stderr[-4000:]}")
-            self._libs[key] = _BUILT[key] = ctypes.CDLL(str(so))
-        return self._libs[key]
+            _BUILT[key] = ctypes.CDLL(str(so))
+        return _BUILT[key]
 
     def __call__(
         self,
