@@ -59,10 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import mlx.core as mx
+    from host_profile import _once
     from slots_synthetic import synthetic_pair
 
     import hf2q.kernels.layers as layers
-    from hf2q.runtime.dflash import dflash_generate, plain_generate, run
 
     if args.runners:  # in this process only
         layers.decode_runners_active = lambda: True
@@ -75,11 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         pair = synthetic_pair(args.synthetic)
         prompt = _random_prompt(pair, args.prompt_tokens, 1)
+    prompts = [prompt]
     if args.slots > 0:  # the prompt above, then random ones of its length
-        from hf2q.runtime.slots import Request
-
-        others = [_random_prompt(pair, len(prompt), 2 + i) for i in range(args.slots - 1)]
-        reqs = [Request(p, max_tokens=args.tokens) for p in [prompt, *others]]
+        prompts += [_random_prompt(pair, len(prompt), 2 + i) for i in range(args.slots - 1)]
     values = args.values.split(",")
     settings = {v: _setting(args.env, v) for v in values}
     names = sorted({n for st in settings.values() for n in st})
@@ -94,15 +92,11 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ.pop(n, None)
             os.environ.update(settings[v])
             for mode in modes:
-                if args.slots > 0:
-                    s = _slots_run(pair, reqs, args.slots, mode, args.lookup)
-                    per = max(s.rounds, 1)
-                elif mode == "plain":
-                    s = run(plain_generate(pair.target, prompt, max_tokens=args.tokens))
+                loop = f"slots-{mode}" if args.slots else mode
+                s = _once(loop, pair, prompts, args.slots, args.tokens, args.lookup)
+                if loop == "plain":
                     per = max(s.generation_tokens - 1, 1)
                 else:
-                    kw = {"max_tokens": args.tokens, "lookup": args.lookup}
-                    s = run(dflash_generate(pair.target, pair.drafter, prompt, **kw))
                     per = max(s.rounds, 1)
                 if r:
                     ms[mode][v].append(s.decode_time / per * 1e3)
@@ -158,16 +152,6 @@ def _random_prompt(pair, n: int, seed: int) -> list[int]:
 
     vocab = pair.target.args.vocab_size
     return mx.random.randint(0, vocab, (n,), key=mx.random.key(seed)).tolist()
-
-
-def _slots_run(pair, reqs, slots: int, mode: str, lookup: bool):
-    """One batched run of ``reqs`` on ``slots`` rows: its :class:`SlotsSummary`."""
-    from hf2q.runtime.slots import run_slots, slots_dflash_generate, slots_plain_generate
-
-    if mode == "plain":
-        return run_slots(slots_plain_generate(pair.target, reqs, slots=slots))
-    gen = slots_dflash_generate(pair.target, pair.drafter, reqs, slots=slots, lookup=lookup)
-    return run_slots(gen)
 
 
 def _setting(env: str, value: str) -> dict[str, str]:
