@@ -72,24 +72,19 @@ def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool) -> dict:
     if supported(x, ws[0]) is not None:
         return kinds
     kinds["hf2q_small_mm"] = lambda: [small_matmul_cuda(x, w) for w in ws]
-    if tune:  # launch shapes (column blocks per thread block, warps, chunk-loop unrolling and,
-        # when fewer than the rows take, m-tiles per thread block) with the default's warps: the
-        # choices that keep every row's bits
+    if tune:  # launch shapes (column blocks per thread block, warps, chunk-loop unrolling) with
+        # the default's warps: the choices that keep every row's bits
         from hf2q.kernels.cuda_matmul import launch_shape
 
         mt, _, warps, _ = launch_shape(M, x.shape[-1], ws[0].shape[0])
-        cands = []
         # eight blocks only up to four m-tiles: 8 x 8 x 4 accumulators would not fit in registers
         for nb in (1, 2, 4, 8) if mt <= 4 else (1, 2, 4):
-            cands += [(nb, warps, unroll) for unroll in (1, 2, 4)]
-        for m in (1, 2, 4):  # row blocks: fewer registers, more thread blocks
-            if m < mt:
-                cands += [(nb, warps, unroll, m) for nb in (2, 4, 8) for unroll in (1, 2)]
-        for t in cands:
-            if ws[0].shape[0] % (8 * t[0]) == 0:
-                kinds[f"hf2q_small_mm{t}"] = lambda t=t: [
-                    small_matmul_cuda(x, w, tune=t) for w in ws
-                ]
+            for unroll in (1, 2, 4):
+                t = (nb, warps, unroll)
+                if ws[0].shape[0] % (8 * nb) == 0:
+                    kinds[f"hf2q_small_mm{t}"] = lambda t=t: [
+                        small_matmul_cuda(x, w, tune=t) for w in ws
+                    ]
     return kinds
 
 
