@@ -6,7 +6,8 @@ weight, so the device reads from memory, not cache), then times, per node: build
 Python (``build``), handing it to MLX (``mx.async_eval``: on CUDA the host encodes every node into
 CUDA graphs here; ``encode``) and the whole evaluation until the results are ready (``total``).
 ``total`` is the device time per node when the device is the slower side, so ``GB/s`` (weight
-bytes over ``total``) is the effective bandwidth of the product. Medians of ``--reps``.
+bytes over ``total``) is the effective bandwidth of the product. Medians of ``--reps``, the
+kinds taking turns within each rep.
 
 On CUDA it also checks hf2q's kernel against a float32 product (relative error) and that a row's
 result does not depend on how many rows were computed with it (bit-equal).
@@ -34,32 +35,46 @@ def _cuda() -> bool:
     return bool(cuda is not None and cuda.is_available())
 
 
-def _time(make_ops, reps: int) -> dict:
-    build, encode, total = [], [], []
-    for _ in range(reps + 1):
-        mx.synchronize()
-        t0 = time.perf_counter()
-        outs = make_ops()
-        t1 = time.perf_counter()
-        mx.async_eval(outs)
-        t2 = time.perf_counter()
-        mx.eval(outs)
-        mx.synchronize()
-        t3 = time.perf_counter()
-        build.append(t1 - t0)
-        encode.append(t2 - t1)
-        total.append(t3 - t1)
-    n = len(outs)
-    med = lambda v: statistics.median(v[1:]) / n * 1e6  # noqa: E731 (first rep warms up)
-    return {
-        "build_us": round(med(build), 2),
-        "encode_us": round(med(encode), 2),
-        "total_us": round(med(total), 2),
-    }
+def _once(make_ops) -> tuple[float, float, float, int]:
+    """(build, encode, total) seconds of one evaluation of ``make_ops()``'s nodes, and their count."""
+    mx.synchronize()
+    t0 = time.perf_counter()
+    outs = make_ops()
+    t1 = time.perf_counter()
+    mx.async_eval(outs)
+    t2 = time.perf_counter()
+    mx.eval(outs)
+    mx.synchronize()
+    t3 = time.perf_counter()
+    return t1 - t0, t2 - t1, t3 - t1, len(outs)
 
 
-def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool) -> dict:
-    """What to time: name -> function building one node per weight."""
+def _time_all(kinds: dict, reps: int) -> dict:
+    """Per kind, medians over ``reps`` of build / encode / total us a node. The kinds take turns
+    within each rep (each rep starting one kind later), after one unrecorded evaluation each
+    (compilation): a drift of the device over the run (clocks, other work) then spreads over
+    every kind alike instead of favouring the first ones timed."""
+    names = list(kinds)
+    for name in names:
+        _once(kinds[name])
+    times: dict = {name: [] for name in names}
+    for rep in range(reps):
+        for i in range(len(names)):
+            name = names[(rep + i) % len(names)]
+            times[name].append(_once(kinds[name]))
+    out = {}
+    for name, ts in times.items():
+        n = ts[0][3]
+        out[name] = {
+            key: round(statistics.median(t[j] for t in ts) / n * 1e6, 2)
+            for j, key in enumerate(("build_us", "encode_us", "total_us"))
+        }
+    return out
+
+
+def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool, only: list | None = None) -> dict:
+    """What to time: name -> function building one node per weight (``only``: of the tune's
+    launch shapes, these, with the default's warps)."""
     M = x.shape[0]
     kinds = {
         "mlx_matmul": lambda: [x @ w.T for w in ws],
@@ -72,19 +87,24 @@ def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool) -> dict:
     if supported(x, ws[0]) is not None:
         return kinds
     kinds["hf2q_small_mm"] = lambda: [small_matmul_cuda(x, w) for w in ws]
-    if tune:  # launch shapes (column blocks per thread block, warps, chunk-loop unrolling) with
-        # the default's warps: the choices that keep every row's bits
+    if tune:  # launch shapes (column blocks per thread block, warps, chunk-loop unrolling and,
+        # when fewer than the rows take, m-tiles per thread block) with the default's warps: the
+        # choices that keep every row's bits
         from hf2q.kernels.cuda_matmul import launch_shape
 
         mt, _, warps, _ = launch_shape(M, x.shape[-1], ws[0].shape[0])
+        cands = []
         # eight blocks only up to four m-tiles: 8 x 8 x 4 accumulators would not fit in registers
         for nb in (1, 2, 4, 8) if mt <= 4 else (1, 2, 4):
-            for unroll in (1, 2, 4):
-                t = (nb, warps, unroll)
-                if ws[0].shape[0] % (8 * nb) == 0:
-                    kinds[f"hf2q_small_mm{t}"] = lambda t=t: [
-                        small_matmul_cuda(x, w, tune=t) for w in ws
-                    ]
+            cands += [(nb, warps, unroll) for unroll in (1, 2, 4)]
+        for m in (1, 2, 4):  # row blocks: fewer registers, more thread blocks
+            if m < mt:
+                cands += [(nb, warps, unroll, m) for nb in (2, 4, 8) for unroll in (1, 2)]
+        for t in cands if only is None else [(c[0], warps, *c[2:]) for c in only]:
+            if ws[0].shape[0] % (8 * t[0]) == 0:
+                kinds[f"hf2q_small_mm{t}"] = lambda t=t: [
+                    small_matmul_cuda(x, w, tune=t) for w in ws
+                ]
     return kinds
 
 
@@ -98,6 +118,12 @@ def main() -> None:
     ap.add_argument(
         "--tune", action="store_true", help="also time the kernel's launch shapes (same bits)"
     )
+    ap.add_argument(
+        "--cands",
+        default=None,
+        help="with --tune, only these launch shapes: 'nb,warps,unroll[,mtiles];...' (warps: the"
+        " default's, whatever is given, so that the bits stay)",
+    )
     ap.add_argument("--out")
     args = ap.parse_args()
     dtype = getattr(mx, args.dtype)
@@ -106,6 +132,9 @@ def main() -> None:
     shapes = (DEMO if "demo" in chosen else []) + (SHAPE_4B if "4b" in chosen else [])
     shapes += HEAD_4B if "head4b" in chosen else []
     rows_list = [int(r) for r in args.rows.split(",")]
+    only = None
+    if args.cands:
+        only = [tuple(int(v) for v in c.split(",")) for c in args.cands.split(";")]
     if cuda:
         from hf2q.kernels.cuda_matmul import small_matmul_cuda, supported
     else:
@@ -119,9 +148,9 @@ def main() -> None:
         for M in rows_list:
             x = mx.random.normal((M, K)).astype(dtype)
             mx.eval(x)
-            kinds = _kinds(x, ws, cuda, args.tune)
-            for kind, make in kinds.items():
-                r = {"K": K, "N": N, "rows": M, "kind": kind, **_time(make, args.reps)}
+            kinds = _kinds(x, ws, cuda, args.tune, only)
+            for kind, timed in _time_all(kinds, args.reps).items():
+                r = {"K": K, "N": N, "rows": M, "kind": kind, **timed}
                 if kind != "add":
                     r["GB_s"] = round(N * K * x.itemsize / (r["total_us"] * 1e-6) / 1e9, 1)
                 results.append(r)
