@@ -94,14 +94,15 @@ def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool, only: list | None = No
 
         mt, _, warps, _ = launch_shape(M, x.shape[-1], ws[0].shape[0])
         cands = []
-        # eight blocks only up to four m-tiles: 8 x 8 x 4 accumulators would not fit in registers
-        for nb in (1, 2, 4, 8) if mt <= 4 else (1, 2, 4):
+        for nb in (1, 2, 4, 8):
             cands += [(nb, warps, unroll) for unroll in (1, 2, 4)]
         for m in (1, 2, 4):  # row blocks: fewer registers, more thread blocks
             if m < mt:
                 cands += [(nb, warps, unroll, m) for nb in (2, 4, 8) for unroll in (1, 2)]
         for t in cands if only is None else [(c[0], warps, *c[2:]) for c in only]:
-            if ws[0].shape[0] % (8 * t[0]) == 0:
+            tiles = min(t[3], mt) if len(t) == 4 else mt
+            # 8 x 8 x 4 accumulators would not fit in registers, nor their sums in shared memory
+            if ws[0].shape[0] % (8 * t[0]) == 0 and tiles * t[0] <= 32:
                 kinds[f"hf2q_small_mm{t}"] = lambda t=t: [
                     small_matmul_cuda(x, w, tune=t) for w in ws
                 ]
