@@ -75,16 +75,19 @@ def test_emulated_kernel_every_launch_shape(emulated, tune):
 
 
 def test_emulated_kernel_many_rows_launch_keeps_each_rows_bits(emulated):
-    # 3 m-tiles take eight column blocks (four, unrolled, where N is not a multiple of 64), 4
+    # 2 m-tiles take eight column blocks, unrolled (two where N is not a multiple of 64), 3
+    # m-tiles eight blocks (four, unrolled, where N is not a multiple of 64), 4
     # m-tiles four blocks and an unrolled chunk loop, 5-8 four blocks unrolled once (two where N
     # is not a multiple of 32): same bits.
     x, w = _inputs(100, 512, 64, mx.bfloat16, seed=9)
+    assert cm.launch_shape(20, 512, 64)[1:] == (8, 4, 4)
+    assert cm.launch_shape(20, 512, 48)[1:] == (2, 4, 1)
     assert cm.launch_shape(40, 512, 64)[1:] == (8, 4, 1)
     assert cm.launch_shape(40, 512, 32)[1:] == (4, 4, 4)
     assert cm.launch_shape(50, 512, 64)[1:] == (4, 4, 4)
     assert cm.launch_shape(100, 512, 64)[1:] == (4, 4, 1)
     assert cm.launch_shape(128, 512, 48)[1:] == (2, 4, 1)
-    for rows in (40, 50, 100):
+    for rows in (20, 40, 50, 100):
         y = cm.small_matmul_cuda(x[:rows], w)
         _assert_rounded_product(y, x[:rows], w)
         assert mx.array_equal(y[-1:], cm.small_matmul_cuda(x[rows - 1 : rows], w))

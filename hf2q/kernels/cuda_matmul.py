@@ -290,14 +290,21 @@ def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
     # for one block, cuBLAS 24-56 us). Three m-tiles take eight blocks, unrolled once (session
     # 20, `node_cost.py --rows 48 --tune`, us a product, K x N: 2560 x 9216 31.5 against 35.0-60.4
     # for four blocks unrolled 4 times, 9216 x 2560 28.5 against 46.7-49.0, 2560 x 2560 14.5
-    # against 15.9-37.3; session 21 run 1 again: 29.6 / 37.3 / 15.7, no launch 10% faster).
+    # against 15.9-37.3; session 21 run 3, the launches taking turns: no launch 3% faster). Two
+    # m-tiles take eight blocks unrolled 4 times (session 21 run 3, 32 rows: 29.7 / 27.2 / 16.2
+    # against 34.2 / 37.7 / 18.8 for two blocks unrolled once, cuBLAS 40.1 / 48.0 / 30.2; every
+    # eight-block launch 73-80 us for the three against 90.6). At four m-tiles no launch tried
+    # beats four blocks unrolled 4 times by more than 3% (run 3: 97.2 us for the three; thread
+    # blocks of fewer m-tiles, ``tune``'s fourth value, included).
     # Five m-tiles or more take four blocks, unrolled once (session 20, at
     # 96 rows 2560 x 9216 46.4 against 115.0 with two blocks, 9216 x 2560 45.1 against 121.4,
     # 2560 x 2560 18.0 against 28.9; at 128 rows 49.6 / 53.5 / 21.6 against 75.8 / 68.7 / 27.4,
     # cuBLAS 46.6 / 49.6 / 23.5; session 19, the tied 2560 x 248320 head at 128 rows: 1069
     # against 1563). 242 registers at eight m-tiles, no spills.
     unroll = 1
-    if mt == 3 and N % 64 == 0:
+    if mt == 2 and N % 64 == 0:
+        nb, unroll = 8, 4
+    elif mt == 3 and N % 64 == 0:
         nb = 8
     elif 3 <= mt <= 4 and N % 32 == 0:
         nb, unroll = 4, 4
