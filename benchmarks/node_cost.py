@@ -87,22 +87,17 @@ def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool, only: list | None = No
     if supported(x, ws[0]) is not None:
         return kinds
     kinds["hf2q_small_mm"] = lambda: [small_matmul_cuda(x, w) for w in ws]
-    if tune:  # launch shapes (column blocks per thread block, warps, chunk-loop unrolling and,
-        # when fewer than the rows take, m-tiles per thread block) with the default's warps: the
-        # choices that keep every row's bits
+    if tune:  # launch shapes (column blocks per thread block, warps, chunk-loop unrolling) with
+        # the default's warps: the choices that keep every row's bits
         from hf2q.kernels.cuda_matmul import launch_shape
 
         mt, _, warps, _ = launch_shape(M, x.shape[-1], ws[0].shape[0])
         cands = []
         for nb in (1, 2, 4, 8):
             cands += [(nb, warps, unroll) for unroll in (1, 2, 4)]
-        for m in (1, 2, 4):  # row blocks: fewer registers, more thread blocks
-            if m < mt:
-                cands += [(nb, warps, unroll, m) for nb in (2, 4, 8) for unroll in (1, 2)]
         for t in cands if only is None else [(c[0], warps, *c[2:]) for c in only]:
-            tiles = min(t[3], mt) if len(t) == 4 else mt
             # 8 x 8 x 4 accumulators would not fit in registers, nor their sums in shared memory
-            if ws[0].shape[0] % (8 * t[0]) == 0 and tiles * t[0] <= 32:
+            if ws[0].shape[0] % (8 * t[0]) == 0 and mt * t[0] <= 32:
                 kinds[f"hf2q_small_mm{t}"] = lambda t=t: [
                     small_matmul_cuda(x, w, tune=t) for w in ws
                 ]
@@ -122,7 +117,7 @@ def main() -> None:
     ap.add_argument(
         "--cands",
         default=None,
-        help="with --tune, only these launch shapes: 'nb,warps,unroll[,mtiles];...' (warps: the"
+        help="with --tune, only these launch shapes: 'nb,warps,unroll;...' (warps: the"
         " default's, whatever is given, so that the bits stay)",
     )
     ap.add_argument("--out")

@@ -95,23 +95,6 @@ def test_emulated_kernel_many_rows_launch_keeps_each_rows_bits(emulated):
     assert mx.array_equal(cm.small_matmul_cuda(x, w, tune=(2, 4, 1)), y)
 
 
-@pytest.mark.parametrize("tune", [(2, 4, 1, 1), (4, 4, 2, 2), (8, 4, 1, 3), (1, 4, 4, 5)])
-def test_emulated_kernel_row_blocks_keep_each_rows_bits(emulated, tune):
-    # Thread blocks of fewer m-tiles than the rows take (the rest to the next blocks of the same
-    # columns): every row has the bits of the default launch and of the row alone.
-    x, w = _inputs(72, 512, 64, mx.bfloat16, seed=4)
-    y = cm.small_matmul_cuda(x, w)
-    assert mx.array_equal(cm.small_matmul_cuda(x, w, tune=tune), y)
-    assert mx.array_equal(cm.small_matmul_cuda(x[40:41], w, tune=tune), y[40:41])
-
-
-def test_emulated_kernel_rejects_a_malformed_tune(emulated):
-    x, w = _inputs(4, 128, 16, mx.bfloat16)
-    for bad in [(2, 4), (2, 4, 1, 0), (2, 4, 1, 1, 1)]:
-        with pytest.raises(ValueError, match="m-tiles"):
-            cm.small_matmul_cuda(x, w, tune=bad)
-
-
 def test_emulated_kernel_rows_are_independent_of_the_batch(emulated):
     x, w = _inputs(16, 256, 32, mx.bfloat16, seed=2)
     batch = cm.small_matmul_cuda(x, w)
@@ -169,19 +152,6 @@ def test_emulated_grouped_kernel_gives_each_product_the_single_kernels_bits(
     for w, y in zip(ws, ys):
         assert mx.array_equal(y, cm.small_matmul_cuda(x, w))
         _assert_rounded_product(y, x, w)
-
-
-def test_emulated_grouped_kernel_with_row_blocks_keeps_the_bits(emulated_grouped, monkeypatch):
-    # A grouped launch whose thread blocks take one m-tile each (the rows' other tiles in the
-    # next blocks of the same columns): each product keeps the single kernel's bits.
-    mx.random.seed(11)
-    x = mx.random.normal((40, 256)).astype(mx.bfloat16)
-    ws = [(mx.random.normal((n, 256)) * 0.0625).astype(mx.bfloat16) for n in (64, 32)]
-    want = [cm.small_matmul_cuda(x, w) for w in ws]
-    shape = cm.launch_shape
-    monkeypatch.setattr(cm, "launch_shape", lambda *a: (1, *shape(*a)[1:]))
-    for y, y0 in zip(cm.grouped_matmul_cuda(x, ws), want, strict=True):
-        assert mx.array_equal(y, y0)
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
@@ -377,9 +347,6 @@ def test_cuda_kernel_rows_are_bit_equal_whatever_the_batch():
     for n in (1, 16, 32, 48, 64, 96):  # every launch shape: 1, 2, 3, 4 and 5-8 m-tiles
         part = cm.small_matmul_cuda(x[:n], w)
         assert mx.array_equal(part, full[:n])
-    # thread blocks of fewer m-tiles (row blocks sharing columns), as the tune can launch
-    for tune in [(4, 8, 4, 1), (8, 8, 1, 2), (4, 8, 2, 2), (8, 8, 1, 4)]:
-        assert mx.array_equal(cm.small_matmul_cuda(x[:64], w, tune=tune), full[:64])
 
 
 @cuda_only

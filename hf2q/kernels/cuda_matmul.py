@@ -12,10 +12,8 @@ while a custom kernel is one graph node. At the sizes where DFlash pays the prod
 bandwidth-bound (16 rows read the weight once), so a kernel that streams the weight once with
 tensor cores costs the device what cuBLAS does and the host much less.
 
-Layout of the work: a thread block of ``WARPS`` warps owns ``8 * NB`` output columns of
-``16 * MT`` rows (all rows by default; thread blocks next to each other take the next rows of the
-same columns when a launch's ``MT`` is smaller, so the weight's second read comes from L2); its
-warps split K in chunks of 64. Lane ``(g, t)`` (``g = lane / 4``, ``t = lane % 4``) loads 16
+Layout of the work: a thread block of ``WARPS`` warps owns ``8 * NB`` output columns; its warps
+split K in chunks of 64. Lane ``(g, t)`` (``g = lane / 4``, ``t = lane % 4``) loads 16
 consecutive weights of column ``g`` and 16 consecutive inputs of rows ``g`` and ``g + 8`` per
 chunk (two 16-byte loads each, coalesced), and feeds them to four mma steps. The dot product is
 order-free, so the mma's logical k index ``2t + {0, 1}`` / ``2t + 8 + {0, 1}`` of step ``j`` is
@@ -81,16 +79,13 @@ template <> struct Hf2qMma<__half> {
 };
 """
 
-# Template arguments: T (bf16/fp16), MT (m-tiles of 16 rows a thread block computes), NB (8-column blocks per thread
+# Template arguments: T (bf16/fp16), MT (m-tiles of 16 rows), NB (8-column blocks per thread
 # block), WARPS, U (unrolling of the chunk loop). Inputs x (..., K) with M rows in all and w (N, K),
 # both row-contiguous; output y (..., N).
 _ROWS = r"""
   const int K = x_shape[x_ndim - 1];
   int M = 1;
   for (int i = 0; i < x_ndim - 1; ++i) M *= x_shape[i];
-  // Row blocks: thread blocks next to each other share columns and own 16 * MT rows each.
-  const int RB = (M + 16 * MT - 1) / (16 * MT);
-  const int m0 = (blockIdx.x % RB) * (16 * MT);
 """
 
 # The product itself, for a weight ``w`` (N, K) and output ``y`` whose columns n0 .. n0 + 8 * NB
@@ -124,7 +119,7 @@ _BODY = r"""
     }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      const int r0 = m0 + mt * 16 + g;
+      const int r0 = mt * 16 + g;
       const int r1 = r0 + 8;
       uint4 a_lo = zero, a_hi = zero, b_lo = zero, b_hi = zero;
       if (r0 < M) {
@@ -156,7 +151,7 @@ _BODY = r"""
       const int mt = s / (NB * 4);
       const int nb = (s / 4) % NB;
       const int e = s % 4;
-      const int row = m0 + mt * 16 + g + (e >= 2 ? 8 : 0);
+      const int row = mt * 16 + g + (e >= 2 ? 8 : 0);
       const int col = n0 + nb * 8 + 2 * t + (e & 1);
       if (row < M) store((size_t)row * N + col, acc[mt][nb][e]);
     }
@@ -174,7 +169,7 @@ _BODY = r"""
     const int s = i / 32;
     const int ln = i % 32;
     const int mt = s / (NB * 4);
-    const int row = m0 + mt * 16 + (ln >> 2) + ((s % 4) >= 2 ? 8 : 0);
+    const int row = mt * 16 + (ln >> 2) + ((s % 4) >= 2 ? 8 : 0);
     if (row >= M) continue;
     float sum = 0.0f;
 #pragma unroll
@@ -187,7 +182,7 @@ _BODY = r"""
 
 _SINGLE = r"""
   const int N = w_shape[0];
-  const int n0 = (blockIdx.x / RB) * (8 * NB);
+  const int n0 = blockIdx.x * (8 * NB);
 """
 _STORE = r"""
   auto store = [&](size_t i, float v) { y[i] = Hf2qMma<T>::to(v); };
@@ -216,7 +211,7 @@ def grouped_source(groups: int) -> str:
         "  const T* w = nullptr;",
         "  T* y = nullptr;",
         "  int N = 0;",
-        "  int blk = blockIdx.x / RB;",
+        "  int blk = blockIdx.x;",
     ]
     for i in range(groups):
         lines.append("  if (w == nullptr) {")
@@ -279,9 +274,7 @@ def supported(x: mx.array, w: mx.array) -> str | None:
 
 
 def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
-    """(m-tiles a thread block computes, 8-column blocks per thread block, warps, chunk-loop
-    unrolling) for this product. Rows beyond the m-tiles go to further thread blocks (row blocks,
-    :func:`row_blocks`), which read the same columns of the weight."""
+    """(m-tiles, 8-column blocks per thread block, warps, chunk-loop unrolling) for this product."""
     mt = -(-rows // 16)
     # Wider blocks (fewer, reusing each input load for more columns) only while there are still
     # at least 264 blocks: two per SM of an H200's 132. With three m-tiles or more the inputs'
@@ -295,7 +288,8 @@ def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
     # against 34.2 / 37.7 / 18.8 for two blocks unrolled once, cuBLAS 40.1 / 48.0 / 30.2; every
     # eight-block launch 73-80 us for the three against 90.6). At four m-tiles no launch tried
     # beats four blocks unrolled 4 times by more than 3% (run 3: 97.2 us for the three; thread
-    # blocks of fewer m-tiles, ``tune``'s fourth value, included).
+    # blocks of fewer m-tiles, sharing a column block's rows, included: that launch option was
+    # removed again).
     # Five m-tiles or more take four blocks, unrolled once (session 20, at
     # 96 rows 2560 x 9216 46.4 against 115.0 with two blocks, 9216 x 2560 45.1 against 121.4,
     # 2560 x 2560 18.0 against 28.9; at 128 rows 49.6 / 53.5 / 21.6 against 75.8 / 68.7 / 27.4,
@@ -327,50 +321,33 @@ def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
     return mt, nb, warps, unroll
 
 
-def row_blocks(rows: int, mt: int) -> int:
-    """Thread blocks that share a column block, ``mt`` m-tiles of 16 rows each."""
-    return -(-rows // (16 * mt))
-
-
-def _tuned(rows: int, K: int, N: int, tune: tuple[int, ...] | None) -> tuple[int, int, int, int]:
-    """:func:`launch_shape`, with ``tune``'s (column blocks, warps, unrolling[, m-tiles])."""
-    shape = launch_shape(rows, K, N)
-    if tune is None:
-        return shape
-    if len(tune) not in (3, 4) or (len(tune) == 4 and tune[3] < 1):
-        raise ValueError(f"tune {tune}: (column blocks, warps, unrolling[, m-tiles])")
-    nb, warps, unroll = tune[:3]
-    mt = min(tune[3], shape[0]) if len(tune) == 4 else shape[0]
-    return mt, nb, warps, unroll
-
-
 def small_matmul_cuda(
     x: mx.array,
     w: mx.array,
     *,
-    tune: tuple[int, ...] | None = None,
+    tune: tuple[int, int, int] | None = None,
     add: mx.array | None = None,
 ) -> mx.array:
     """``x @ w.T`` in one tensor-core launch; see :func:`supported` for what it takes.
 
-    ``tune`` overrides :func:`launch_shape`'s (column blocks, warps, unrolling) and, as a fourth
-    value, the m-tiles a thread block computes, for tuning: every choice computes the same values
-    up to float32 summation order (a row's bits are the same across row counts, column blocks,
-    unrolling and m-tiles for one choice of ``warps``). ``add``: an array of the output's shape
+    ``tune`` overrides :func:`launch_shape`'s (column blocks, warps, unrolling), for tuning:
+    every choice computes the same values up to float32 summation order (a row's bits are the
+    same across row counts for one choice of ``warps``). ``add``: an array of the output's shape
     and dtype added in the same launch (``x @ w.T + add`` with the bits of the two steps).
     """
     K, N = w.shape[1], w.shape[0]
     rows = math.prod(x.shape[:-1])
-    mt, nb, warps, unroll = _tuned(rows, K, N, tune)
+    mt, nb, warps, unroll = launch_shape(rows, K, N)
+    if tune is not None:
+        nb, warps, unroll = tune
     if add is not None and (add.shape != (*x.shape[:-1], N) or add.dtype != x.dtype):
         raise ValueError(
             f"addend {add.shape} {add.dtype} is not the output's {x.shape[:-1]}+({N},)"
         )
-    blocks = (N // (8 * nb)) * row_blocks(rows, mt)
     (y,) = (_kernel() if add is None else _add_kernel())(
         inputs=[x, w] if add is None else [x, w, add],
         template=[("T", x.dtype), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll)],
-        grid=(blocks * 32 * warps, 1, 1),
+        grid=((N // (8 * nb)) * 32 * warps, 1, 1),
         threadgroup=(32 * warps, 1, 1),
         output_shapes=[(*x.shape[:-1], N)],
         output_dtypes=[x.dtype],
@@ -409,7 +386,7 @@ def grouped_matmul_cuda(x: mx.array, ws: list[mx.array]) -> list[mx.array]:
     # The narrowest weight's launch (fewest column blocks) sets the width and the unrolling;
     # m-tiles and warps depend on the rows and K only.
     mt, nb, warps, unroll = min((launch_shape(rows, K, w.shape[0]) for w in ws), key=lambda s: s[1])
-    blocks = sum(w.shape[0] // (8 * nb) for w in ws) * row_blocks(rows, mt)
+    blocks = sum(w.shape[0] // (8 * nb) for w in ws)
     return _grouped_kernel(len(ws))(
         inputs=[x, *ws],
         template=[("T", x.dtype), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll)],
