@@ -59,3 +59,13 @@ demo_queue_bench() {
     --trials 3 --warmup 1 --json --out "$OUT/$1.json" > "$OUT/$1.log" 2>&1
   echo "$1 exit $? $(el)"; python3 benchmarks/bench_rows.py "$OUT/$1.json" || tail -c 400 "$OUT/$1.log"
 }
+
+# gpu_pytest NAME TIMEOUT ARGS...: pytest ARGS into $OUT/NAME.log in one process (the GPU is one
+# device: pyproject's `-n auto` workers would share it, and the device's install may lack
+# pytest-xdist), its summary shown.
+gpu_pytest() {
+  local name=$1 t=$2
+  shift 2
+  timeout "$t" python3 -m pytest -q -o addopts=-ra -p no:cacheprovider "$@" > "$OUT/$name.log" 2>&1
+  echo "$name exit $? $(el)"; grep -E "passed|failed|FAILED|Error" "$OUT/$name.log" | tail -n 8
+}
