@@ -276,25 +276,22 @@ def supported(x: mx.array, w: mx.array) -> str | None:
 def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
     """(m-tiles, 8-column blocks per thread block, warps, chunk-loop unrolling) for this product."""
     mt = -(-rows // 16)
-    # Wider blocks (fewer, reusing each input load for more columns) only while there are still
-    # at least 264 blocks: two per SM of an H200's 132. With three m-tiles or more the inputs'
-    # loads outweigh the weight's: more column blocks per input load (session 16, 64 rows of the
-    # 4B shapes: four blocks, chunk loop unrolled 4 times, 21-41 us a product against 30-61 us
-    # for one block, cuBLAS 24-56 us). Three m-tiles take eight blocks, unrolled once (session
-    # 20, `node_cost.py --rows 48 --tune`, us a product, K x N: 2560 x 9216 31.5 against 35.0-60.4
-    # for four blocks unrolled 4 times, 9216 x 2560 28.5 against 46.7-49.0, 2560 x 2560 14.5
-    # against 15.9-37.3; session 21 run 3, the launches taking turns: no launch 3% faster). Two
-    # m-tiles take eight blocks unrolled 4 times (session 21 run 3, 32 rows: 29.7 / 27.2 / 16.2
-    # against 34.2 / 37.7 / 18.8 for two blocks unrolled once, cuBLAS 40.1 / 48.0 / 30.2; every
-    # eight-block launch 73-80 us for the three against 90.6). At four m-tiles no launch tried
-    # beats four blocks unrolled 4 times by more than 3% (run 3: 97.2 us for the three; thread
-    # blocks of fewer m-tiles, sharing a column block's rows, included: that launch option was
-    # removed again).
-    # Five m-tiles or more take four blocks, unrolled once (session 20, at
-    # 96 rows 2560 x 9216 46.4 against 115.0 with two blocks, 9216 x 2560 45.1 against 121.4,
-    # 2560 x 2560 18.0 against 28.9; at 128 rows 49.6 / 53.5 / 21.6 against 75.8 / 68.7 / 27.4,
-    # cuBLAS 46.6 / 49.6 / 23.5; session 19, the tied 2560 x 248320 head at 128 rows: 1069
-    # against 1563). 242 registers at eight m-tiles, no spills.
+    # At one m-tile, wider blocks (fewer, reusing each input load for more columns) only while
+    # there are still at least 264 blocks: two per SM of an H200's 132. With more m-tiles the
+    # inputs' loads outweigh the weight's: more column blocks per input load, even with as few
+    # as 40 blocks (2560 columns at two m-tiles, below). Session 16, 64 rows of the 4B shapes:
+    # four blocks, chunk loop unrolled 4 times, 21-41 us a product against 30-61 us for one
+    # block, cuBLAS 24-56 us. Two and three m-tiles take eight blocks (session 21, the
+    # launches timed in turn, us a product, 2560 x 9216 / 9216 x 2560 / 2560 x 2560: at 32 rows,
+    # unrolled 4 times, 29.7 / 27.2 / 16.2 against 34.2 / 37.7 / 18.8 for two blocks unrolled
+    # once, cuBLAS 40.1 / 48.0 / 30.2; at 48 rows, unrolled once, 35.1 / 29.2 / 18.5 against
+    # 41.3 / 38.7 / 20.7 for four blocks unrolled 4 times). At four m-tiles no launch tried beats
+    # four blocks unrolled 4 times by more than 3% (97.2 us for the three). Five m-tiles or more
+    # take four blocks, unrolled once (session 20, at 96 rows 2560 x 9216 46.4 against 115.0
+    # with two blocks, 9216 x 2560 45.1 against 121.4, 2560 x 2560 18.0 against 28.9; at 128
+    # rows 49.6 / 53.5 / 21.6 against 75.8 / 68.7 / 27.4, cuBLAS 46.6 / 49.6 / 23.5; session 19,
+    # the tied 2560 x 248320 head at 128 rows: 1069 against 1563). 242 registers at eight
+    # m-tiles, no spills.
     unroll = 1
     if mt == 2 and N % 64 == 0:
         nb, unroll = 8, 4
