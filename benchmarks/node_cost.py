@@ -89,15 +89,18 @@ def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool, only: list | None = No
     kinds["hf2q_small_mm"] = lambda: [small_matmul_cuda(x, w) for w in ws]
     if tune:  # launch shapes (column blocks per thread block, warps, chunk-loop unrolling) with
         # the default's warps: the choices that keep every row's bits
-        from hf2q.kernels.cuda_matmul import launch_shape
+        from hf2q.kernels.cuda_matmul import SHARED_BYTES, launch_shape, shared_bytes
 
-        mt, _, warps, _ = launch_shape(M, x.shape[-1], ws[0].shape[0])
+        mt, nb0, warps, _ = launch_shape(M, x.shape[-1], ws[0].shape[0])
         cands = []
         for nb in (1, 2, 4, 8):
             cands += [(nb, warps, unroll) for unroll in (1, 2, 4)]
+        # the default width with its weights staged through shared memory, 2-4 chunks ahead
+        cands += [(nb0, warps, unroll, st) for unroll in (1, 2) for st in (2, 3, 4)]
         for t in cands if only is None else [(c[0], warps, *c[2:]) for c in only]:
             # 8 x 8 x 4 accumulators would not fit in registers, nor their sums in shared memory
-            if ws[0].shape[0] % (8 * t[0]) == 0 and mt * t[0] <= 32:
+            fits = shared_bytes(mt, t[0], warps, t[3] if len(t) == 4 else 0) <= SHARED_BYTES
+            if ws[0].shape[0] % (8 * t[0]) == 0 and mt * t[0] <= 32 and fits:
                 kinds[f"hf2q_small_mm{t}"] = lambda t=t: [
                     small_matmul_cuda(x, w, tune=t) for w in ws
                 ]
@@ -117,7 +120,7 @@ def main() -> None:
     ap.add_argument(
         "--cands",
         default=None,
-        help="with --tune, only these launch shapes: 'nb,warps,unroll;...' (warps: the"
+        help="with --tune, only these launch shapes: 'nb,warps,unroll[,stages];...' (warps: the"
         " default's, whatever is given, so that the bits stay)",
     )
     ap.add_argument("--out")

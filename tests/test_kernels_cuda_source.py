@@ -86,15 +86,24 @@ def test_rollback_kernel_compiles_for_sm90_without_spills(tmp_path: Path, layers
     _assert_compiles_without_spills(tmp_path, name, src)
 
 
-_LAUNCHES = [(1, 4, 8, 1), (1, 2, 8, 1), (4, 4, 8, 4), (8, 4, 8, 1)]
+# (m-tiles, column blocks, warps, unrolling, stages): defaults, and weights staged through
+# shared memory (the tune's fourth value) at 4 and 8 m-tiles.
+_LAUNCHES = [
+    (1, 4, 8, 1, 0),
+    (1, 2, 8, 1, 0),
+    (4, 4, 8, 4, 0),
+    (8, 4, 8, 1, 0),
+    (4, 4, 8, 1, 4),
+    (8, 4, 8, 1, 2),
+]
 
 
 @pytest.mark.parametrize(
-    "kind,mt,nb,warps,unroll",
+    "kind,mt,nb,warps,unroll,stages",
     [(k, *launch) for k in ("single", "add", "grouped2", "grouped4") for launch in _LAUNCHES],
 )
 def test_small_mm_kernels_compile_for_sm90_without_spills(
-    tmp_path: Path, kind, mt, nb, warps, unroll
+    tmp_path: Path, kind, mt, nb, warps, unroll, stages
 ):
     import cuda_emu
 
@@ -123,7 +132,7 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(
         [dt] * len(outs),
         source,
         cm._HEADER,
-        [("T", dt), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll)],
+        [("T", dt), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll), ("S", stages)],
     )
     _assert_compiles_without_spills(tmp_path, name, src)
 
