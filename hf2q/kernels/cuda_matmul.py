@@ -401,6 +401,11 @@ def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
     return mt, nb, warps, unroll
 
 
+def _template(dtype: Any, mt: int, nb: int, warps: int, unroll: int, stages: int) -> list:
+    """The kernels' template arguments (see the sources' comment)."""
+    return [("T", dtype), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll), ("S", stages)]
+
+
 def shared_bytes(mt: int, nb: int, warps: int, stages: int = 0) -> int:
     """Static shared memory of a launch: the staged weights (16 bytes per lane, two per column
     block, per warp and stage) and the warps' partial sums (float32, 4 per m-tile and column
@@ -442,14 +447,7 @@ def small_matmul_cuda(
         )
     (y,) = (_kernel() if add is None else _add_kernel())(
         inputs=[x, w] if add is None else [x, w, add],
-        template=[
-            ("T", x.dtype),
-            ("MT", mt),
-            ("NB", nb),
-            ("WARPS", warps),
-            ("U", unroll),
-            ("S", stages),
-        ],
+        template=_template(x.dtype, mt, nb, warps, unroll, stages),
         grid=((N // (8 * nb)) * 32 * warps, 1, 1),
         threadgroup=(32 * warps, 1, 1),
         output_shapes=[(*x.shape[:-1], N)],
@@ -492,14 +490,7 @@ def grouped_matmul_cuda(x: mx.array, ws: list[mx.array]) -> list[mx.array]:
     blocks = sum(w.shape[0] // (8 * nb) for w in ws)
     return _grouped_kernel(len(ws))(
         inputs=[x, *ws],
-        template=[
-            ("T", x.dtype),
-            ("MT", mt),
-            ("NB", nb),
-            ("WARPS", warps),
-            ("U", unroll),
-            ("S", 0),
-        ],
+        template=_template(x.dtype, mt, nb, warps, unroll, 0),
         grid=(blocks * 32 * warps, 1, 1),
         threadgroup=(32 * warps, 1, 1),
         output_shapes=[(*x.shape[:-1], w.shape[0]) for w in ws],
