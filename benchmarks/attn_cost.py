@@ -7,7 +7,8 @@ attention at Qwen3.5-4B's shapes (16 query / 4 key-value heads of 256) for a dec
 and a verify block (16 rows) at each context length: hf2q's row-invariant kernel on CUDA (what
 decoding and verifying run there) and MLX's ``scaled_dot_product_attention`` (every backend).
 Each kind builds ``--ops`` independent calls, each over its own cache buffers, and is timed as
-``node_cost.py`` times a node (build, encode, total per call; medians of ``--reps``).
+``node_cost.py`` times a node (build, encode, total per call; medians of ``--reps``, the kinds
+taking turns).
 
     python benchmarks/attn_cost.py --contexts 64,256,1024,4096 --out runs/attn_cost.json
 """
@@ -24,7 +25,7 @@ import mlx.core as mx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from node_cost import _cuda, _time  # noqa: E402
+from node_cost import _cuda, _time_all  # noqa: E402
 
 N_Q, N_KV, HEAD_DIM = 16, 4, 256
 
@@ -73,8 +74,9 @@ def main() -> None:
         for rows in [int(r) for r in args.rows.split(",")]:
             qs = [mx.random.normal((1, N_Q, rows, HEAD_DIM)).astype(dtype) for _ in range(args.ops)]
             mx.eval(qs)
-            for kind, make in _kinds(qs, ks, vs, context, rows, cuda).items():
-                r = {"context": context, "rows": rows, "kind": kind, **_time(make, args.reps)}
+            kinds = _kinds(qs, ks, vs, context, rows, cuda)
+            for kind, timed in _time_all(kinds, args.reps).items():
+                r = {"context": context, "rows": rows, "kind": kind, **timed}
                 results.append(r)
                 print(json.dumps(r), flush=True)
     out = {"backend": "cuda" if cuda else "cpu", "ops": args.ops, "results": results}
