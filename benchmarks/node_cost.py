@@ -98,7 +98,7 @@ def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool, only: list | None = No
         # the default width with its weights staged through shared memory, 2-4 chunks ahead
         cands += [(nb0, warps, unroll, st) for unroll in (1, 2) for st in (2, 3, 4)]
         for t in cands if only is None else [(c[0], warps, *c[2:]) for c in only]:
-            # 8 x 8 x 4 accumulators would not fit in registers, nor their sums in shared memory
+            # (8 x 8 x 4 accumulators would not fit in registers)
             fits = shared_bytes(mt, t[0], warps, t[3] if len(t) == 4 else 0) <= SHARED_BYTES
             if ws[0].shape[0] % (8 * t[0]) == 0 and mt * t[0] <= 32 and fits:
                 kinds[f"hf2q_small_mm{t}"] = lambda t=t: [

@@ -132,7 +132,7 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(
         [dt] * len(outs),
         source,
         cm._HEADER,
-        [("T", dt), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll), ("S", stages)],
+        cm._template(dt, mt, nb, warps, unroll, stages),
     )
     _assert_compiles_without_spills(tmp_path, name, src)
 

@@ -126,18 +126,24 @@ _PROLOGUE = r"""
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
 """
 
+# A column block's two 16-byte halves ``lo``, ``hi`` as the mma's b registers.
+_UNPACK = r"""
+      wv[nb][0] = lo.x; wv[nb][1] = lo.y; wv[nb][2] = lo.z; wv[nb][3] = lo.w;
+      wv[nb][4] = hi.x; wv[nb][5] = hi.y; wv[nb][6] = hi.z; wv[nb][7] = hi.w;
+    }
+"""
+
 # Direct loads: lane (g, t) reads its 2 x 16 bytes of each column block for chunk c.
-_WEIGHTS_DIRECT = r"""
+_WEIGHTS_DIRECT = (
+    r"""
     unsigned wv[NB][8];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
       const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)(n0 + nb * 8 + g) * K + kb);
       const uint4 lo = wp[0];
-      const uint4 hi = wp[1];
-      wv[nb][0] = lo.x; wv[nb][1] = lo.y; wv[nb][2] = lo.z; wv[nb][3] = lo.w;
-      wv[nb][4] = hi.x; wv[nb][5] = hi.y; wv[nb][6] = hi.z; wv[nb][7] = hi.w;
-    }
-"""
+      const uint4 hi = wp[1];"""
+    + _UNPACK
+)
 
 # The chunk's mma steps over every m-tile, inputs loaded here (kb: this lane's first k).
 _CHUNK_MMA = r"""
@@ -173,18 +179,17 @@ _CHUNK_MMA = r"""
 # with cp.async, S - 1 chunks ahead of the one it multiplies, and reads back only what it copied
 # itself (so no barrier). The chunks, their order and the mma steps are the direct loop's: the
 # same bits. Fewer registers hold weights in flight than the unrolled direct loop needs.
-_WEIGHTS_STAGED = r"""
+_WEIGHTS_STAGED = (
+    r"""
     unsigned wv[NB][8];
     hf2q_stage(i + SS - 1);
     HF2Q_CP_WAIT(SS - 1);
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
       const uint4 lo = hf2q_wst[i % SS][warp][2 * nb][lane];
-      const uint4 hi = hf2q_wst[i % SS][warp][2 * nb + 1][lane];
-      wv[nb][0] = lo.x; wv[nb][1] = lo.y; wv[nb][2] = lo.z; wv[nb][3] = lo.w;
-      wv[nb][4] = hi.x; wv[nb][5] = hi.y; wv[nb][6] = hi.z; wv[nb][7] = hi.w;
-    }
-"""
+      const uint4 hi = hf2q_wst[i % SS][warp][2 * nb + 1][lane];"""
+    + _UNPACK
+)
 
 _BODY = (
     _PROLOGUE
@@ -225,8 +230,7 @@ _BODY = (
     + _CHUNK_MMA
     + r"""  }
   }
-"""
-    + r"""  constexpr int SLOTS = MT * NB * 4;
+  constexpr int SLOTS = MT * NB * 4;
   if (WARPS == 1) {
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
