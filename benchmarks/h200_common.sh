@@ -25,18 +25,23 @@ node_tune() {
   grep -v '"add"' "$OUT/$1.log" | grep -o '"N": [0-9]*, "rows": [0-9]*, "kind": "[^"]*".*"total_us": [0-9.]*'
 }
 
-# synthetic_variants NAME VAR "VALUES": the random 4B-shaped pair at 1, 4, 8 slots once per value of
-# VAR (one process each), while ${BUDGET:-560} s allow, into $OUT/NAME<value>.json / .log.
+# synthetic_run NAME SLOTS TIMEOUT: the random 4B-shaped pair at SLOTS (comma-separated; 32 new
+# tokens after 64 prompt tokens, 3 trials after a warm-up) into $OUT/NAME.json / .log, its rows
+# shown.
+synthetic_run() {
+  timeout "$3" python3 benchmarks/slots_synthetic.py --shape 4b --slots "$2" --gen-tokens 32 \
+    --prompt-tokens 64 --trials 3 --warmup 1 --out "$OUT/$1.json" > "$OUT/$1.log" 2>&1
+  echo "$1 exit $? $(el)"; python3 benchmarks/bench_rows.py "$OUT/$1.json" || tail -c 300 "$OUT/$1.log"
+}
+
+# synthetic_variants NAME VAR "VALUES": synthetic_run at 1, 4, 8 slots once per value of VAR (one
+# process each), while ${BUDGET:-560} s allow, into $OUT/NAME<value>.json / .log.
 synthetic_variants() {
   local v t
   for v in $3; do
     t=$(left)
     [ "$t" -lt 40 ] && break
-    env "$2=$v" timeout "$t" python3 benchmarks/slots_synthetic.py --shape 4b --slots 1,4,8 \
-      --gen-tokens 32 --prompt-tokens 64 --trials 3 --warmup 1 --out "$OUT/$1$v.json" \
-      > "$OUT/$1$v.log" 2>&1
-    echo "$1 $2=$v exit $? $(el)"
-    python3 benchmarks/bench_rows.py "$OUT/$1$v.json" || tail -c 300 "$OUT/$1$v.log"
+    (export "$2=$v"; synthetic_run "$1$v" 1,4,8 "$t")
   done
 }
 
@@ -96,4 +101,9 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob(f"{sys.argv[2]}_*.json")):
             shapes = ((2560, 9216), (9216, 2560), (2560, 2560))
             print(rows, k, [v.get(s) for s in shapes], round(sum(v.values()), 1))
 PY
+}
+
+# pack_logs: the call's logs into $OUT/logs.tar.gz (one file travels back where many might not).
+pack_logs() {
+  (cd "$OUT" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
 }

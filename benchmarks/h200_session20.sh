@@ -12,4 +12,4 @@ ab_run ab_grouped_demo8 200 --demo --lookup --slots 8 --tokens 128 --runs 4 \
   --values HF2Q_GROUPED_MM=0,HF2Q_GROUPED_MM=1 --modes plain,dflash
 demo_queue_bench demo-rps4
 synthetic_variants synthetic-final HF2Q_DRAFT_MM_ROWS "32"
-(cd "$OUT" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
+pack_logs

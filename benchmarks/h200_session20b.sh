@@ -14,4 +14,4 @@ timeout 130 python3 benchmarks/verify_cost.py --dtypes bf16 --paths runtime --re
   --out "$OUT/verify_cost.json" > "$OUT/verify_cost.log" 2>&1
 echo "verify_cost exit $? $(el)"; tail -n 25 "$OUT/verify_cost.log" | cut -c1-200
 demo_queue_bench demo-rps4
-(cd "$OUT" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
+pack_logs

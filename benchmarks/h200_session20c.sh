@@ -7,21 +7,13 @@
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
-timeout 100 python3 -m pytest -q -x -p no:cacheprovider tests/test_kernels_matmul.py \
-  > "$OUT/cuda_tests.log" 2>&1
-echo "kernel tests exit $? $(el)"; tail -n 2 "$OUT/cuda_tests.log"
-timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_runtime_bf16_exact.py \
-  > "$OUT/cuda_tests_exact.log" 2>&1
-echo "bf16 exact exit $? $(el)"; tail -n 2 "$OUT/cuda_tests_exact.log"
-timeout 130 python3 benchmarks/slots_synthetic.py --shape 4b --slots 1,4,6,8 --gen-tokens 32 \
-  --prompt-tokens 64 --trials 3 --warmup 1 --out "$OUT/synthetic-1468.json" \
-  > "$OUT/synthetic-1468.log" 2>&1
-echo "synthetic exit $? $(el)"
-python3 benchmarks/bench_rows.py "$OUT/synthetic-1468.json" || tail -c 300 "$OUT/synthetic-1468.log"
+gpu_pytest cuda_tests 100 -x tests/test_kernels_matmul.py
+gpu_pytest cuda_tests_exact 120 -x tests/test_runtime_bf16_exact.py
+synthetic_run synthetic-1468 1,4,6,8 130
 ab_run plain_dflash_1024 100 --synthetic 4b --tokens 128 --runs 5 --values HF2Q_GROUPED_MM=1 \
   --modes plain,dflash
 t=$(left)
 [ "$t" -gt 60 ] && timeout "$t" python3 benchmarks/verify_cost.py --dtypes bf16 --paths runtime \
   --reps 9 --out "$OUT/verify_cost_profile.json" > "$OUT/verify_cost_profile.log" 2>&1
 echo "verify_cost exit $? $(el)"; tail -n 45 "$OUT/verify_cost_profile.log" | cut -c1-200
-(cd "$OUT" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
+pack_logs

@@ -4,6 +4,4 @@
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
-timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels_matmul.py \
-  > "$OUT/cuda_tests.log" 2>&1
-echo "kernel tests exit $? $(el)"; grep -E "passed|failed|FAILED|SKIPPED" "$OUT/cuda_tests.log" | tail -n 8
+gpu_pytest cuda_tests 150 -rs tests/test_kernels_matmul.py

@@ -13,4 +13,4 @@ for p in 64 1024; do
   ab_run "plain_prompt$p" 80 --synthetic 4b --tokens 128 --runs 3 --prompt-tokens $p \
     --values HF2Q_GROUPED_MM=1 --modes plain
 done
-(cd "$OUT" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
+pack_logs

@@ -6,9 +6,7 @@
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
-timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels_matmul.py \
-  > "$OUT/cuda_tests.log" 2>&1
-echo "kernel tests exit $? $(el)"; grep -E "passed|failed|FAILED|Error" "$OUT/cuda_tests.log" | tail -n 8
+gpu_pytest cuda_tests 150 -rs tests/test_kernels_matmul.py
 node_tune node_tune_48_64 48,64 4b 200
 t=$(left); [ "$t" -gt 60 ] && node_tune node_tune_32_128 32,128 4b "$t"
-(cd "$OUT" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
+pack_logs

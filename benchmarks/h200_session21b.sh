@@ -7,9 +7,7 @@
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
-timeout 200 python3 benchmarks/slots_synthetic.py --shape 4b --slots 1,3,4,8 --gen-tokens 32 \
-  --prompt-tokens 64 --trials 3 --warmup 1 --out "$OUT/synthetic.json" > "$OUT/synthetic.log" 2>&1
-echo "synthetic exit $? $(el)"; python3 benchmarks/bench_rows.py "$OUT/synthetic.json" || tail -c 300 "$OUT/synthetic.log"
+synthetic_run synthetic 1,3,4,8 200
 for v in 0 1; do
   t=$(left); [ "$t" -lt 100 ] && break
   HF2Q_LAGGED_LOOKUP=$v timeout "$t" python3 -m hf2q bench --slots 8 --requests-per-slot 4 \
@@ -23,4 +21,4 @@ if [ "$t" -gt 40 ]; then
     --tokens 128 --lookup --top 30 --out "$OUT/host_profile_demo8.json" > "$OUT/host_profile_demo8.log" 2>&1
   echo "host_profile exit $? $(el)"; grep "^==" "$OUT/host_profile_demo8.log"
 fi
-(cd "$OUT" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
+pack_logs

@@ -10,4 +10,4 @@ set -uo pipefail
 . benchmarks/h200_common.sh
 C="4,8,4;8,8,4;8,8,1;4,8,1;8,8,2,2;8,8,4,2;4,8,4,2;8,8,1,2;4,8,2,2;8,8,1,1;4,8,1,4;8,8,2,4"
 tune_turns tune "$C" 64,48 128,32
-(cd "$OUT" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
+pack_logs

@@ -11,4 +11,4 @@ for s in 4 3; do
   ab_run "draft_rows_s$s" "$t" --synthetic 4b --slots "$s" --modes dflash --tokens 32 \
     --prompt-tokens 64 --runs 3 --values HF2Q_DRAFT_MM_ROWS=32,HF2Q_DRAFT_MM_ROWS=64
 done
-(cd "$OUT" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
+pack_logs

@@ -16,4 +16,4 @@ for s in 2 3 4 1; do
   ab_run "kernels_s$s" "$t" --synthetic "${SHAPE:-4b}" --slots "$s" --modes plain,dflash \
     --tokens 32 --prompt-tokens 64 --runs 3 --values "$V"
 done
-(cd "$OUT" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
+pack_logs

@@ -10,4 +10,4 @@ set -uo pipefail
 gpu_pytest cuda_tests 120 tests/test_kernels_matmul.py -k cuda
 C="4,8,4;4,8,1;4,8,1,2;4,8,1,3;4,8,1,4;4,8,2,2;4,8,2,3;4,8,2,4;8,8,1,2;8,8,4,2"
 tune_turns staged "$C" 64,48 128,32,16
-(cd "$OUT" && tar czf logs.tar.gz ./*.log && rm -f ./*.log)
+pack_logs
