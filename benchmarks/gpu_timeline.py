@@ -1,0 +1,218 @@
+"""When the GPU is busy during hf2q's decoding loops, and with what (a CUPTI kernel trace).
+
+Why: a DFlash round's wall time is the host building and encoding its graphs plus the device
+running them, partly overlapped; switching kernels off one at a time (``plain_ab.py``) cannot
+tell whether a round is waiting on the host or on the device. This records every kernel the
+device runs during a steady-state run (torch's profiler, which reads CUPTI's activity records for
+the whole process: MLX's kernels, inside CUDA graphs too) and reports, per step: the wall time,
+the time the device was busy (the union of the kernels' intervals), the kernels' summed time,
+their count, and the kernels that take the most time, grouped by name.
+
+Usage (a GPU machine with torch; the random 4B-shaped pair, 1, 2, 3, 4 slots)::
+
+    python benchmarks/gpu_timeline.py --synthetic 4b --prompt-tokens 64 --loops slots-dflash,slots-plain \
+        --slots 1,2,3,4 --tokens 32 --out timeline.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from slots_synthetic import add_pair_arguments, pair_and_prompts  # noqa: E402
+
+from hf2q.runtime.slots import (  # noqa: E402
+    Request,
+    SlotFinished,
+    SlotRound,
+    run_slots,
+    slots_dflash_generate,
+    slots_plain_generate,
+)
+
+LOOPS = ("slots-dflash", "slots-plain")
+
+#: Trace event categories that are device work.
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def kernel_group(name: str) -> str:
+    """A kernel's name without template arguments, launch suffixes and numbers, so launches of
+    one kernel at different shapes fall in one group (``hf2q_small_mm_4_8_1`` -> ``hf2q_small_mm``)."""
+    base = name.split("<", 1)[0].split("(", 1)[0].strip()
+    base = re.sub(r"^void ", "", base)
+    base = re.sub(r"(_\d+)+$", "", base)
+    return base or name
+
+
+def device_events(trace: dict, cats=DEVICE_CATS) -> list[tuple[float, float, str]]:
+    """(start us, duration us, name) of every event of a Chrome trace in ``cats``, by start."""
+    out = []
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") == "X" and e.get("cat") in cats:
+            out.append((float(e["ts"]), float(e.get("dur", 0.0)), str(e.get("name", "?"))))
+    out.sort()
+    return out
+
+
+def summarize(events: list[tuple[float, float, str]], steps: int, wall_s: float, top: int) -> dict:
+    """Per-step figures of one traced run: busy (union of intervals), summed kernel time, launch
+    count, the idle gaps' distribution and the ``top`` kernel groups by time (ms per step)."""
+    busy = total = 0.0
+    end = None
+    gaps: list[float] = []
+    groups: dict[str, list[float]] = {}
+    for ts, dur, name in events:
+        total += dur
+        g = groups.setdefault(kernel_group(name), [0.0, 0])
+        g[0] += dur
+        g[1] += 1
+        if end is None or ts >= end:
+            if end is not None:
+                gaps.append(ts - end)
+            busy += dur
+            end = ts + dur
+        elif ts + dur > end:
+            busy += ts + dur - end
+            end = ts + dur
+    span = (events[-1][0] + events[-1][1] - events[0][0]) if events else 0.0
+    gaps.sort()
+    big = [g for g in gaps if g >= 50.0]
+    per = max(steps, 1)
+    return {
+        "steps": steps,
+        "wall_ms_per_step": round(wall_s * 1e3 / per, 4),
+        "span_ms_per_step": round(span / 1e3 / per, 4),
+        "busy_ms_per_step": round(busy / 1e3 / per, 4),
+        "kernel_ms_per_step": round(total / 1e3 / per, 4),
+        "kernels_per_step": round(len(events) / per, 1),
+        "busy_share_of_span": round(busy / span, 4) if span else None,
+        "gaps_over_50us_per_step": round(len(big) / per, 2),
+        "gap_ms_over_50us_per_step": round(sum(big) / 1e3 / per, 4),
+        "gap_median_us": round(gaps[len(gaps) // 2], 2) if gaps else None,
+        "top": [
+            {
+                "group": k,
+                "ms_per_step": round(v[0] / 1e3 / per, 4),
+                "calls_per_step": round(v[1] / per, 2),
+            }
+            for k, v in sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]
+        ],
+    }
+
+
+def _generator(loop: str, pair, prompts, slots: int, tokens: int, lookup: bool):
+    reqs = [Request(p, max_tokens=tokens) for p in prompts]
+    if loop == "slots-dflash":
+        return slots_dflash_generate(pair.target, pair.drafter, reqs, slots=slots, lookup=lookup)
+    return slots_plain_generate(pair.target, reqs, slots=slots)
+
+
+def traced(
+    loop: str, pair, prompts, slots: int, tokens: int, lookup: bool, cpu: bool = False
+) -> tuple[dict, int, float]:
+    """Run ``loop`` once, tracing the device (torch's profiler, device activity only) from its
+    second round event to its first finished slot: the steady state, without the prefills and
+    the first round. Return (Chrome trace, rounds traced, wall seconds)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU if cpu else ProfilerActivity.CUDA])
+    rounds, tic, wall, on = 0, 0.0, 0.0, False
+    for ev in _generator(loop, pair, prompts, slots, tokens, lookup):
+        if isinstance(ev, SlotRound):
+            if on:
+                rounds += 1
+            elif ev.index >= 2:
+                prof.start()
+                on, tic = True, time.perf_counter()
+        elif isinstance(ev, SlotFinished) and on:
+            wall = time.perf_counter() - tic
+            if not cpu:
+                torch.cuda.synchronize()
+            prof.stop()
+            on = False
+    if on:
+        raise SystemExit(f"{loop}: no slot finished; the trace never stopped")
+    if rounds == 0:
+        raise SystemExit(f"{loop}: fewer than three rounds: raise --tokens")
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        trace = json.loads(Path(path).read_text())
+    finally:
+        os.unlink(path)
+    return trace, rounds, wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_pair_arguments(ap)
+    ap.add_argument("--loops", default="slots-dflash,slots-plain")
+    ap.add_argument("--slots", default="1,4", help="comma list of slot counts (slots-* loops)")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--lookup", action="store_true")
+    ap.add_argument("--out", default=None, help="write the JSON summary here too")
+    ap.add_argument(
+        "--cpu-check",
+        action="store_true",
+        help="trace torch's host operators instead (none run: a check of this script without a GPU)",
+    )
+    args = ap.parse_args()
+
+    import torch
+
+    if not args.cpu_check:
+        if not torch.cuda.is_available():
+            raise SystemExit(
+                "gpu_timeline.py needs a CUDA GPU and torch with CUDA: run it on the GPU machine"
+                " (or pass --cpu-check)"
+            )
+        torch.cuda.init()
+    counts = [int(v) for v in args.slots.split(",")]
+    pair, _, prompts = pair_and_prompts(args, max(counts))
+    out: dict = {"pair": args.synthetic or args.model or "demo", "rows": []}
+    for n in counts:
+        for loop in args.loops.split(","):
+            if loop not in LOOPS:
+                raise SystemExit(f"unknown loop {loop!r}: choose from {', '.join(LOOPS)}")
+            run_slots(_generator(loop, pair, prompts[:n], n, args.tokens, args.lookup))  # warm-up
+            trace, steps, wall = traced(
+                loop, pair, prompts[:n], n, args.tokens, args.lookup, args.cpu_check
+            )
+            cats = ("cpu_op",) if args.cpu_check else DEVICE_CATS
+            row = {
+                "loop": loop,
+                "slots": n,
+                **summarize(device_events(trace, cats), steps, wall, args.top),
+            }
+            out["rows"].append(row)
+            print(
+                f"== {loop} slots {n}: {steps} steps; ms a step: wall {row['wall_ms_per_step']},"
+                f" device busy {row['busy_ms_per_step']} (span {row['span_ms_per_step']}),"
+                f" {row['kernels_per_step']} kernels, idle gaps >= 50 us"
+                f" {row['gaps_over_50us_per_step']} ({row['gap_ms_over_50us_per_step']} ms)"
+            )
+            for t in row["top"]:
+                print(
+                    f"   {t['ms_per_step']:8.4f} ms {t['calls_per_step']:7.2f}x  {t['group'][:110]}"
+                )
+    text = json.dumps(out)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
