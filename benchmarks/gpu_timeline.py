@@ -69,21 +69,31 @@ def summarize(events: list[tuple[float, float, str]], steps: int, wall_s: float,
     count, the idle gaps' distribution and the ``top`` kernel groups by time (ms per step)."""
     busy = total = 0.0
     end = None
+    last = ""
     gaps: list[float] = []
-    groups: dict[str, list[float]] = {}
+    groups: dict[str, list] = {}
+    where: dict[tuple[str, str], list[float]] = {}  # big gaps by (kernel before, kernel after)
     for ts, dur, name in events:
         total += dur
-        g = groups.setdefault(kernel_group(name), [0.0, 0])
+        grp = kernel_group(name)
+        g = groups.setdefault(grp, [0.0, 0, []])
         g[0] += dur
         g[1] += 1
+        g[2].append(dur)
         if end is None or ts >= end:
             if end is not None:
                 gaps.append(ts - end)
+                if ts - end >= 50.0:
+                    w = where.setdefault((last, grp), [0.0, 0])
+                    w[0] += ts - end
+                    w[1] += 1
             busy += dur
             end = ts + dur
+            last = grp
         elif ts + dur > end:
             busy += ts + dur - end
             end = ts + dur
+            last = grp
     span = (events[-1][0] + events[-1][1] - events[0][0]) if events else 0.0
     gaps.sort()
     big = [g for g in gaps if g >= 50.0]
@@ -104,10 +114,33 @@ def summarize(events: list[tuple[float, float, str]], steps: int, wall_s: float,
                 "group": k,
                 "ms_per_step": round(v[0] / 1e3 / per, 4),
                 "calls_per_step": round(v[1] / per, 2),
+                "us_min_median_max": _spread(v[2]),
             }
             for k, v in sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]
         ],
+        "big_gaps": [
+            {
+                "before": b,
+                "after": a,
+                "ms_per_step": round(v[0] / 1e3 / per, 4),
+                "count_per_step": round(v[1] / per, 2),
+            }
+            for (b, a), v in sorted(where.items(), key=lambda kv: -kv[1][0])[:top]
+        ],
     }
+
+
+def _spread(durs: list[float]) -> list[float]:
+    d = sorted(durs)
+    return [round(d[0], 2), round(d[len(d) // 2], 2), round(d[-1], 2)]
+
+
+def sequence(events: list[tuple[float, float, str]], limit: int) -> list[list]:
+    """The first ``limit`` device events as [start us from the first, duration us, group]."""
+    if not events:
+        return []
+    t0 = events[0][0]
+    return [[round(ts - t0, 1), round(dur, 1), kernel_group(n)] for ts, dur, n in events[:limit]]
 
 
 def _generator(loop: str, pair, prompts, slots: int, tokens: int, lookup: bool):
@@ -166,6 +199,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--lookup", action="store_true")
+    ap.add_argument(
+        "--sequence",
+        type=int,
+        default=0,
+        help="also keep the first N traced device events in order (start, duration, kernel)",
+    )
     ap.add_argument("--out", default=None, help="write the JSON summary here too")
     ap.add_argument(
         "--cpu-check",
@@ -195,11 +234,10 @@ def main() -> None:
                 loop, pair, prompts[:n], n, args.tokens, args.lookup, args.cpu_check
             )
             cats = ("cpu_op",) if args.cpu_check else DEVICE_CATS
-            row = {
-                "loop": loop,
-                "slots": n,
-                **summarize(device_events(trace, cats), steps, wall, args.top),
-            }
+            events = device_events(trace, cats)
+            row = {"loop": loop, "slots": n, **summarize(events, steps, wall, args.top)}
+            if args.sequence:
+                row["sequence"] = sequence(events, args.sequence)
             out["rows"].append(row)
             print(
                 f"== {loop} slots {n}: {steps} steps; ms a step: wall {row['wall_ms_per_step']},"
@@ -209,10 +247,16 @@ def main() -> None:
             )
             for t in row["top"]:
                 print(
-                    f"   {t['ms_per_step']:8.4f} ms {t['calls_per_step']:7.2f}x  {t['group'][:110]}"
+                    f"   {t['ms_per_step']:8.4f} ms {t['calls_per_step']:7.2f}x"
+                    f" {t['us_min_median_max']} us  {t['group'][:100]}"
+                )
+            print("   idle gaps >= 50 us, by the kernels around them:")
+            for g in row["big_gaps"][:8]:
+                print(
+                    f"   {g['ms_per_step']:8.4f} ms {g['count_per_step']:6.2f}x"
+                    f"  {g['before'][:60]} -> {g['after'][:60]}"
                 )
     text = json.dumps(out)
-    print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
 
