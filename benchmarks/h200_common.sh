@@ -76,14 +76,14 @@ gpu_pytest() {
 }
 
 # tune_turns PREFIX "CANDS" ROWS...: benchmarks/node_cost.py --tune --cands CANDS (the launches
-# timed in turn, 15 reps) on the 4B shapes for each comma-separated ROWS in what remains of
+# timed in turn, 15 reps) on the 4B shapes (or $SHAPES) for each comma-separated ROWS in what remains of
 # ${BUDGET:-560} s, into $OUT/PREFIX_<rows>.json / .log; then each row count's six fastest kinds.
 tune_turns() {
   local prefix=$1 cands=$2 rows t
   shift 2
   for rows in "$@"; do
     t=$(left); [ "$t" -lt 60 ] && break
-    timeout "$t" python3 benchmarks/node_cost.py --rows "$rows" --shapes 4b --ops 16 --reps 15 \
+    timeout "$t" python3 benchmarks/node_cost.py --rows "$rows" --shapes "${SHAPES:-4b}" --ops 16 --reps 15 \
       --tune --cands "$cands" --out "$OUT/${prefix}_${rows//,/_}.json" \
       > "$OUT/${prefix}_${rows//,/_}.log" 2>&1
     echo "tune $rows exit $? $(el)"
@@ -98,8 +98,7 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob(f"{sys.argv[2]}_*.json")):
             if r["rows"] == rows:
                 ks.setdefault(r["kind"], {})[(r["K"], r["N"])] = r["total_us"]
         for k, v in sorted(ks.items(), key=lambda kv: sum(kv[1].values()))[:6]:
-            shapes = ((2560, 9216), (9216, 2560), (2560, 2560))
-            print(rows, k, [v.get(s) for s in shapes], round(sum(v.values()), 1))
+            print(rows, k, [v[s] for s in sorted(v, reverse=True)], round(sum(v.values()), 1))
 PY
 }
 
