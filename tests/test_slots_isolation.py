@@ -166,12 +166,28 @@ def test_lagged_rounds_switch_reads_the_environment(monkeypatch):
     assert select.lagged_for(lookup=True) and "with lookup" in select.summary()
     monkeypatch.setenv(select.LAGGED_ROUNDS_ENV, "0")
     assert not select.lagged_for(lookup=True) and not select.lagged_for(lookup=False)
+    # A lagged round's draft is queued before its verify only with HF2Q_LAGGED_DRAFT_FIRST=1.
+    monkeypatch.delenv(select.LAGGED_DRAFT_FIRST_ENV, raising=False)
+    assert not select.lagged_draft_first()
+    monkeypatch.setenv(select.LAGGED_ROUNDS_ENV, "1")
+    monkeypatch.setenv(select.LAGGED_DRAFT_FIRST_ENV, "1")
+    assert select.lagged_draft_first() and "draft queued first" in select.summary()
+    monkeypatch.setenv(select.LAGGED_DRAFT_FIRST_ENV, "early")
+    with pytest.raises(UsageError, match="HF2Q_LAGGED_DRAFT_FIRST='early' must be 0 or 1"):
+        select.lagged_draft_first()
 
 
-@pytest.mark.parametrize(("N", "idle"), [(1, "compact"), (3, "compact"), (8, "keep")])
-def test_lagged_rounds_decode_exactly_the_single_runs(N, idle, fitted_pairs):
+@pytest.mark.parametrize(
+    ("N", "idle", "draft_first"),
+    [(1, "compact", "0"), (3, "compact", "0"), (8, "keep", "0"), (3, "compact", "1")],
+)
+def test_lagged_rounds_decode_exactly_the_single_runs(
+    N, idle, draft_first, fitted_pairs, monkeypatch
+):
     # Each round queued before the previous acceptance is read (HF2Q_LAGGED_ROUNDS): the
-    # rollback, the drafter's ragged context and the next blocks stay on the device.
+    # rollback, the drafter's ragged context and the next blocks stay on the device; with
+    # HF2Q_LAGGED_DRAFT_FIRST=1 each round's draft is queued before its verify is built.
+    monkeypatch.setenv("HF2Q_LAGGED_DRAFT_FIRST", draft_first)
     tok, target, drafter = _pair(*fitted_pairs["qwen35"])
     reqs, eos = _workload(tok, target)
     want = _expect("qwen35", tok, target, drafter, reqs, eos)
@@ -220,8 +236,15 @@ def test_each_slot_decodes_exactly_its_single_run_with_random_drafter(
     assert summary.acceptance_rate < 0.5  # mostly rejections: rollback really ran
 
 
-@pytest.mark.parametrize("lagged", [False, True], ids=["synchronous", "lagged"])
-def test_sampling_per_slot_equals_single_runs_with_the_same_seeds(fitted_pairs, lagged):
+@pytest.mark.parametrize(
+    ("lagged", "draft_first"),
+    [(False, "0"), (True, "0"), (True, "1")],
+    ids=["synchronous", "lagged", "lagged-draft-first"],
+)
+def test_sampling_per_slot_equals_single_runs_with_the_same_seeds(
+    fitted_pairs, lagged, draft_first, monkeypatch
+):
+    monkeypatch.setenv("HF2Q_LAGGED_DRAFT_FIRST", draft_first)
     tok, target, drafter = _pair(*fitted_pairs["qwen35"])
     reqs, eos = _workload(tok, target)
     sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=7)

@@ -105,6 +105,11 @@ LAGGED_ROUNDS_ENV = "HF2Q_LAGGED_ROUNDS"
 #: (default off: slower on the H200 and on CPUs).
 LAGGED_LOOKUP_ENV = "HF2Q_LAGGED_LOOKUP"
 
+#: HF2Q_LAGGED_DRAFT_FIRST: a lagged round queues its draft for the device (``mx.async_eval``)
+#: before it builds the verify, so the device drafts while the host builds the rest (0 or 1;
+#: see :func:`lagged_draft_first`).
+LAGGED_DRAFT_FIRST_ENV = "HF2Q_LAGGED_DRAFT_FIRST"
+
 #: HF2Q_ROLLBACK_KERNEL=0: a verify's Gated-DeltaNet rollback runs per layer with ops instead of
 #: one launch of :mod:`hf2q.kernels.cuda_rollback` for all layers (CUDA only; default on there).
 ROLLBACK_KERNEL_ENV = "HF2Q_ROLLBACK_KERNEL"
@@ -251,6 +256,19 @@ def lagged_lookup_enabled() -> bool:
     H200 too (docs/BENCHMARKS.md, session 18: the demo pair's looping prompt, DFlash 0.468 ms a
     token with synchronous lookup rounds against 0.579 with this, alternating in one process)."""
     return _flag(LAGGED_LOOKUP_ENV, "0")
+
+
+def lagged_draft_first() -> bool:
+    """Whether a lagged round (:func:`lagged_rounds_enabled`) queues its draft before building
+    its verify (``HF2Q_LAGGED_DRAFT_FIRST``; the values are the same either way).
+
+    Why: a kernel trace of the 4B-shaped pair's lagged rounds on an H200 (docs/BENCHMARKS.md,
+    session 22, ``benchmarks/gpu_timeline.py``) found the device idle 2.0 ms a round at one slot
+    and 3-4 ms at four between one round's last kernel and the next round's first: the host
+    builds a whole round (draft, verify, acceptance, rollback) in Python before it queues any
+    of it. Queuing the draft first lets the device draft while the host builds the verify.
+    """
+    return _flag(LAGGED_DRAFT_FIRST_ENV, "0")
 
 
 def lagged_for(lookup: bool) -> bool:
@@ -459,6 +477,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
             if lagged_lookup_enabled()
             else "lagged (without lookup)"
         )
+        if lagged_draft_first():
+            info["rounds"] += ", draft queued first"
     flush = flush_layers()
     info["verify_queue"] = f"every {flush} layers" if flush else "at the acceptance"
     bucket = sdpa_bucket()

@@ -44,7 +44,7 @@ import mlx.core as mx
 
 from hf2q.errors import UsageError
 from hf2q.kernels.layers import decode_layer_fn
-from hf2q.kernels.select import lagged_for, small_mm_enabled
+from hf2q.kernels.select import lagged_draft_first, lagged_for, small_mm_enabled
 from hf2q.runtime.cache import make_target_cache
 from hf2q.runtime.dflash import (
     PREFILL_STEP_SIZE,
@@ -660,6 +660,7 @@ def _dflash_slots(
         flight: deque = deque()
         t_prev = time.perf_counter()
         stop = False
+        draft_first = lagged_draft_first()
         while flight or not stop:
             if not stop:
                 tic = time.perf_counter()
@@ -671,6 +672,8 @@ def _dflash_slots(
                     draft, q_rows = mx.argmax(dlogits, axis=-1).astype(mx.int32), []
                 else:  # each row's keys in the order a synchronous round draws them
                     draft, q_rows = sample_drafts(dlogits, [B - 1] * R)
+                if draft_first:  # the device drafts while the host builds the verify
+                    mx.async_eval(draft, [q for q in q_rows if q is not None])
                 vin = mx.concatenate([last[:, None], draft], axis=1)
                 vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
                 a_arr, last = accept(draft, q_rows, vlogits, [B - 1] * R)
