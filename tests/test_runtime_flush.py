@@ -1,9 +1,11 @@
-"""Queuing a verify forward every few layers (``HF2Q_FLUSH_LAYERS``, off by default) changes no
-value: only when the device starts on the layers.
+"""Queuing a verify forward every few layers (``HF2Q_FLUSH_LAYERS``; by default every 8 in lagged
+rounds, never in synchronous ones) changes no value: only when the device starts on the layers.
 
 On an H200 a Qwen3.5-4B-sized DFlash round is bound by the host building and encoding the verify's
-graph; with the switch ``verify_forward`` queues it (``mx.async_eval``) every N layers so the device
-can compute those layers meanwhile (no gain measured there: docs/BENCHMARKS.md, session 15). These tests force it on this CPU (every layer, every third) and check that
+graph; ``verify_forward`` queues it (``mx.async_eval``) every N layers so the device can compute
+those layers meanwhile (no gain in synchronous rounds, docs/BENCHMARKS.md session 15; 12-14%
+shorter lagged rounds with the draft queued first, session 22). These tests force it on this
+CPU (every layer, every third) and check that
 the verify's logits, captured features and rolled-back caches are bit-equal to the unqueued
 forward's, and that greedy DFlash, single and batched, still equals plain greedy decoding.
 """
@@ -24,12 +26,18 @@ from hf2q.runtime.verify import verify_forward
 
 def test_flush_layers_reads_the_environment(monkeypatch):
     monkeypatch.delenv(select.FLUSH_LAYERS_ENV, raising=False)
-    assert select.flush_layers() == 0  # measured no faster on the H200: off everywhere
+    assert select.flush_layers() == 0  # synchronous rounds: no gain measured on the H200
+    assert select.flush_layers(lagged=True) == select.LAGGED_FLUSH_LAYERS == 8
+    monkeypatch.setenv(select.LAGGED_ROUNDS_ENV, "1")
+    assert "verify queued every 8 layers" in select.summary()
+    monkeypatch.setenv(select.LAGGED_ROUNDS_ENV, "0")
+    assert "verify queued at the acceptance" in select.summary()
     monkeypatch.setenv(select.FLUSH_LAYERS_ENV, "3")
-    assert select.flush_layers() == 3
+    assert select.flush_layers() == select.flush_layers(lagged=True) == 3
     assert "verify queued every 3 layers" in select.summary()
     monkeypatch.setenv(select.FLUSH_LAYERS_ENV, "0")
-    assert select.flush_layers() == 0
+    assert select.flush_layers() == select.flush_layers(lagged=True) == 0
+    monkeypatch.setenv(select.LAGGED_ROUNDS_ENV, "1")
     assert "verify queued at the acceptance" in select.summary()
     for bad in ("-1", "some"):
         monkeypatch.setenv(select.FLUSH_LAYERS_ENV, bad)

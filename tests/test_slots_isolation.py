@@ -166,12 +166,12 @@ def test_lagged_rounds_switch_reads_the_environment(monkeypatch):
     assert select.lagged_for(lookup=True) and "with lookup" in select.summary()
     monkeypatch.setenv(select.LAGGED_ROUNDS_ENV, "0")
     assert not select.lagged_for(lookup=True) and not select.lagged_for(lookup=False)
-    # A lagged round's draft is queued before its verify only with HF2Q_LAGGED_DRAFT_FIRST=1.
+    # A lagged round's draft is queued before its verify unless HF2Q_LAGGED_DRAFT_FIRST=0.
     monkeypatch.delenv(select.LAGGED_DRAFT_FIRST_ENV, raising=False)
-    assert not select.lagged_draft_first()
     monkeypatch.setenv(select.LAGGED_ROUNDS_ENV, "1")
-    monkeypatch.setenv(select.LAGGED_DRAFT_FIRST_ENV, "1")
     assert select.lagged_draft_first() and "draft queued first" in select.summary()
+    monkeypatch.setenv(select.LAGGED_DRAFT_FIRST_ENV, "0")
+    assert not select.lagged_draft_first() and "draft queued first" not in select.summary()
     monkeypatch.setenv(select.LAGGED_DRAFT_FIRST_ENV, "early")
     with pytest.raises(UsageError, match="HF2Q_LAGGED_DRAFT_FIRST='early' must be 0 or 1"):
         select.lagged_draft_first()
@@ -186,8 +186,11 @@ def test_lagged_rounds_decode_exactly_the_single_runs(
 ):
     # Each round queued before the previous acceptance is read (HF2Q_LAGGED_ROUNDS): the
     # rollback, the drafter's ragged context and the next blocks stay on the device; with
-    # HF2Q_LAGGED_DRAFT_FIRST=1 each round's draft is queued before its verify is built.
+    # HF2Q_LAGGED_DRAFT_FIRST=1 (the default) each round's draft is queued before its verify is
+    # built, and the verify every layer as it is built (the default, every 8, is more layers
+    # than the fitted target has).
     monkeypatch.setenv("HF2Q_LAGGED_DRAFT_FIRST", draft_first)
+    monkeypatch.setenv("HF2Q_FLUSH_LAYERS", draft_first)
     tok, target, drafter = _pair(*fitted_pairs["qwen35"])
     reqs, eos = _workload(tok, target)
     want = _expect("qwen35", tok, target, drafter, reqs, eos)
@@ -245,6 +248,7 @@ def test_sampling_per_slot_equals_single_runs_with_the_same_seeds(
     fitted_pairs, lagged, draft_first, monkeypatch
 ):
     monkeypatch.setenv("HF2Q_LAGGED_DRAFT_FIRST", draft_first)
+    monkeypatch.setenv("HF2Q_FLUSH_LAYERS", draft_first)
     tok, target, drafter = _pair(*fitted_pairs["qwen35"])
     reqs, eos = _workload(tok, target)
     sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=7)

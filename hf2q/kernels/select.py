@@ -83,8 +83,12 @@ ROW_ATTENTION_ENV = "HF2Q_ROW_ATTENTION"
 
 #: HF2Q_FLUSH_LAYERS=N: a verify forward queues its graph for the device (``mx.async_eval``) after
 #: every N layers, so the device can compute the first layers while the host builds the rest
-#: (default 0: the whole forward is queued when the loop waits for its acceptance).
+#: (0: the whole forward is queued at once; default :data:`LAGGED_FLUSH_LAYERS` in lagged rounds,
+#: 0 in synchronous ones).
 FLUSH_LAYERS_ENV = "HF2Q_FLUSH_LAYERS"
+
+#: Layers between the queuings of a lagged round's verify (``HF2Q_FLUSH_LAYERS`` unset).
+LAGGED_FLUSH_LAYERS = 8
 
 #: HF2Q_PREFILL_RUNNERS=0: prompt chunks go through the model's own layer calls instead of the
 #: compiled layer runners (the fused Gated-DeltaNet kernel over the whole chunk; CUDA only, on by
@@ -105,9 +109,9 @@ LAGGED_ROUNDS_ENV = "HF2Q_LAGGED_ROUNDS"
 #: (default off: slower on the H200 and on CPUs).
 LAGGED_LOOKUP_ENV = "HF2Q_LAGGED_LOOKUP"
 
-#: HF2Q_LAGGED_DRAFT_FIRST: a lagged round queues its draft for the device (``mx.async_eval``)
-#: before it builds the verify, so the device drafts while the host builds the rest (0 or 1;
-#: see :func:`lagged_draft_first`).
+#: HF2Q_LAGGED_DRAFT_FIRST=0: a lagged round builds its whole graph before queuing any of it,
+#: instead of queuing its draft (``mx.async_eval``) before it builds the verify (default 1; see
+#: :func:`lagged_draft_first`).
 LAGGED_DRAFT_FIRST_ENV = "HF2Q_LAGGED_DRAFT_FIRST"
 
 #: HF2Q_ROLLBACK_KERNEL=0: a verify's Gated-DeltaNet rollback runs per layer with ops instead of
@@ -260,15 +264,17 @@ def lagged_lookup_enabled() -> bool:
 
 def lagged_draft_first() -> bool:
     """Whether a lagged round (:func:`lagged_rounds_enabled`) queues its draft before building
-    its verify (``HF2Q_LAGGED_DRAFT_FIRST``; the values are the same either way).
+    its verify (``HF2Q_LAGGED_DRAFT_FIRST``, default on; the values are the same either way).
 
     Why: a kernel trace of the 4B-shaped pair's lagged rounds on an H200 (docs/BENCHMARKS.md,
     session 22, ``benchmarks/gpu_timeline.py``) found the device idle 2.0 ms a round at one slot
     and 3-4 ms at four between one round's last kernel and the next round's first: the host
-    builds a whole round (draft, verify, acceptance, rollback) in Python before it queues any
-    of it. Queuing the draft first lets the device draft while the host builds the verify.
+    built a whole round (draft, verify, acceptance, rollback) in Python before it queued any of
+    it. Queuing the draft first lets the device draft while the host builds the verify (and the
+    verify's layers queued as they are built, :func:`flush_layers`, let it verify meanwhile):
+    8.24 -> 7.55 ms a round at one slot, 12.66 -> 12.50 at four, alternating in one process.
     """
-    return _flag(LAGGED_DRAFT_FIRST_ENV, "0")
+    return _flag(LAGGED_DRAFT_FIRST_ENV, "1")
 
 
 def lagged_for(lookup: bool) -> bool:
@@ -283,18 +289,25 @@ def compile_forward_enabled() -> bool:
     return _flag(COMPILE_FORWARD_ENV, "0")
 
 
-def flush_layers() -> int:
-    """After how many layers a verify forward queues what it has built (0: never, the default).
+def flush_layers(lagged: bool = False) -> int:
+    """After how many layers a verify forward queues what it has built (0: never):
+    ``HF2Q_FLUSH_LAYERS`` when set, else :data:`LAGGED_FLUSH_LAYERS` in a lagged round
+    (``lagged``) and 0 in a synchronous one.
 
-    Why it exists: for a model the size of Qwen3.5-4B on an H200 a DFlash round is bound by the
-    host (the verify's graph takes milliseconds of Python to build, then its evaluation encodes
-    it and waits for the device), so queuing the graph every few layers (``mx.async_eval``; the
-    values are the same) could let the device work while the host builds the rest. Measured on
-    the H200 it gave no gain (every 8 layers) or a loss (every 4): docs/BENCHMARKS.md, "H200,
-    session 15". Kept as a switch to measure again: ``HF2Q_FLUSH_LAYERS`` = a layer count.
+    Why: for a model the size of Qwen3.5-4B on an H200 a DFlash round is bound by the host (the
+    verify's graph takes milliseconds of Python to build, then its evaluation encodes it), so
+    queuing the graph every few layers (``mx.async_eval``; the values are the same) lets the
+    device work while the host builds the rest. In synchronous rounds it gave no gain (every 8
+    layers) or a loss (every 4): docs/BENCHMARKS.md, "H200, session 15". In lagged rounds, with
+    the draft queued first (:func:`lagged_draft_first`), every 8 layers shortened the 4B-shaped
+    pair's round from 8.24 to 7.11 ms at one slot and from 12.66 to 11.13 ms at four (session
+    22, alternating in one process, tokens equal); every 4 layers was within 2% of every 8,
+    every 16 slower.
     """
     value = _count(FLUSH_LAYERS_ENV, "a layer count")
-    return value or 0
+    if value is None:
+        return LAGGED_FLUSH_LAYERS if lagged else 0
+    return value
 
 
 def sdpa_bucket() -> int | None:
@@ -479,7 +492,7 @@ def describe(attn: object | None = None) -> dict[str, str]:
         )
         if lagged_draft_first():
             info["rounds"] += ", draft queued first"
-    flush = flush_layers()
+    flush = flush_layers(lagged_rounds_enabled())  # (lagged rounds queue their verify early)
     info["verify_queue"] = f"every {flush} layers" if flush else "at the acceptance"
     bucket = sdpa_bucket()
     info["sdpa_keys"] = f"padded to a multiple of {bucket}" if bucket else "exact length"

@@ -675,7 +675,7 @@ def _dflash_slots(
                 if draft_first:  # the device drafts while the host builds the verify
                     mx.async_eval(draft, [q for q in q_rows if q is not None])
                 vin = mx.concatenate([last[:, None], draft], axis=1)
-                vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
+                vlogits, feats = verify_forward(target, vin, tcache, capture=ids, lagged=True)
                 a_arr, last = accept(draft, q_rows, vlogits, [B - 1] * R)
                 keep = a_arr + 1
                 tcache.rollback(keep)

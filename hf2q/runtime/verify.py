@@ -257,12 +257,15 @@ def verify_forward(
     *,
     capture: Sequence[int] = (),
     runners: bool | None = None,
+    lagged: bool = False,
 ) -> tuple[mx.array, mx.array | None]:
     """Run the target over ``tokens`` (B, T) so that ``cache.rollback(n_keep)`` can follow.
 
     Args:
         runners: use :func:`runner_verify_layer_fn` (True) or :func:`verify_layer` (False);
             None: :func:`use_runners`.
+        lagged: the forward is a lagged round's (``hf2q.runtime.slots``): its graph is queued
+            every ``select.flush_layers(lagged=True)`` layers as it is built.
 
     Returns:
         ``(logits, features)`` as :meth:`TargetModel.forward`: logits (B, T, vocab) and the
@@ -288,5 +291,10 @@ def verify_forward(
     else:
         fn = verify_layer
     return target.forward(
-        tokens, cache, capture=capture, layer_fn=fn, mm=mm, flush_every=select.flush_layers()
+        tokens,
+        cache,
+        capture=capture,
+        layer_fn=fn,
+        mm=mm,
+        flush_every=select.flush_layers(lagged),
     )
