@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# For the next H200 call (after .device/s2/install.sh; not yet run on a GPU): weights staged
-# through shared memory with cp.async (cuda_matmul's tune, fourth value: chunks in flight), the
+# Session 22, run 1 (after .device/s2/install.sh), at commit 6962456: weights staged through
+# shared memory with cp.async (cuda_matmul's tune, fourth value: chunks in flight), the
 # candidate for the 64-row products that bind issue 5's 4-slot round (37.7 us for 2560 x 9216
 # against a 9.8 us weight-read floor, session 21 run 3). First the kernel's CUDA tests (staged
 # launches bit-equal to the default at 16, 64 and 128 rows), then the launches timed in turn.
+# Staged launches were slower at every row count and the option was removed afterwards: this
+# script records that call and runs only at that commit.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh

@@ -91,15 +91,11 @@ def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool, only: list | None = No
         # the default's warps: the choices that keep every row's bits
         from hf2q.kernels.cuda_matmul import SHARED_BYTES, launch_shape, shared_bytes
 
-        mt, nb0, warps, _ = launch_shape(M, x.shape[-1], ws[0].shape[0])
-        cands = []
-        for nb in (1, 2, 4, 8):
-            cands += [(nb, warps, unroll) for unroll in (1, 2, 4)]
-        # the default width with its weights staged through shared memory, 2-4 chunks ahead
-        cands += [(nb0, warps, unroll, st) for unroll in (1, 2) for st in (2, 3, 4)]
-        for t in cands if only is None else [(c[0], warps, *c[2:]) for c in only]:
+        mt, _, warps, _ = launch_shape(M, x.shape[-1], ws[0].shape[0])
+        cands = [(nb, warps, unroll) for nb in (1, 2, 4, 8) for unroll in (1, 2, 4)]
+        for t in cands if only is None else [(c[0], warps, c[2]) for c in only]:
             # (8 x 8 x 4 accumulators would not fit in registers)
-            fits = shared_bytes(mt, t[0], warps, t[3] if len(t) == 4 else 0) <= SHARED_BYTES
+            fits = shared_bytes(mt, t[0], warps) <= SHARED_BYTES
             if ws[0].shape[0] % (8 * t[0]) == 0 and mt * t[0] <= 32 and fits:
                 kinds[f"hf2q_small_mm{t}"] = lambda t=t: [
                     small_matmul_cuda(x, w, tune=t) for w in ws
@@ -120,7 +116,7 @@ def main() -> None:
     ap.add_argument(
         "--cands",
         default=None,
-        help="with --tune, only these launch shapes: 'nb,warps,unroll[,stages];...' (warps: the"
+        help="with --tune, only these launch shapes: 'nb,warps,unroll;...' (warps: the"
         " default's, whatever is given, so that the bits stay)",
     )
     ap.add_argument("--out")
@@ -134,6 +130,8 @@ def main() -> None:
     only = None
     if args.cands:
         only = [tuple(int(v) for v in c.split(",")) for c in args.cands.split(";")]
+        if any(len(c) != 3 for c in only):
+            raise SystemExit(f"--cands {args.cands!r}: give 'nb,warps,unroll' per launch")
     if cuda:
         from hf2q.kernels.cuda_matmul import small_matmul_cuda, supported
     else:

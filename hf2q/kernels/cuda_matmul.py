@@ -18,9 +18,7 @@ consecutive weights of column ``g`` and 16 consecutive inputs of rows ``g`` and 
 chunk (two 16-byte loads each, coalesced), and feeds them to four mma steps. The dot product is
 order-free, so the mma's logical k index ``2t + {0, 1}`` / ``2t + 8 + {0, 1}`` of step ``j`` is
 mapped to the physical k ``16t + 4j + {0, 1}`` / ``16t + 4j + {2, 3}`` in both operands: each
-lane's loads are contiguous. Warps' partial sums are added in shared memory in warp order. As a
-tuning option (``tune``'s fourth value, not a default: not yet timed on a GPU) each lane's weight
-loads go through shared memory with ``cp.async``, several chunks ahead, instead of registers.
+lane's loads are contiguous. Warps' partial sums are added in shared memory in warp order.
 
 Each output row is computed the same way whatever the other rows hold and however many rows
 there are (same chunk order, same mma lane, same warp order), so a row's result does not depend
@@ -62,20 +60,6 @@ _HEADER = r"""
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                         \
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 #endif
-// 16-byte asynchronous copies global -> shared (cp.async, sm_80+): the staged weight loads.
-#ifdef HF2Q_EMULATED_MMA
-#define HF2Q_CP_ASYNC16(dst, src) std::memcpy((void*)(dst), (const void*)(src), 16)
-#define HF2Q_CP_COMMIT()
-#define HF2Q_CP_WAIT(n)
-#else
-#define HF2Q_CP_ASYNC16(dst, src)                                                        \
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(                      \
-                   (unsigned)__cvta_generic_to_shared(dst)),                             \
-               "l"(src)                                                                  \
-               : "memory")
-#define HF2Q_CP_COMMIT() asm volatile("cp.async.commit_group;\n" ::: "memory")
-#define HF2Q_CP_WAIT(n) asm volatile("cp.async.wait_group %0;\n" ::"n"(n) : "memory")
-#endif
 template <typename T> struct Hf2qMma;
 template <> struct Hf2qMma<__nv_bfloat16> {
   static __device__ __forceinline__ void run(float* c, unsigned a0, unsigned a1, unsigned a2,
@@ -98,8 +82,7 @@ template <> struct Hf2qMma<__half> {
 """
 
 # Template arguments: T (bf16/fp16), MT (m-tiles of 16 rows), NB (8-column blocks per thread
-# block), WARPS, U (unrolling of the chunk loop), S (0: weights loaded directly; S > 0: staged
-# through shared memory, S chunks in flight). Inputs x (..., K) with M rows in all and w (N, K),
+# block), WARPS, U (unrolling of the chunk loop). Inputs x (..., K) with M rows in all and w (N, K),
 # both row-contiguous; output y (..., N).
 _ROWS = r"""
   const int K = x_shape[x_ndim - 1];
@@ -110,7 +93,7 @@ _ROWS = r"""
 # The product itself, for a weight ``w`` (N, K) and output ``y`` whose columns n0 .. n0 + 8 * NB
 # this thread block computes (the single kernel and the grouped one each say which), each value
 # written by ``store(index, float32 sum)``.
-_PROLOGUE = r"""
+_BODY = r"""
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
@@ -124,29 +107,18 @@ _PROLOGUE = r"""
       for (int e = 0; e < 4; ++e) acc[mt][nb][e] = 0.0f;
   const int chunks = K / 64;
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-"""
-
-# A column block's two 16-byte halves ``lo``, ``hi`` as the mma's b registers.
-_UNPACK = r"""
-      wv[nb][0] = lo.x; wv[nb][1] = lo.y; wv[nb][2] = lo.z; wv[nb][3] = lo.w;
-      wv[nb][4] = hi.x; wv[nb][5] = hi.y; wv[nb][6] = hi.z; wv[nb][7] = hi.w;
-    }
-"""
-
-# Direct loads: lane (g, t) reads its 2 x 16 bytes of each column block for chunk c.
-_WEIGHTS_DIRECT = (
-    r"""
+#pragma unroll U
+  for (int c = warp; c < chunks; c += WARPS) {
+    const int kb = c * 64 + 16 * t;
     unsigned wv[NB][8];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
       const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)(n0 + nb * 8 + g) * K + kb);
       const uint4 lo = wp[0];
-      const uint4 hi = wp[1];"""
-    + _UNPACK
-)
-
-# The chunk's mma steps over every m-tile, inputs loaded here (kb: this lane's first k).
-_CHUNK_MMA = r"""
+      const uint4 hi = wp[1];
+      wv[nb][0] = lo.x; wv[nb][1] = lo.y; wv[nb][2] = lo.z; wv[nb][3] = lo.w;
+      wv[nb][4] = hi.x; wv[nb][5] = hi.y; wv[nb][6] = hi.z; wv[nb][7] = hi.w;
+    }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       const int r0 = mt * 16 + g;
@@ -173,62 +145,6 @@ _CHUNK_MMA = r"""
         }
       }
     }
-"""
-
-# Weights staged in shared memory (S > 0): each lane copies its own 2 x 16 bytes per column block
-# with cp.async, S - 1 chunks ahead of the one it multiplies, and reads back only what it copied
-# itself (so no barrier). The chunks, their order and the mma steps are the direct loop's: the
-# same bits. Fewer registers hold weights in flight than the unrolled direct loop needs.
-_WEIGHTS_STAGED = (
-    r"""
-    unsigned wv[NB][8];
-    hf2q_stage(i + SS - 1);
-    HF2Q_CP_WAIT(SS - 1);
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      const uint4 lo = hf2q_wst[i % SS][warp][2 * nb][lane];
-      const uint4 hi = hf2q_wst[i % SS][warp][2 * nb + 1][lane];"""
-    + _UNPACK
-)
-
-_BODY = (
-    _PROLOGUE
-    + r"""
-  if constexpr (S > 0) {
-    // (sized 1 x 1 x 1 x 1 where S == 0: this branch is still compiled, never run)
-    constexpr int SS = S > 0 ? S : 1;
-    __shared__ __align__(16) uint4
-        hf2q_wst[SS][S > 0 ? WARPS : 1][S > 0 ? 2 * NB : 1][S > 0 ? 32 : 1];
-    const int nch = chunks > warp ? (chunks - warp + WARPS - 1) / WARPS : 0;
-    auto hf2q_stage = [&](int i) {  // start copying chunk i's weights (past the end: nothing)
-      if (i < nch) {
-        const int kb = (warp + i * WARPS) * 64 + 16 * t;
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {
-          const T* wp = w + (size_t)(n0 + nb * 8 + g) * K + kb;
-          HF2Q_CP_ASYNC16(&hf2q_wst[i % SS][warp][2 * nb][lane], wp);
-          HF2Q_CP_ASYNC16(&hf2q_wst[i % SS][warp][2 * nb + 1][lane], wp + 8);
-        }
-      }
-      HF2Q_CP_COMMIT();  // one group per chunk, empty past the end, so waits count chunks
-    };
-    for (int i = 0; i < SS - 1; ++i) hf2q_stage(i);
-#pragma unroll U
-    for (int i = 0; i < nch; ++i) {
-      const int kb = (warp + i * WARPS) * 64 + 16 * t;
-"""
-    + _WEIGHTS_STAGED
-    + _CHUNK_MMA
-    + r"""    }
-    HF2Q_CP_WAIT(0);
-  } else {
-#pragma unroll U
-  for (int c = warp; c < chunks; c += WARPS) {
-    const int kb = c * 64 + 16 * t;
-"""
-    + _WEIGHTS_DIRECT
-    + _CHUNK_MMA
-    + r"""  }
   }
   constexpr int SLOTS = MT * NB * 4;
   if (WARPS == 1) {
@@ -264,7 +180,6 @@ _BODY = (
     store((size_t)row * N + col, sum);
   }
 """
-)
 
 
 _SINGLE = r"""
@@ -405,16 +320,15 @@ def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
     return mt, nb, warps, unroll
 
 
-def _template(dtype: Any, mt: int, nb: int, warps: int, unroll: int, stages: int) -> list:
+def _template(dtype: Any, mt: int, nb: int, warps: int, unroll: int) -> list:
     """The kernels' template arguments (see the sources' comment)."""
-    return [("T", dtype), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll), ("S", stages)]
+    return [("T", dtype), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll)]
 
 
-def shared_bytes(mt: int, nb: int, warps: int, stages: int = 0) -> int:
-    """Static shared memory of a launch: the staged weights (16 bytes per lane, two per column
-    block, per warp and stage) and the warps' partial sums (float32, 4 per m-tile and column
-    block, per lane and warp)."""
-    return stages * warps * nb * 2 * 32 * 16 + warps * mt * nb * 4 * 32 * 4
+def shared_bytes(mt: int, nb: int, warps: int) -> int:
+    """Static shared memory of a launch: the warps' partial sums (float32, 4 per m-tile and
+    column block, per lane and warp)."""
+    return warps * mt * nb * 4 * 32 * 4
 
 
 def small_matmul_cuda(
@@ -426,24 +340,21 @@ def small_matmul_cuda(
 ) -> mx.array:
     """``x @ w.T`` in one tensor-core launch; see :func:`supported` for what it takes.
 
-    ``tune`` overrides :func:`launch_shape`'s (column blocks, warps, unrolling), for tuning, and
-    a fourth value, when given, stages the weights through shared memory with that many chunks
-    in flight (0: direct loads, the default): every choice computes the same values up to
-    float32 summation order (a row's bits are the same across row counts, column blocks,
-    unrolling and staging for one choice of ``warps``). ``add``: an array of the output's shape
-    and dtype added in the same launch (``x @ w.T + add`` with the bits of the two steps).
+    ``tune`` overrides :func:`launch_shape`'s (column blocks, warps, unrolling), for tuning:
+    every choice computes the same values up to float32 summation order (a row's bits are the
+    same across row counts, column blocks and unrolling for one choice of ``warps``). ``add``:
+    an array of the output's shape and dtype added in the same launch (``x @ w.T + add`` with
+    the bits of the two steps).
     """
     K, N = w.shape[1], w.shape[0]
     rows = math.prod(x.shape[:-1])
     mt, nb, warps, unroll = launch_shape(rows, K, N)
-    stages = 0
     if tune is not None:
-        if len(tune) not in (3, 4):
-            raise ValueError(f"tune {tune}: (column blocks, warps, unrolling[, stages])")
-        nb, warps, unroll = tune[:3]
-        stages = tune[3] if len(tune) == 4 else 0
-        smem = shared_bytes(mt, nb, warps, stages)
-        if stages < 0 or smem > SHARED_BYTES:
+        if len(tune) != 3:
+            raise ValueError(f"tune {tune}: (column blocks, warps, unrolling)")
+        nb, warps, unroll = tune
+        smem = shared_bytes(mt, nb, warps)
+        if smem > SHARED_BYTES:
             raise ValueError(f"tune {tune}: {smem} bytes of shared memory (at most {SHARED_BYTES})")
     if add is not None and (add.shape != (*x.shape[:-1], N) or add.dtype != x.dtype):
         raise ValueError(
@@ -451,7 +362,7 @@ def small_matmul_cuda(
         )
     (y,) = (_kernel() if add is None else _add_kernel())(
         inputs=[x, w] if add is None else [x, w, add],
-        template=_template(x.dtype, mt, nb, warps, unroll, stages),
+        template=_template(x.dtype, mt, nb, warps, unroll),
         grid=((N // (8 * nb)) * 32 * warps, 1, 1),
         threadgroup=(32 * warps, 1, 1),
         output_shapes=[(*x.shape[:-1], N)],
@@ -494,7 +405,7 @@ def grouped_matmul_cuda(x: mx.array, ws: list[mx.array]) -> list[mx.array]:
     blocks = sum(w.shape[0] // (8 * nb) for w in ws)
     return _grouped_kernel(len(ws))(
         inputs=[x, *ws],
-        template=_template(x.dtype, mt, nb, warps, unroll, 0),
+        template=_template(x.dtype, mt, nb, warps, unroll),
         grid=(blocks * 32 * warps, 1, 1),
         threadgroup=(32 * warps, 1, 1),
         output_shapes=[(*x.shape[:-1], w.shape[0]) for w in ws],
