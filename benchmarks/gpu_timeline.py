@@ -8,7 +8,9 @@ the whole process: MLX's kernels, inside CUDA graphs too) and reports, per step:
 the time the device was busy (the union of the kernels' intervals), the kernels' summed time,
 their count, and the kernels that take the most time, grouped by name.
 
-Usage (a GPU machine with torch; the random 4B-shaped pair, 1, 2, 3, 4 slots)::
+Each (slot count, loop) is traced in its own process (the profiler crashed on an H200 when one
+process started a third trace). Usage (a GPU machine with torch; the random 4B-shaped pair, 1,
+2, 3, 4 slots)::
 
     python benchmarks/gpu_timeline.py --synthetic 4b --prompt-tokens 64 --loops slots-dflash,slots-plain \
         --slots 1,2,3,4 --tokens 32 --out timeline.json
@@ -191,6 +193,38 @@ def traced(
     return trace, rounds, wall
 
 
+def _each_in_its_own_process(args, counts: list[int], loops: list[str]) -> None:
+    """Run this script once per (slot count, loop), each tracing once (torch's profiler crashed
+    with a segmentation fault when one process started its third trace on the H200), and write
+    their rows as one report."""
+    import subprocess
+
+    base = [sys.executable, str(Path(__file__).resolve())]
+    for flag, value in (
+        ("--model", args.model),
+        ("--draft", args.draft),
+        ("--synthetic", args.synthetic),
+    ):
+        if value:
+            base += [flag, value]
+    base += ["--dtype", args.dtype, "--prompt-tokens", str(args.prompt_tokens)]
+    base += ["--tokens", str(args.tokens), "--top", str(args.top), "--sequence", str(args.sequence)]
+    base += ["--lookup"] * args.lookup + ["--cpu-check"] * args.cpu_check
+    out: dict = {"pair": args.synthetic or args.model or "demo", "rows": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in counts:
+            for loop in loops:
+                part = Path(tmp) / f"{loop}-{n}.json"
+                cmd = [*base, "--slots", str(n), "--loops", loop, "--out", str(part)]
+                res = subprocess.run(cmd)
+                if res.returncode != 0 or not part.exists():
+                    print(f"== {loop} slots {n}: failed (exit {res.returncode})", flush=True)
+                    continue
+                out["rows"] += json.loads(part.read_text())["rows"]
+    if args.out:
+        Path(args.out).write_text(json.dumps(out) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_pair_arguments(ap)
@@ -212,6 +246,14 @@ def main() -> None:
         help="trace torch's host operators instead (none run: a check of this script without a GPU)",
     )
     args = ap.parse_args()
+    counts = [int(v) for v in args.slots.split(",")]
+    loops = args.loops.split(",")
+    for loop in loops:
+        if loop not in LOOPS:
+            raise SystemExit(f"unknown loop {loop!r}: choose from {', '.join(LOOPS)}")
+    if len(counts) * len(loops) > 1:  # one trace a process: a third one crashed the profiler
+        _each_in_its_own_process(args, counts, loops)
+        return
 
     import torch
 
@@ -222,13 +264,10 @@ def main() -> None:
                 " (or pass --cpu-check)"
             )
         torch.cuda.init()
-    counts = [int(v) for v in args.slots.split(",")]
     pair, _, prompts = pair_and_prompts(args, max(counts))
     out: dict = {"pair": args.synthetic or args.model or "demo", "rows": []}
     for n in counts:
-        for loop in args.loops.split(","):
-            if loop not in LOOPS:
-                raise SystemExit(f"unknown loop {loop!r}: choose from {', '.join(LOOPS)}")
+        for loop in loops:
             run_slots(_generator(loop, pair, prompts[:n], n, args.tokens, args.lookup))  # warm-up
             trace, steps, wall = traced(
                 loop, pair, prompts[:n], n, args.tokens, args.lookup, args.cpu_check

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# For the next H200 call (after .device/s2/install.sh; not yet run): session 22 made lagged rounds
+# queue their draft first and their verify every 8 layers by default (commit 474d68e) and removed
+# the staged-weights option (dde0e27, the kernel source as the GPU ran it through session 21),
+# with no device time left to run the GPU tests. First those tests (greedy bf16 DFlash equal to
+# plain decoding on CUDA, lagged slots equal to the single runs, queued verifies bit-equal, the
+# product kernel's bits), then issue 5's runs with the new defaults: the random 4B-shaped pair
+# at 1-8 slots and the demo pair with a queue.
+set -uo pipefail
+# shellcheck source=benchmarks/h200_common.sh
+. benchmarks/h200_common.sh
+gpu_pytest gpu_tests 200 tests/test_runtime_bf16_exact.py tests/test_runtime_flush.py \
+  tests/test_slots_isolation.py -k "lagged or bf16 or queued or flush"
+gpu_pytest matmul_tests 100 tests/test_kernels_matmul.py -k cuda
+synthetic_run synthetic 1,2,3,4,8 "$(left)"
+demo_queue_bench demo-rps4
+pack_logs
