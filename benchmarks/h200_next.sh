@@ -9,8 +9,8 @@
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
-gpu_pytest gpu_tests 200 tests/test_runtime_bf16_exact.py tests/test_runtime_flush.py \
-  tests/test_slots_isolation.py -k "lagged or bf16 or queued or flush"
+gpu_pytest exact_tests 150 tests/test_runtime_bf16_exact.py tests/test_runtime_flush.py
+gpu_pytest lagged_slots 100 tests/test_slots_isolation.py -k "lagged or sampling"
 gpu_pytest matmul_tests 100 tests/test_kernels_matmul.py -k cuda
 synthetic_run synthetic 1,2,3,4,8 "$(left)"
 demo_queue_bench demo-rps4
