@@ -30,16 +30,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from host_profile import slots_events  # noqa: E402
 from slots_synthetic import add_pair_arguments, pair_and_prompts  # noqa: E402
 
-from hf2q.runtime.slots import (  # noqa: E402
-    Request,
-    SlotFinished,
-    SlotRound,
-    run_slots,
-    slots_dflash_generate,
-    slots_plain_generate,
-)
+from hf2q.runtime.slots import SlotFinished, SlotRound, run_slots  # noqa: E402
 
 LOOPS = ("slots-dflash", "slots-plain")
 
@@ -145,13 +139,6 @@ def sequence(events: list[tuple[float, float, str]], limit: int) -> list[list]:
     return [[round(ts - t0, 1), round(dur, 1), kernel_group(n)] for ts, dur, n in events[:limit]]
 
 
-def _generator(loop: str, pair, prompts, slots: int, tokens: int, lookup: bool):
-    reqs = [Request(p, max_tokens=tokens) for p in prompts]
-    if loop == "slots-dflash":
-        return slots_dflash_generate(pair.target, pair.drafter, reqs, slots=slots, lookup=lookup)
-    return slots_plain_generate(pair.target, reqs, slots=slots)
-
-
 def traced(
     loop: str, pair, prompts, slots: int, tokens: int, lookup: bool, cpu: bool = False
 ) -> tuple[dict, int, float]:
@@ -163,7 +150,7 @@ def traced(
 
     prof = profile(activities=[ProfilerActivity.CPU if cpu else ProfilerActivity.CUDA])
     rounds, tic, wall, on, done = 0, 0.0, 0.0, False, False
-    for ev in _generator(loop, pair, prompts, slots, tokens, lookup):
+    for ev in slots_events(loop, pair, prompts, slots, tokens, lookup):
         if isinstance(ev, SlotRound) and not done:
             if on:
                 rounds += 1
@@ -268,7 +255,7 @@ def main() -> None:
     out: dict = {"pair": args.synthetic or args.model or "demo", "rows": []}
     for n in counts:
         for loop in loops:
-            run_slots(_generator(loop, pair, prompts[:n], n, args.tokens, args.lookup))  # warm-up
+            run_slots(slots_events(loop, pair, prompts[:n], n, args.tokens, args.lookup))  # warm-up
             trace, steps, wall = traced(
                 loop, pair, prompts[:n], n, args.tokens, args.lookup, args.cpu_check
             )

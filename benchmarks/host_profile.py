@@ -44,12 +44,15 @@ def _once(loop: str, pair, prompts: list[list[int]], slots: int, tokens: int, lo
         )
     if loop == "plain":
         return run(plain_generate(pair.target, prompts[0], max_tokens=tokens))
+    return run_slots(slots_events(loop, pair, prompts, slots, tokens, lookup))
+
+
+def slots_events(loop: str, pair, prompts: list[list[int]], slots: int, tokens: int, lookup: bool):
+    """The event generator of a batched loop (``slots-dflash`` or ``slots-plain``)."""
     reqs = [Request(p, max_tokens=tokens) for p in prompts]
     if loop == "slots-dflash":
-        return run_slots(
-            slots_dflash_generate(pair.target, pair.drafter, reqs, slots=slots, lookup=lookup)
-        )
-    return run_slots(slots_plain_generate(pair.target, reqs, slots=slots))
+        return slots_dflash_generate(pair.target, pair.drafter, reqs, slots=slots, lookup=lookup)
+    return slots_plain_generate(pair.target, reqs, slots=slots)
 
 
 def main() -> None:

@@ -167,11 +167,14 @@ def test_lagged_rounds_switch_reads_the_environment(monkeypatch):
     monkeypatch.setenv(select.LAGGED_ROUNDS_ENV, "0")
     assert not select.lagged_for(lookup=True) and not select.lagged_for(lookup=False)
     # A lagged round's draft is queued before its verify unless HF2Q_LAGGED_DRAFT_FIRST=0.
-    monkeypatch.delenv(select.LAGGED_DRAFT_FIRST_ENV, raising=False)
     monkeypatch.setenv(select.LAGGED_ROUNDS_ENV, "1")
-    assert select.lagged_draft_first() and "draft queued first" in select.summary()
-    monkeypatch.setenv(select.LAGGED_DRAFT_FIRST_ENV, "0")
-    assert not select.lagged_draft_first() and "draft queued first" not in select.summary()
+    for value, on in ((None, True), ("0", False), ("1", True)):
+        if value is None:
+            monkeypatch.delenv(select.LAGGED_DRAFT_FIRST_ENV, raising=False)
+        else:
+            monkeypatch.setenv(select.LAGGED_DRAFT_FIRST_ENV, value)
+        assert select.lagged_draft_first() is on
+        assert ("draft queued first" in select.summary()) is on
     monkeypatch.setenv(select.LAGGED_DRAFT_FIRST_ENV, "early")
     with pytest.raises(UsageError, match="HF2Q_LAGGED_DRAFT_FIRST='early' must be 0 or 1"):
         select.lagged_draft_first()
