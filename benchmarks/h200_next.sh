@@ -5,7 +5,8 @@
 # with no device time left to run the GPU tests. First those tests (greedy bf16 DFlash equal to
 # plain decoding on CUDA, lagged slots equal to the single runs, queued verifies bit-equal, the
 # product kernel's bits), then issue 5's runs with the new defaults: the random 4B-shaped pair
-# at 1-8 slots and the demo pair with a queue.
+# at 1-8 slots, the demo pair's 8-slot rounds with lagged lookup rounds or the verify queued
+# every 4 layers (alternating in one process), and the demo pair with a queue.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
@@ -13,5 +14,10 @@ gpu_pytest exact_tests 150 tests/test_runtime_bf16_exact.py tests/test_runtime_f
 gpu_pytest lagged_slots 100 tests/test_slots_isolation.py -k "lagged or sampling"
 gpu_pytest matmul_tests 100 tests/test_kernels_matmul.py -k cuda
 synthetic_run synthetic 1,2,3,4,8 "$(left)"
+# The demo pair's 8-slot rounds (lookup drafts, synchronous): lagged lookup rounds and the verify
+# queued every 4 layers (of its 8), now that lagged rounds queue their draft and verify early.
+t=$(left)
+[ "$t" -gt 60 ] && ab_run demo8 "$t" --demo --lookup --slots 8 --modes plain,dflash --tokens 128 \
+  --runs 3 --values "HF2Q_LAGGED_LOOKUP=0,HF2Q_LAGGED_LOOKUP=1,HF2Q_FLUSH_LAYERS=4"
 demo_queue_bench demo-rps4
 pack_logs
