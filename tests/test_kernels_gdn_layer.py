@@ -164,7 +164,6 @@ def on_cpu():
 
 def test_selection_on_the_cpu_uses_ops_and_reports_it(monkeypatch, on_cpu):
     monkeypatch.delenv(select.ENV, raising=False)
-    monkeypatch.delenv(select.RECORD_ENV, raising=False)
     model = tiny_model(seed=10)
     attn = model.model.layers[0].linear_attn
     info = select.describe(attn)
@@ -184,10 +183,6 @@ def test_forcing_cuda_where_there_is_none_names_the_fix(monkeypatch, on_cpu):
     monkeypatch.setenv(select.ENV, "fast")
     with pytest.raises(UsageError, match="not one of auto, ops, cuda"):
         select.kernel_mode()
-    monkeypatch.setenv(select.ENV, "ops")
-    monkeypatch.setenv(select.RECORD_ENV, "everything")
-    with pytest.raises(UsageError, match="must be 'states' or 'final'"):
-        select.gdn_record("ops")
 
 
 def test_dispatching_gated_delta_steps_on_the_cpu_returns_per_step_states(monkeypatch, on_cpu):

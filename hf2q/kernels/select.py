@@ -7,7 +7,9 @@ layer, and pick
   when MLX's CUDA backend is the default device and the shapes are supported, ops otherwise;
 * for a whole Gated-DeltaNet mixer (:mod:`hf2q.kernels.gdn`): ``"cuda"`` (fused kernel) on CUDA,
   ``"mlx"`` (mlx-lm's ``gated_delta_update``, its Metal kernel) on Apple GPUs, ``"ops"`` on CPU;
-* the rollback record: per-step states (``"states"``) or replay (``"final"``).
+
+and report what runs (a verify records the state after every position for its rollback, restored
+on CUDA for all layers in one launch).
 
 ``HF2Q_KERNELS=ops`` forces the portable ops everywhere (to compare or to rule the kernels out);
 ``HF2Q_KERNELS=cuda`` insists on the CUDA kernels and fails loudly where they cannot run;
@@ -35,8 +37,6 @@ from hf2q.kernels import cuda_matmul, linear
 
 ENV = "HF2Q_KERNELS"
 MODES = ("auto", "ops", "cuda")
-#: HF2Q_GDN_RECORD overrides the rollback record ("states" or "final").
-RECORD_ENV = "HF2Q_GDN_RECORD"
 #: HF2Q_COMPILE=0 runs the layer runners without mx.compile (same math, more launches).
 COMPILE_ENV = "HF2Q_COMPILE"
 #: HF2Q_SDPA_BUCKET=N pads the keys of multi-token attention to a multiple of N (0: never).
@@ -408,20 +408,6 @@ def gdn_impl(attn: object) -> str:
     return "mlx" if where == "metal" else "ops"
 
 
-def gdn_record(impl: str) -> str:
-    """Rollback record for ``impl``: per-step states on CUDA and CPU, replay with mlx-lm's kernel."""
-    forced = os.environ.get(RECORD_ENV, "").strip().lower()
-    if forced:
-        if forced not in ("states", "final"):
-            raise UsageError(
-                f"{RECORD_ENV}={forced!r} must be 'states' or 'final': unset it or fix it"
-            )
-        if impl == "mlx" and forced == "states":
-            raise UsageError(f"{RECORD_ENV}=states is not available with mlx-lm's kernel: unset it")
-        return forced
-    return "final" if impl == "mlx" else "states"
-
-
 def gated_delta_steps(
     q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array, state: mx.array
 ) -> tuple[mx.array, mx.array]:
@@ -455,8 +441,9 @@ def describe(attn: object | None = None) -> dict[str, str]:
             "mlx": "mlx-lm gated_delta_update (Metal kernel)",
             "ops": "ops (portable)",
         }[impl]
-        info["gdn_record"] = gdn_record(impl)
-        if info["gdn_record"] == "states" and rollback_kernel_enabled():
+        # What the runtime's verify records (hf2q.runtime.verify), whatever the mixer.
+        info["gdn_record"] = "states"
+        if rollback_kernel_enabled():
             info["gdn_record"] += " (one launch for all layers)"
     info["recurrence"] = (
         "CUDA kernel" if info["backend"] == "cuda" and info["mode"] != "ops" else "ops"
