@@ -221,6 +221,20 @@ def test_steps_kernel_matches_the_ops_reference_in_float32(kernels, shape):
         assert rel(replayed, states_ref[:, n - 1]) <= F32_TOL
 
 
+def test_replay_with_a_count_per_row_gives_each_rows_recorded_state(kernels):
+    # A ragged rollback of batched slots: each batch row replays its own number of steps, and its
+    # state is the one the same kernel recorded after that step, bit for bit.
+    B, T, Hk, Hv, Dk, Dv = 3, 20, 2, 4, 32, 16
+    q, k, v, g, beta, s0 = inputs(B, T, Hk, Hv, Dk, Dv, seed=14)
+    _, states = cg.gated_delta_steps_cuda(q, k, v, g, beta, s0, record="states")
+    keep = [1, 17, 9]
+    got = cg.gated_delta_steps_cuda(q, k, v, g, beta, s0, record="final", steps=mx.array(keep))
+    for row, n in enumerate(keep):
+        assert mx.array_equal(got[row], states[row, n - 1]), f"row {row}, {n} steps"
+    with pytest.raises(ValueError, match="one count or one per batch row"):
+        cg.gated_delta_steps_cuda(q, k, v, g, beta, s0, record="final", steps=mx.array([1, 2]))
+
+
 def test_steps_kernel_in_bfloat16_keeps_float32_state(kernels):
     q, k, v, g, beta, s0 = inputs(2, 9, 2, 4, 32, 16, dtype=mx.bfloat16, seed=11)
     y_ref, states_ref = gated_delta_steps_ops(q, k, v, g, beta, s0)
@@ -273,6 +287,28 @@ def test_fused_kernel_matches_mlx_lm_ops_for_a_whole_block(kernels, dtype):
         assert rel(rec.final_state, rec_ref.final_state) <= tol
         for n in (1, 7, T):
             assert rel(rollback_state(attn, rec, n, impl="cuda"), rec_ref.rec[:, n - 1]) <= tol
+
+
+def test_fused_replay_with_a_count_per_row_gives_each_rows_recorded_state(kernels):
+    attn = _tiny_gdn(mx.bfloat16, seed=3)
+    B, T = 3, 16
+    mx.random.seed(15)
+    qkv = (mx.random.normal((B, T, attn.conv_dim)) * 0.5).astype(mx.bfloat16)
+    conv_state = (mx.random.normal((B, 3, attn.conv_dim)) * 0.5).astype(mx.bfloat16)
+    a, b = (mx.random.normal((B, T, attn.num_v_heads)).astype(mx.bfloat16) for _ in range(2))
+    state = mx.random.normal((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim)) * 0.1
+    dims = dict(
+        num_k_heads=attn.num_k_heads,
+        key_dim=attn.head_k_dim,
+        num_v_heads=attn.num_v_heads,
+        value_dim=attn.head_v_dim,
+    )
+    args = (conv_state, qkv, attn.conv1d.weight, a, b, attn.A_log, attn.dt_bias, state)
+    _, states = cg.gdn_fused_cuda(*args, **dims, record="states")
+    keep = [16, 2, 11]
+    got = cg.gdn_fused_cuda(*args, **dims, record="final", steps=mx.array(keep))
+    for row, n in enumerate(keep):
+        assert mx.array_equal(got[row], states[row, n - 1]), f"row {row}, {n} steps"
 
 
 def test_recurrence_kernel_after_mlx_lm_ops_matches_the_ops_mixer(kernels):

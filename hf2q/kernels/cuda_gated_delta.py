@@ -267,7 +267,7 @@ _WRITE_FINAL = r"""
 
 
 def _source(*, fused: bool, record: str, write_y: bool, replay: bool) -> str:
-    n_steps = "min(T, (int)steps[0])" if replay else "T"
+    n_steps = "min(T, (int)steps[bb])" if replay else "T"  # each batch row its own count
     steps = _STEPS.replace("__WRITE_Y__", _WRITE_Y if write_y else "")
     steps = steps.replace("__WRITE_STEP_STATE__", _WRITE_STEP_STATE if record == "states" else "")
     body = _PROLOGUE.replace("__T_FROM_SHAPE__", "qkv_shape[1]" if fused else "q_shape[1]")
@@ -386,8 +386,9 @@ def gated_delta_steps_cuda(
             space); state: (B, Hv, Dv, Dk) float32.
         record: ``"states"`` returns the state after every step (B, T, Hv, Dv, Dk) float32;
             ``"final"`` returns the state after the last step (B, Hv, Dv, Dk).
-        steps: replay mode: run only the first ``steps`` steps (an int or an int32 array of
-            shape (1,)) and return only the final state (no y). ``record`` must be "final".
+        steps: replay mode: run only the first ``steps`` steps (an int, or an int32 array of
+            one count or of one count per batch row, (B,)) and return only the final state (no
+            y). ``record`` must be "final".
         verbose: print the generated CUDA source (useful when it fails to compile).
 
     Returns:
@@ -405,7 +406,7 @@ def gated_delta_steps_cuda(
     kern = _kernel(fused=False, record=record, write_y=not replay, replay=replay)
     inputs = [q, k, v, g, beta, state]
     if replay:
-        inputs.append(_steps_array(steps))
+        inputs.append(_steps_array(steps, B))
     rec_shape = _record_outputs(B, T, Hv, Dv, Dk, record)
     out_shapes = ([] if replay else [(B, T, Hv, Dv)]) + [rec_shape]
     out_dtypes = ([] if replay else [q.dtype]) + [mx.float32]
@@ -424,10 +425,14 @@ def gated_delta_steps_cuda(
     return outs[0] if replay else (outs[0], outs[1])
 
 
-def _steps_array(steps: int | mx.array) -> mx.array:
-    if isinstance(steps, mx.array):
-        return steps.astype(mx.int32).reshape(1)
-    return mx.array([int(steps)], dtype=mx.int32)
+def _steps_array(steps: int | mx.array, B: int) -> mx.array:
+    """The replay's step count of each batch row, (B,) int32."""
+    if not isinstance(steps, mx.array):
+        return mx.full((B,), int(steps), dtype=mx.int32)
+    steps = steps.astype(mx.int32).reshape(-1)
+    if steps.size not in (1, B):
+        raise ValueError(f"steps: one count or one per batch row ({B}), got {steps.size}")
+    return mx.broadcast_to(steps, (B,)) if steps.size == 1 else steps
 
 
 def gate_dtype(a: mx.array, dt_bias: mx.array) -> mx.Dtype:
@@ -488,7 +493,7 @@ def gdn_fused_cuda(
     kern = _kernel(fused=True, record=record, write_y=not replay, replay=replay)
     inputs = [conv_state, qkv, conv_w, a, b, A_log, dt_bias, state]
     if replay:
-        inputs.append(_steps_array(steps))
+        inputs.append(_steps_array(steps, B))
     rec_shape = _record_outputs(B, T, Hv, Dv, Dk, record)
     out_shapes = ([] if replay else [(B, T, Hv, Dv)]) + [rec_shape]
     out_dtypes = ([] if replay else [qkv.dtype]) + [mx.float32]
