@@ -5,7 +5,8 @@
 # with no device time left to run the GPU tests. First those tests (greedy bf16 DFlash equal to
 # plain decoding on CUDA, lagged slots equal to the single runs, queued verifies bit-equal, the
 # product kernel's bits, the recurrence kernel's per-row replay), the Gated-DeltaNet record's
-# two ways timed (benchmarks/gdn_record_cost.py), then issue 5's runs with the new defaults: the
+# two ways timed (benchmarks/gdn_record_cost.py) and HF2Q_GDN_RECORD=final end to end at 4 and 8
+# slots, then issue 5's runs with the new defaults: the
 # random 4B-shaped pair at 1-8 slots, the demo pair's 8-slot rounds with lagged lookup rounds or
 # the verify queued every 4 layers (alternating in one process), and the demo pair with a queue.
 set -uo pipefail
@@ -20,6 +21,14 @@ gpu_pytest gdn_tests 100 tests/test_kernels_gated_delta.py -k "cuda or replay"
 timeout 120 python3 benchmarks/gdn_record_cost.py --rows 1,4,8 --reps 20 --out "$OUT/gdn_record.json" \
   > "$OUT/gdn_record.log" 2>&1
 echo "gdn_record exit $? $(el)"; tail -n 4 "$OUT/gdn_record.log"
+# HF2Q_GDN_RECORD=final end to end (not a default): its GPU tests, then the 4B-shaped pair's
+# rounds at 4 and 8 slots with either record, alternating in one process.
+gpu_pytest record_tests 150 tests/test_runtime_verify_runners.py -k "final or record"
+for s in 4 8; do
+  t=$(left); [ "$t" -lt 60 ] && break
+  ab_run "record_s$s" "$t" --synthetic 4b --slots "$s" --modes dflash --tokens 32 \
+    --prompt-tokens 64 --runs 3 --values "HF2Q_GDN_RECORD=states,HF2Q_GDN_RECORD=final"
+done
 synthetic_run synthetic 1,2,3,4,8 "$(left)"
 # The demo pair's 8-slot rounds (lookup drafts, synchronous): lagged lookup rounds and the verify
 # queued every 4 layers (of its 8), now that lagged rounds queue their draft and verify early.

@@ -311,6 +311,31 @@ def test_fused_replay_with_a_count_per_row_gives_each_rows_recorded_state(kernel
         assert mx.array_equal(got[row], states[row, n - 1]), f"row {row}, {n} steps"
 
 
+def test_final_state_record_replays_each_rows_kept_steps(kernels, monkeypatch):
+    # HF2Q_GDN_RECORD=final's rollback (hf2q.kernels.gdn.replay_rows): each row's state after its
+    # own kept count equals the per-step record's, bit for bit.
+    import functools
+
+    from hf2q.kernels import gdn
+    from hf2q.kernels.gdn import gdn_mixer, replay_rows
+
+    if kernels == "emulated":  # the emulator runs eagerly: the replay uncompiled
+        monkeypatch.setattr(gdn, "_replay_fn", lambda *d: functools.partial(gdn._replay_call, *d))
+    attn = _tiny_gdn(mx.bfloat16, seed=4)
+    B, T = 3, 16
+    mx.random.seed(16)
+    x = mx.random.normal((B, T, 64)).astype(mx.bfloat16)
+    conv_state = (mx.random.normal((B, 3, attn.conv_dim)) * 0.5).astype(mx.bfloat16)
+    state = mx.random.normal((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim)) * 0.1
+    _, per_step = gdn_mixer(attn, x, conv_state, state, impl="cuda", record="states")
+    _, final = gdn_mixer(attn, x, conv_state, state, impl="cuda", record="final")
+    keep = mx.array([5, 16, 1], dtype=mx.int32)
+    want = replay_rows(attn, per_step, keep, impl="cuda")
+    assert mx.array_equal(replay_rows(attn, final, keep, impl="cuda"), want)
+    for row, n in enumerate(keep.tolist()):
+        assert mx.array_equal(want[row], per_step.rec[row, n - 1])
+
+
 def test_recurrence_kernel_after_mlx_lm_ops_matches_the_ops_mixer(kernels):
     from hf2q.kernels.gdn import gdn_mixer, rollback_state
 

@@ -52,9 +52,14 @@ def target(qwen35_dir):
     return TargetModel(lm.model, lm.tokenizer)
 
 
-@pytest.mark.parametrize("fuse", ["0", "1"], ids=["separate-proj", "fused-proj"])
-def test_runner_verify_equals_layer_calls_and_rolls_back_alike(target, fuse, monkeypatch):
+@pytest.mark.parametrize(
+    ("fuse", "record"),
+    [("0", "states"), ("1", "states"), ("0", "final")],
+    ids=["separate-proj", "fused-proj", "final-state-record"],
+)
+def test_runner_verify_equals_layer_calls_and_rolls_back_alike(target, fuse, record, monkeypatch):
     monkeypatch.setenv(select.FUSE_PROJ_ENV, fuse)
+    monkeypatch.setenv(select.GDN_RECORD_ENV, record)
     ids = mx.array([[(7 * i + 3) % 97 + 2 for i in range(30)]])
     capture = [0, target.num_layers - 1]
     caches = [make_target_cache(target), make_target_cache(target)]
@@ -70,14 +75,20 @@ def test_runner_verify_equals_layer_calls_and_rolls_back_alike(target, fuse, mon
         _close(l1, l0, f"logits T={T}")
         _close(f1, f0, f"features T={T}")
         gdn = [c for c in caches[1] if isinstance(c, GDNRollbackCache)]
-        assert gdn and all(c.record.stacked for c in gdn)  # the runner keeps one buffer
+        if record == "states":
+            assert gdn and all(c.record.stacked for c in gdn)  # the runner keeps one buffer
+        else:  # the last state, and a replay of each row's kept steps
+            n = block.shape[1]
+            assert gdn and all(c.record.replay is not None and c.record.length == n for c in gdn)
         for c in caches:
             c.rollback(keep)
         _caches_close(caches[1], caches[0])
         pos += keep
 
 
-def test_runner_verify_on_ragged_slot_rows(target):
+@pytest.mark.parametrize("record", ["states", "final"])
+def test_runner_verify_on_ragged_slot_rows(target, record, monkeypatch):
+    monkeypatch.setenv(select.GDN_RECORD_ENV, record)
     prompts = [[5, 9, 13], [21, 4, 8, 30, 2, 17, 6], [11, 12, 13, 14, 15]]
     caches = [make_slot_target_cache(target, 3), make_slot_target_cache(target, 3)]
     for r, p in enumerate(prompts):
@@ -98,11 +109,26 @@ def test_runner_verify_on_ragged_slot_rows(target):
     assert caches[1].lengths == caches[0].lengths == [5, 12, 6]
 
 
-@pytest.mark.parametrize("name", ["qwen35", "qwen35_causal"])
-@pytest.mark.parametrize("fuse", ["0", "1"], ids=["separate-proj", "fused-proj"])
-def test_greedy_dflash_with_runners_equals_plain(name, fuse, fitted_pairs, monkeypatch):
+@pytest.mark.parametrize(
+    ("name", "fuse", "record", "lagged"),
+    [
+        ("qwen35", "0", "states", "0"),
+        ("qwen35", "1", "states", "0"),
+        ("qwen35_causal", "0", "states", "0"),
+        ("qwen35_causal", "1", "states", "0"),
+        ("qwen35", "0", "final", "0"),
+        ("qwen35", "0", "final", "1"),
+    ],
+)
+def test_greedy_dflash_with_runners_equals_plain(
+    name, fuse, record, lagged, fitted_pairs, monkeypatch
+):
     monkeypatch.setattr(verify, "use_runners", lambda: True)  # the CUDA choice, here on ops
     monkeypatch.setenv(select.FUSE_PROJ_ENV, fuse)
+    # HF2Q_GDN_RECORD=final: rollback by replaying each row's kept steps (on the device's
+    # counts in lagged rounds, HF2Q_LAGGED_ROUNDS=1, CUDA's default).
+    monkeypatch.setenv(select.GDN_RECORD_ENV, record)
+    monkeypatch.setenv(select.LAGGED_ROUNDS_ENV, lagged)
     lm, target, drafter = load_fitted(*fitted_pairs[name])
     prompts = [lm.tokenizer.encode(t)[:5] for t in FIT_TEXTS[:3]]
     assert_greedy_dflash_equals_plain(
@@ -114,6 +140,16 @@ def test_greedy_dflash_with_runners_equals_plain(name, fuse, fitted_pairs, monke
         slots=2,
         eos=lm.tokenizer.eos_token_ids,
     )
+
+
+def test_gdn_record_reads_the_environment(monkeypatch):
+    monkeypatch.delenv(select.GDN_RECORD_ENV, raising=False)
+    assert select.gdn_record() == "states"
+    monkeypatch.setenv(select.GDN_RECORD_ENV, "final")
+    assert select.gdn_record() == "final"
+    monkeypatch.setenv(select.GDN_RECORD_ENV, "everything")
+    with pytest.raises(UsageError, match="HF2Q_GDN_RECORD='everything' must be 'states' or"):
+        select.gdn_record()
 
 
 def test_fuse_proj_reads_the_environment_and_is_reported(monkeypatch):

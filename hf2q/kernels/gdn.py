@@ -21,6 +21,7 @@ with left padding keep mlx-lm's own layer call). Nothing upstream is patched.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -393,6 +394,70 @@ def rollback_state(attn: nn.Module, rec: GdnRecord, n: int, *, impl: str = "ops"
         record="final",
         steps=n,
     )
+
+
+def replay_rows(attn: nn.Module, rec: GdnRecord, keep: mx.array, *, impl: str) -> mx.array:
+    """Row b's recurrent state after its own first ``keep[b]`` (1..T) tokens of the recorded
+    block, exactly: (B, Hv, Dv, Dk). Per-step records gather; final-state records replay each
+    row's count from ``state0`` (CUDA: one launch of the fused kernel, compiled; the other
+    implementations compute every step's state and gather, the same bits as their replay)."""
+    keep = keep.astype(mx.int32).reshape(-1)
+    if rec.record == "final":
+        if impl == "cuda":
+            return _replay_cuda(attn, rec, keep)
+        if impl == "mlx":
+            raise ValueError("impl 'mlx' cannot replay a count per row: use the ops or CUDA impl")
+        _, states = _recurrence(
+            attn,
+            rec.conv_state,
+            rec.qkv,
+            rec.conv_input,
+            rec.a,
+            rec.b,
+            rec.state0,
+            impl=impl,
+            record="states",
+        )
+    else:
+        states = rec.rec
+    if isinstance(states, list):
+        states = mx.stack(states, axis=1)
+    return mx.take_along_axis(states, (keep - 1).reshape(-1, 1, 1, 1, 1), axis=1)[:, 0]
+
+
+def _replay_cuda(attn: nn.Module, rec: GdnRecord, keep: mx.array) -> mx.array:
+    fn = _replay_fn(attn.num_k_heads, attn.head_k_dim, attn.num_v_heads, attn.head_v_dim)
+    args = (attn.conv1d.weight, attn.A_log, attn.dt_bias)
+    return fn(rec.conv_state, rec.qkv, rec.a, rec.b, rec.state0, keep, *args)
+
+
+def _replay_call(Hk, Dk, Hv, Dv, conv_state, qkv, a, b, state0, keep, conv_w, A_log, dt_bias):
+    from hf2q.kernels.cuda_gated_delta import gdn_fused_cuda
+
+    return gdn_fused_cuda(
+        conv_state,
+        qkv,
+        conv_w,
+        a,
+        b,
+        A_log,
+        dt_bias,
+        state0,
+        num_k_heads=Hk,
+        key_dim=Dk,
+        num_v_heads=Hv,
+        value_dim=Dv,
+        record="final",
+        steps=keep,
+    )
+
+
+@functools.cache
+def _replay_fn(Hk: int, Dk: int, Hv: int, Dv: int) -> Callable[..., mx.array]:
+    """The fused kernel's per-row replay for one head geometry, compiled (weights as inputs, so
+    every layer shares the trace): a custom kernel's Python call rebuilds its source text every
+    time, a compiled trace's replay does not (docs/BENCHMARKS.md, session 14)."""
+    return mx.compile(functools.partial(_replay_call, Hk, Dk, Hv, Dv))
 
 
 def rollback(

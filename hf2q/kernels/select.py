@@ -114,6 +114,11 @@ LAGGED_LOOKUP_ENV = "HF2Q_LAGGED_LOOKUP"
 #: :func:`lagged_draft_first`).
 LAGGED_DRAFT_FIRST_ENV = "HF2Q_LAGGED_DRAFT_FIRST"
 
+#: HF2Q_GDN_RECORD=final: a verify through the compiled runners (CUDA) keeps each Gated-DeltaNet
+#: layer's final state only, and its rollback replays each row's kept steps, instead of keeping
+#: every step's state (default ``states``; see :func:`gdn_record`).
+GDN_RECORD_ENV = "HF2Q_GDN_RECORD"
+
 #: HF2Q_ROLLBACK_KERNEL=0: a verify's Gated-DeltaNet rollback runs per layer with ops instead of
 #: one launch of :mod:`hf2q.kernels.cuda_rollback` for all layers (CUDA only; default on there).
 ROLLBACK_KERNEL_ENV = "HF2Q_ROLLBACK_KERNEL"
@@ -217,6 +222,23 @@ def rollback_kernel_enabled() -> bool:
     in one launch (:mod:`hf2q.kernels.cuda_rollback`, bit-exact copies) instead of a few ops per
     layer: on CUDA unless ``HF2Q_KERNELS=ops`` or ``HF2Q_ROLLBACK_KERNEL=0``; never elsewhere."""
     return _cuda_kernel_switch(ROLLBACK_KERNEL_ENV)
+
+
+def gdn_record() -> str:
+    """What a verify through the runners keeps for the rollback (``HF2Q_GDN_RECORD``):
+    ``"states"`` (the default: the state after every position, restored by a copy, on CUDA
+    for all layers in one launch) or ``"final"`` (the last state only; the rollback replays each
+    row's kept steps from the state before the verify, the same bits). Why both: the per-step
+    record writes 16 float32 states a row and layer, 1.41 ms of a 4-slot round of the 4B-shaped
+    pair on an H200 and 2.85 ms at 8 slots (docs/BENCHMARKS.md, session 22); which way is
+    cheaper is for ``benchmarks/gdn_record_cost.py`` to say. The layer-call verify (CPU, Apple
+    GPUs) always keeps per-step states."""
+    value = os.environ.get(GDN_RECORD_ENV, "").strip().lower() or "states"
+    if value not in ("states", "final"):
+        raise UsageError(
+            f"{GDN_RECORD_ENV}={value!r} must be 'states' or 'final': unset it or fix it"
+        )
+    return value
 
 
 def _cuda_kernel_switch(env: str) -> bool:
@@ -441,10 +463,15 @@ def describe(attn: object | None = None) -> dict[str, str]:
             "mlx": "mlx-lm gated_delta_update (Metal kernel)",
             "ops": "ops (portable)",
         }[impl]
-        # What the runtime's verify records (hf2q.runtime.verify), whatever the mixer.
-        info["gdn_record"] = "states"
-        if rollback_kernel_enabled():
-            info["gdn_record"] += " (one launch for all layers)"
+        # What the runtime's verify records (hf2q.runtime.verify): HF2Q_GDN_RECORD where the
+        # runners verify (CUDA), per-step states elsewhere.
+        runners = backend() == "cuda" and kernel_mode() != "ops" and compile_enabled()
+        if runners and gdn_record() == "final":
+            info["gdn_record"] = "final state (kept steps replayed per row)"
+        else:
+            info["gdn_record"] = "states"
+            if rollback_kernel_enabled():
+                info["gdn_record"] += " (one launch for all layers)"
     info["recurrence"] = (
         "CUDA kernel" if info["backend"] == "cuda" and info["mode"] != "ops" else "ops"
     )

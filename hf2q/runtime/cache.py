@@ -3,10 +3,12 @@
 What it does: :class:`GDNRollbackCache` is mlx-lm's ``ArraysCache(size=2)`` for a Gated-DeltaNet
 layer (``[conv_state (B, K-1, C), recurrent_state (B, Hv, Dv, Dk) float32]``) that can also hold
 the record of the last verify forward (the conv input window and the recurrent state after every
-verified position) and restore the state after any accepted prefix with :meth:`rollback`.
+verified position, or with ``HF2Q_GDN_RECORD=final`` the last state and what a replay of the kept
+steps needs) and restore the state after any accepted prefix with :meth:`rollback`.
 :class:`TargetCache` is the per-layer cache list of a target (a ``list``, so mlx-lm's own forward
 and ``generate_step`` accept it) with one :meth:`TargetCache.rollback` over all layers: attention
-KV caches are trimmed, Gated-DeltaNet caches restored from their record. Nothing is re-run.
+KV caches are trimmed, Gated-DeltaNet caches restored from their record (a copy, or a replay of
+the recurrence over each row's kept steps). No layer is re-run.
 :class:`BucketedKVCache` is mlx-lm's ``KVCache`` whose multi-token attention sees keys padded to
 a bucket length (masked), so MLX's CUDA backend reuses one attention graph across rounds
 (``hf2q.kernels.select.sdpa_bucket``).
@@ -21,7 +23,7 @@ processed (tested against a fresh plain run over the committed tokens).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -42,27 +44,42 @@ class GDNRecord:
             inputs; the conv state after n positions is ``conv_input[:, n : n + K - 1]``.
         states: the float32 recurrent state after each verified position: T arrays
             (B, Hv, Dv, Dk), or one array (B, T, Hv, Dv, Dk) (what the fused CUDA kernel writes),
-            from which a ragged rollback is a single gather.
+            from which a ragged rollback is a single gather; with ``replay``, the state after
+            the last position only (B, Hv, Dv, Dk).
+        replay: for final-state records (``HF2Q_GDN_RECORD=final``): each row's state after its
+            own kept count, ``replay(keep (B,) int32)`` (replayed from the state before the
+            verify, the same bits as a per-step record); None for per-step records.
+        steps: T, for final-state records.
     """
 
     conv_input: mx.array
     states: list[mx.array] | mx.array
+    replay: Callable[[mx.array], mx.array] | None = None
+    steps: int = 0
 
     @property
     def stacked(self) -> bool:
-        return isinstance(self.states, mx.array)
+        """Whether the per-step states are one array (what the one-launch rollback copies)."""
+        return self.replay is None and isinstance(self.states, mx.array)
 
     @property
     def length(self) -> int:
+        if self.replay is not None:
+            return self.steps
         return int(self.states.shape[1]) if self.stacked else len(self.states)
 
     def after(self, n: int) -> mx.array:
         """The state (B, Hv, Dv, Dk) after the first ``n`` positions (``1 <= n <= T``)."""
+        if self.replay is not None:
+            B = self.conv_input.shape[0]
+            return self.states if n == self.steps else self.replay(mx.full((B,), n, mx.int32))
         return self.states[:, n - 1] if self.stacked else self.states[n - 1]
 
     def rows_after(self, keep: mx.array, keep_list: Sequence[int] | None) -> mx.array:
         """Row b's state after its own first ``keep[b]`` positions: (B, Hv, Dv, Dk)
         (``keep_list``: the same counts on the host, or None when only the device has them)."""
+        if self.replay is not None:
+            return self.replay(keep)
         if self.stacked or keep_list is None:
             states = self.states if self.stacked else mx.stack(self.states, axis=1)
             idx = (keep - 1).reshape(-1, 1, 1, 1, 1)
@@ -82,9 +99,16 @@ class GDNRollbackCache(ArraysCache):
         super().__init__(size, left_padding)
         self.record: GDNRecord | None = None
 
-    def set_record(self, conv_input: mx.array, states: list[mx.array] | mx.array) -> None:
-        """Keep the record of a verify forward (called by the verify layer function)."""
-        self.record = GDNRecord(conv_input, states)
+    def set_record(
+        self,
+        conv_input: mx.array,
+        states: list[mx.array] | mx.array,
+        replay: Callable[[mx.array], mx.array] | None = None,
+        steps: int = 0,
+    ) -> None:
+        """Keep the record of a verify forward (called by the verify layer function; ``replay``
+        and ``steps`` for a final-state record, see :class:`GDNRecord`)."""
+        self.record = GDNRecord(conv_input, states, replay, steps)
 
     def rollback(self, n_keep: int | Sequence[int] | mx.array) -> None:
         """Restore the state after the first ``n_keep`` positions of the last verify.

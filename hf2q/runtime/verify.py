@@ -22,6 +22,7 @@ the same tokens.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,7 +34,7 @@ from mlx_lm.models.gated_delta import compute_g, normalize_qk
 from hf2q.kernels import select
 from hf2q.kernels.cuda_gated_delta import gdn_fused_cuda
 from hf2q.kernels.gated_delta import gated_delta_steps
-from hf2q.kernels.gdn import LayerRunner, _alive, empty_states
+from hf2q.kernels.gdn import LayerRunner, _alive, empty_states, replay_rows
 from hf2q.kernels.layers import (
     Chosen,
     attention_runnable,
@@ -171,16 +172,22 @@ def gdn_verify(
 
 
 def _runner_verify(
-    layer: nn.Module, run: LayerRunner, h: mx.array, cache: GDNRollbackCache
+    layer: nn.Module, impl: str, run: LayerRunner, h: mx.array, cache: GDNRollbackCache
 ) -> mx.array:
     """A Gated-DeltaNet decoder layer over a verify block through its compiled whole-layer runner
-    ``run`` (:func:`hf2q.kernels.layers.gdn_layer_runner` with per-step states recorded), as
-    plain decoding runs the same layer with :func:`hf2q.kernels.layers.decode_layer_fn`."""
+    ``run`` (:func:`hf2q.kernels.layers.gdn_layer_runner` recording per-step states, or with
+    ``HF2Q_GDN_RECORD=final`` the final state and what a replay needs), as plain decoding runs
+    the same layer with :func:`hf2q.kernels.layers.decode_layer_fn`."""
     conv, state = cache[0], cache[1]
     if conv is None or state is None:
         conv, state = empty_states(layer.linear_attn, h.shape[0], h.dtype)
     out, rec = run(h, conv, state)
-    cache.set_record(rec.conv_input, rec.rec)  # rec.rec: (B, T, Hv, Dv, Dk)
+    if rec.record == "final":
+        attn = layer.linear_attn
+        replay = functools.partial(replay_rows, attn, rec, impl=impl)
+        cache.set_record(rec.conv_input, rec.rec, replay=replay, steps=rec.steps)
+    else:
+        cache.set_record(rec.conv_input, rec.rec)  # rec.rec: (B, T, Hv, Dv, Dk)
     cache[0] = mx.contiguous(rec.final_conv_state)
     cache[1] = rec.final_state
     cache.advance(h.shape[1])
@@ -210,7 +217,7 @@ def verify_layer(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: An
 
 
 def runner_verify_layer_fn(
-    *, fuse_proj: bool = False, mm: bool = False, rows: bool = False
+    *, fuse_proj: bool = False, mm: bool = False, rows: bool = False, record: str = "states"
 ) -> Callable[..., mx.array]:
     """:func:`verify_layer` with the compiled whole-layer runners of ``hf2q.kernels.layers``.
 
@@ -221,22 +228,23 @@ def runner_verify_layer_fn(
     round on a GPU. ``fuse_proj``: the runners' concatenated projections (``HF2Q_FUSE_PROJ``);
     ``mm``: their products through the small-M kernel (``select.small_mm_enabled()``);
     ``rows``: attention through the row-invariant kernel (``select.row_attention_enabled()``), as
-    plain decoding's steps, so that each verify row computes what its decode step computes.
+    plain decoding's steps, so that each verify row computes what its decode step computes;
+    ``record``: what the Gated-DeltaNet layers keep for the rollback (``select.gdn_record()``).
     """
 
     chosen = Chosen()
-    choose = runner_choice(fuse_proj=fuse_proj, mm=mm, rows=rows, record="states")
+    choose = runner_choice(fuse_proj=fuse_proj, mm=mm, rows=rows, record=record)
 
     def run(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any) -> mx.array:
         if not _runnable(layer, cache):
             return verify_layer(index, layer, h, mask, cache)
-        _, runner = chosen.get(layer, choose)
+        impl, runner = chosen.get(layer, choose)
         if not getattr(layer, "is_linear", False):
             return runner(h, mask, cache)
         # Padding masks, and Apple GPUs' mlx-lm kernel (final state only), keep the layer call.
         if mask is not None or runner is None:
             return verify_layer(index, layer, h, mask, cache)
-        return _runner_verify(layer, runner, h, cache)
+        return _runner_verify(layer, impl, runner, h, cache)
 
     return run
 
@@ -274,7 +282,12 @@ def verify_forward(
     cache.begin_verify(tokens.shape[1])
     mm = select.small_mm_enabled()  # read once a forward, for the layers and the head
     if use_runners() if runners is None else runners:
-        options = (select.fuse_proj_enabled(), mm, select.row_attention_enabled())
+        options = (
+            select.fuse_proj_enabled(),
+            mm,
+            select.row_attention_enabled(),
+            select.gdn_record(),
+        )
         # One layer function per set of settings, kept across rounds with its per-layer choices.
         key = (
             *options,
@@ -286,7 +299,7 @@ def verify_forward(
         fn = _verify_fns.get(key)
         if fn is None:
             fn = _verify_fns[key] = runner_verify_layer_fn(
-                fuse_proj=options[0], mm=options[1], rows=options[2]
+                fuse_proj=options[0], mm=options[1], rows=options[2], record=options[3]
             )
     else:
         fn = verify_layer
