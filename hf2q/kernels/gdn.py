@@ -382,17 +382,13 @@ def rollback_state(attn: nn.Module, rec: GdnRecord, n: int, *, impl: str = "ops"
         return rec.rec[:, n - 1]
     if n == T:
         return rec.rec
+    return _rerun(attn, rec, impl=impl, record="final", steps=n)
+
+
+def _rerun(attn: nn.Module, rec: GdnRecord, **kw: Any):
+    """:func:`_recurrence` over the recorded block again, from the state before it."""
     return _recurrence(
-        attn,
-        rec.conv_state,
-        rec.qkv,
-        rec.conv_input,
-        rec.a,
-        rec.b,
-        rec.state0,
-        impl=impl,
-        record="final",
-        steps=n,
+        attn, rec.conv_state, rec.qkv, rec.conv_input, rec.a, rec.b, rec.state0, **kw
     )
 
 
@@ -407,17 +403,7 @@ def replay_rows(attn: nn.Module, rec: GdnRecord, keep: mx.array, *, impl: str) -
             return _replay_cuda(attn, rec, keep)
         if impl == "mlx":
             raise ValueError("impl 'mlx' cannot replay a count per row: use the ops or CUDA impl")
-        _, states = _recurrence(
-            attn,
-            rec.conv_state,
-            rec.qkv,
-            rec.conv_input,
-            rec.a,
-            rec.b,
-            rec.state0,
-            impl=impl,
-            record="states",
-        )
+        _, states = _rerun(attn, rec, impl=impl, record="states")
     else:
         states = rec.rec
     if isinstance(states, list):
