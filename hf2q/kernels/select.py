@@ -456,6 +456,7 @@ def describe(attn: object | None = None) -> dict[str, str]:
             without it only the device-level choice is reported.
     """
     info = {"backend": backend(), "mode": kernel_mode()}
+    runners = info["backend"] == "cuda" and info["mode"] != "ops"  # where decoding runs them
     if attn is not None:
         impl = gdn_impl(attn)
         info["gdn_mixer"] = {
@@ -464,17 +465,14 @@ def describe(attn: object | None = None) -> dict[str, str]:
             "ops": "ops (portable)",
         }[impl]
         # What the runtime's verify records (hf2q.runtime.verify): HF2Q_GDN_RECORD where the
-        # runners verify (CUDA), per-step states elsewhere.
-        runners = backend() == "cuda" and kernel_mode() != "ops" and compile_enabled()
-        if runners and gdn_record() == "final":
+        # compiled runners verify (hf2q.runtime.verify.use_runners), per-step states elsewhere.
+        if runners and compile_enabled() and gdn_record() == "final":
             info["gdn_record"] = "final state (kept steps replayed per row)"
         else:
             info["gdn_record"] = "states"
             if rollback_kernel_enabled():
                 info["gdn_record"] += " (one launch for all layers)"
-    info["recurrence"] = (
-        "CUDA kernel" if info["backend"] == "cuda" and info["mode"] != "ops" else "ops"
-    )
+    info["recurrence"] = "CUDA kernel" if runners else "ops"
     info["compile"] = "on" if compile_enabled() else "off"
     if fuse_proj_enabled():
         info["projections"] = "concatenated"
@@ -492,7 +490,6 @@ def describe(attn: object | None = None) -> dict[str, str]:
     info["attention"] = (
         "row-invariant kernel (bf16/fp16)" if row_attention_enabled() else "MLX attention"
     )
-    runners = info["backend"] == "cuda" and info["mode"] != "ops"  # where decoding runs them
     info["prefill"] = (
         "compiled runners" if runners and prefill_runners_enabled() else "the model's layers"
     )
