@@ -320,7 +320,9 @@ def test_final_state_record_replays_each_rows_kept_steps(kernels, monkeypatch):
     from hf2q.kernels.gdn import gdn_mixer, replay_rows
 
     if kernels == "emulated":  # the emulator runs eagerly: the replay uncompiled
-        monkeypatch.setattr(gdn, "_replay_fn", lambda *d: functools.partial(gdn._replay_call, *d))
+        monkeypatch.setattr(
+            gdn, "_replay_fn", lambda *d: functools.partial(gdn._fused_call, *d, record="final")
+        )
     attn = _tiny_gdn(mx.bfloat16, seed=4)
     B, T = 3, 16
     mx.random.seed(16)

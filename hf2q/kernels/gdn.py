@@ -243,23 +243,18 @@ def _recurrence(
     steps: int | None = None,
 ):
     if impl == "cuda":
-        from hf2q.kernels.cuda_gated_delta import gdn_fused_cuda
-
-        return gdn_fused_cuda(
+        return _fused_call(
+            *_heads(attn),
             conv_state,
             qkv,
-            attn.conv1d.weight,
             a,
             b,
+            state,
+            steps,
+            attn.conv1d.weight,
             attn.A_log,
             attn.dt_bias,
-            state,
-            num_k_heads=attn.num_k_heads,
-            key_dim=attn.head_k_dim,
-            num_v_heads=attn.num_v_heads,
-            value_dim=attn.head_v_dim,
             record="final" if steps is not None else record,
-            steps=steps,
         )
     if steps is not None and impl != "cuda_steps":
         # Replay with ops: only the first `steps` rows are needed.
@@ -412,30 +407,23 @@ def replay_rows(attn: nn.Module, rec: GdnRecord, keep: mx.array, *, impl: str) -
 
 
 def _replay_cuda(attn: nn.Module, rec: GdnRecord, keep: mx.array) -> mx.array:
-    fn = _replay_fn(attn.num_k_heads, attn.head_k_dim, attn.num_v_heads, attn.head_v_dim)
-    args = (attn.conv1d.weight, attn.A_log, attn.dt_bias)
-    return fn(rec.conv_state, rec.qkv, rec.a, rec.b, rec.state0, keep, *args)
+    args = (rec.conv_state, rec.qkv, rec.a, rec.b, rec.state0, keep)
+    return _replay_fn(*_heads(attn))(*args, attn.conv1d.weight, attn.A_log, attn.dt_bias)
 
 
-def _replay_call(Hk, Dk, Hv, Dv, conv_state, qkv, a, b, state0, keep, conv_w, A_log, dt_bias):
+def _heads(attn: nn.Module) -> tuple[int, int, int, int]:
+    return attn.num_k_heads, attn.head_k_dim, attn.num_v_heads, attn.head_v_dim
+
+
+def _fused_call(
+    Hk, Dk, Hv, Dv, conv_state, qkv, a, b, state, steps, conv_w, A_log, dt_bias, *, record
+):
+    """The fused CUDA kernel over a block (``steps``: None, or a replay's count per row)."""
     from hf2q.kernels.cuda_gated_delta import gdn_fused_cuda
 
-    return gdn_fused_cuda(
-        conv_state,
-        qkv,
-        conv_w,
-        a,
-        b,
-        A_log,
-        dt_bias,
-        state0,
-        num_k_heads=Hk,
-        key_dim=Dk,
-        num_v_heads=Hv,
-        value_dim=Dv,
-        record="final",
-        steps=keep,
-    )
+    dims = dict(num_k_heads=Hk, key_dim=Dk, num_v_heads=Hv, value_dim=Dv)
+    args = (conv_state, qkv, conv_w, a, b, A_log, dt_bias, state)
+    return gdn_fused_cuda(*args, **dims, record=record, steps=steps)
 
 
 @functools.cache
@@ -443,7 +431,7 @@ def _replay_fn(Hk: int, Dk: int, Hv: int, Dv: int) -> Callable[..., mx.array]:
     """The fused kernel's per-row replay for one head geometry, compiled (weights as inputs, so
     every layer shares the trace): a custom kernel's Python call rebuilds its source text every
     time, a compiled trace's replay does not (docs/BENCHMARKS.md, session 14)."""
-    return mx.compile(functools.partial(_replay_call, Hk, Dk, Hv, Dv))
+    return mx.compile(functools.partial(_fused_call, Hk, Dk, Hv, Dv, record="final"))
 
 
 def rollback(
