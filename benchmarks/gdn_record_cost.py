@@ -9,8 +9,10 @@ step's state for the rollback taking 0.67 ms of a 1-slot DFlash round, 1.41 ms a
 block (``gdn_fused_cuda(..., steps=keep)``, one count per row; the same bits as the recorded
 state, tests/test_kernels_gated_delta.py). This times both over the 24 Gated-DeltaNet layers of
 Qwen3.5-4B (16 key / 32 value heads of 128, conv 4 over 8192 channels, T = 16, bf16), each
-row keeping a random number of positions, the two ways taking turns rep by rep, each compiled
-(``mx.compile``, as the runtime's runners and rollback launch are).
+row keeping a random number of positions, the two ways taking turns rep by rep
+(``node_cost._time_all``), each compiled (``mx.compile``, as the runtime's runners and rollback
+launch are); ``*_ms`` is an evaluation until its results are ready, ``*_host_ms`` the host's
+building and encoding of it.
 
 * ``states``: per layer the verify kernel writing per-step states; then one rollback launch for
   all layers (conv rows and states copied).
@@ -23,17 +25,19 @@ Usage (GPU): ``python3 benchmarks/gdn_record_cost.py --rows 1,4,8 --reps 20 --ou
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hf2q.kernels import cuda_rollback, select  # noqa: E402
+from node_cost import _cuda, _time_all  # noqa: E402
+
+from hf2q.kernels import cuda_rollback  # noqa: E402
 from hf2q.kernels.cuda_gated_delta import gdn_fused_cuda  # noqa: E402
 
 HK, HV, DK, DV, KC, T = 16, 32, 128, 128, 4, 16
@@ -93,7 +97,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    if select.backend() != "cuda":
+    if not _cuda():
         raise SystemExit("gdn_record_cost.py times CUDA kernels: run it on the GPU machine")
     ways = {"states": mx.compile(_states_way), "final+replay": mx.compile(_replay_way)}
     results = []
@@ -101,18 +105,11 @@ def main() -> None:
         flat = [a for layer in _layer_inputs(B, args.layers, seed=B) for a in layer]
         mx.random.seed(100 + B)
         keep = mx.random.randint(1, T + 1, (B,)).astype(mx.int32)
-        for fn in ways.values():  # compile and warm up
-            mx.eval(fn(keep, *flat))
-        times: dict[str, list[float]] = {name: [] for name in ways}
-        names = list(ways)
-        for rep in range(args.reps):
-            for j in range(len(names)):  # the ways take turns, the first moving on each rep
-                name = names[(rep + j) % len(names)]
-                tic = time.perf_counter()
-                mx.eval(ways[name](keep, *flat))
-                times[name].append(time.perf_counter() - tic)
+        kinds = {name: functools.partial(fn, keep, *flat) for name, fn in ways.items()}
         row = {"rows": B, "layers": args.layers, "keep": keep.tolist()}
-        row.update({f"{n}_ms": round(statistics.median(t) * 1e3, 4) for n, t in times.items()})
+        for name, timed in _time_all(kinds, args.reps, per_node=False).items():
+            row[f"{name}_ms"] = round(timed["total_us"] / 1e3, 4)
+            row[f"{name}_host_ms"] = round((timed["build_us"] + timed["encode_us"]) / 1e3, 4)
         results.append(row)
         print(json.dumps(row), flush=True)
     if args.out:

@@ -149,25 +149,23 @@ def traced(
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU if cpu else ProfilerActivity.CUDA])
-    rounds, tic, wall, on, done = 0, 0.0, 0.0, False, False
-    for ev in slots_events(loop, pair, prompts, slots, tokens, lookup):
-        if isinstance(ev, SlotRound) and not done:
+    rounds, tic, on = 0, 0.0, False
+    events = slots_events(loop, pair, prompts, slots, tokens, lookup)
+    for ev in events:
+        if isinstance(ev, SlotRound):
             if on:
                 rounds += 1
             elif ev.index >= 2:
                 prof.start()
                 on, tic = True, time.perf_counter()
-        elif isinstance(ev, SlotFinished) and on:  # (lagged rounds: one empty round follows)
-            wall = time.perf_counter() - tic
-            if not cpu:
-                torch.cuda.synchronize()
-            prof.stop()
-            on, done = False, True
-    if on:  # the last slots finished with the generator's end
-        wall = time.perf_counter() - tic
+        elif isinstance(ev, SlotFinished) and on:
+            break  # (the rest of the run is not traced)
+    wall = time.perf_counter() - tic
+    if on:
         if not cpu:
             torch.cuda.synchronize()
         prof.stop()
+    events.close()
     if rounds == 0:
         raise SystemExit(f"{loop}: fewer than three rounds: raise --tokens")
     fd, path = tempfile.mkstemp(suffix=".json")

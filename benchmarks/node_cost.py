@@ -49,11 +49,12 @@ def _once(make_ops) -> tuple[float, float, float, int]:
     return t1 - t0, t2 - t1, t3 - t1, len(outs)
 
 
-def _time_all(kinds: dict, reps: int) -> dict:
-    """Per kind, medians over ``reps`` of build / encode / total us a node. The kinds take turns
-    within each rep (each rep starting one kind later), after one unrecorded evaluation each
-    (compilation): a drift of the device over the run (clocks, other work) then spreads over
-    every kind alike instead of favouring the first ones timed."""
+def _time_all(kinds: dict, reps: int, per_node: bool = True) -> dict:
+    """Per kind, medians over ``reps`` of build / encode / total us a node (``per_node``, else
+    an evaluation). The kinds take turns within each rep (each rep starting one kind later),
+    after one unrecorded evaluation each (compilation): a drift of the device over the run
+    (clocks, other work) then spreads over every kind alike instead of favouring the first ones
+    timed."""
     names = list(kinds)
     for name in names:
         _once(kinds[name])
@@ -64,7 +65,7 @@ def _time_all(kinds: dict, reps: int) -> dict:
             times[name].append(_once(kinds[name]))
     out = {}
     for name, ts in times.items():
-        n = ts[0][3]
+        n = ts[0][3] if per_node else 1
         out[name] = {
             key: round(statistics.median(t[j] for t in ts) / n * 1e6, 2)
             for j, key in enumerate(("build_us", "encode_us", "total_us"))
@@ -89,14 +90,13 @@ def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool, only: list | None = No
     kinds["hf2q_small_mm"] = lambda: [small_matmul_cuda(x, w) for w in ws]
     if tune:  # launch shapes (column blocks per thread block, warps, chunk-loop unrolling) with
         # the default's warps: the choices that keep every row's bits
-        from hf2q.kernels.cuda_matmul import SHARED_BYTES, launch_shape, shared_bytes
+        from hf2q.kernels.cuda_matmul import launch_shape
 
         mt, _, warps, _ = launch_shape(M, x.shape[-1], ws[0].shape[0])
         cands = [(nb, warps, unroll) for nb in (1, 2, 4, 8) for unroll in (1, 2, 4)]
         for t in cands if only is None else [(c[0], warps, c[2]) for c in only]:
             # (8 x 8 x 4 accumulators would not fit in registers)
-            fits = shared_bytes(mt, t[0], warps) <= SHARED_BYTES
-            if ws[0].shape[0] % (8 * t[0]) == 0 and mt * t[0] <= 32 and fits:
+            if ws[0].shape[0] % (8 * t[0]) == 0 and mt * t[0] <= 32:
                 kinds[f"hf2q_small_mm{t}"] = lambda t=t: [
                     small_matmul_cuda(x, w, tune=t) for w in ws
                 ]
