@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# For the next H200 call (after .device/s2/install.sh; not yet run): session 22 made lagged rounds
+# Session 23, call 1 (after .device/s2/install.sh; h200_session23b.sh is call 2): session 22 made lagged rounds
 # queue their draft first and their verify every 8 layers by default (commit 474d68e) and removed
 # the staged-weights option (dde0e27, the kernel source as the GPU ran it through session 21),
 # with no device time left to run the GPU tests. First those tests (greedy bf16 DFlash equal to
@@ -29,11 +29,4 @@ for s in 4 8; do
   ab_run "record_s$s" "$t" --synthetic 4b --slots "$s" --modes dflash --tokens 32 \
     --prompt-tokens 64 --runs 3 --values "HF2Q_GDN_RECORD=states,HF2Q_GDN_RECORD=final"
 done
-synthetic_run synthetic 1,2,3,4,8 "$(left)"
-# The demo pair's 8-slot rounds (lookup drafts, synchronous): lagged lookup rounds and the verify
-# queued every 4 layers (of its 8), now that lagged rounds queue their draft and verify early.
-t=$(left)
-[ "$t" -gt 60 ] && ab_run demo8 "$t" --demo --lookup --slots 8 --modes plain,dflash --tokens 128 \
-  --runs 3 --values "HF2Q_LAGGED_LOOKUP=0,HF2Q_LAGGED_LOOKUP=1,HF2Q_FLUSH_LAYERS=4"
-demo_queue_bench demo-rps4
 pack_logs
