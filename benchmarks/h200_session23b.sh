@@ -9,7 +9,7 @@ set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
 ab_run e_one_slot 150 --synthetic 4b --slots 1 --modes plain,dflash --tokens 32 --prompt-tokens 64 \
-  --runs 5 --values "HF2Q_LAGGED_DRAFT_FIRST=1"
+  --runs 5 --values "HF2Q_GDN_RECORD=states,HF2Q_GDN_RECORD=final"
 synthetic_run synthetic 1,2,3,4,8 "$(left)"
 # The demo pair's 8-slot rounds (lookup drafts, synchronous): lagged lookup rounds and the verify
 # queued every 4 layers (of its 8), now that lagged rounds queue their draft and verify early.
