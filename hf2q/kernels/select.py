@@ -114,10 +114,16 @@ LAGGED_LOOKUP_ENV = "HF2Q_LAGGED_LOOKUP"
 #: :func:`lagged_draft_first`).
 LAGGED_DRAFT_FIRST_ENV = "HF2Q_LAGGED_DRAFT_FIRST"
 
-#: HF2Q_GDN_RECORD=final: a verify through the compiled runners (CUDA) keeps each Gated-DeltaNet
-#: layer's final state only, and its rollback replays each row's kept steps, instead of keeping
-#: every step's state (default ``states``; see :func:`gdn_record`).
+#: HF2Q_GDN_RECORD=states|final: what a verify through the compiled runners (CUDA) keeps of each
+#: Gated-DeltaNet layer for the rollback, every step's state or the final state (its rollback
+#: replays each row's kept steps). Unset: ``final`` for verifies of at least
+#: :data:`GDN_FINAL_MIN_ROWS` rows, ``states`` below (see :func:`gdn_record`).
 GDN_RECORD_ENV = "HF2Q_GDN_RECORD"
+
+#: From this many verify rows (slots) the default record is the final state: on the H200 it made
+#: the 4B-shaped pair's rounds 12.30 -> 11.74 ms at 4 slots and 16.84 -> 15.69 ms at 8, and
+#: 10.88 -> 12.00 ms at one (docs/BENCHMARKS.md, session 23; 2 and 3 slots not measured).
+GDN_FINAL_MIN_ROWS = 4
 
 #: HF2Q_ROLLBACK_KERNEL=0: a verify's Gated-DeltaNet rollback runs per layer with ops instead of
 #: one launch of :mod:`hf2q.kernels.cuda_rollback` for all layers (CUDA only; default on there).
@@ -224,16 +230,20 @@ def rollback_kernel_enabled() -> bool:
     return _cuda_kernel_switch(ROLLBACK_KERNEL_ENV)
 
 
-def gdn_record() -> str:
-    """What a verify through the runners keeps for the rollback (``HF2Q_GDN_RECORD``):
-    ``"states"`` (the default: the state after every position, restored by a copy, on CUDA
-    for all layers in one launch) or ``"final"`` (the last state only; the rollback replays each
-    row's kept steps from the state before the verify, the same bits). Why both: the per-step
-    record writes 16 float32 states a row and layer, 1.41 ms of a 4-slot round of the 4B-shaped
-    pair on an H200 and 2.85 ms at 8 slots (docs/BENCHMARKS.md, session 22); which way is
-    cheaper is for ``benchmarks/gdn_record_cost.py`` to say. The layer-call verify (CPU, Apple
-    GPUs) always keeps per-step states."""
-    value = os.environ.get(GDN_RECORD_ENV, "").strip().lower() or "states"
+def gdn_record(rows: int | None = None) -> str:
+    """What a verify of ``rows`` rows through the runners keeps for the rollback:
+    ``"states"`` (the state after every position, restored by a copy, on CUDA for all layers in
+    one launch) or ``"final"`` (the last state only; the rollback replays each row's kept steps
+    from the state before the verify, the same bits). ``HF2Q_GDN_RECORD`` picks one; unset, a
+    verify of at least :data:`GDN_FINAL_MIN_ROWS` rows keeps the final state and a smaller one
+    every step's (``rows`` None: the one-row choice). Why both: the per-step record writes 16
+    float32 states a row and layer (1.41 ms of a 4-slot round of the 4B-shaped pair on an H200,
+    2.85 ms at 8 slots, session 22), while the replay reruns the kept steps, which costs more
+    than the copy at one row (session 23). The layer-call verify (CPU, Apple GPUs) always keeps
+    per-step states."""
+    value = os.environ.get(GDN_RECORD_ENV, "").strip().lower()
+    if not value:
+        return "final" if (rows or 1) >= GDN_FINAL_MIN_ROWS else "states"
     if value not in ("states", "final"):
         raise UsageError(
             f"{GDN_RECORD_ENV}={value!r} must be 'states' or 'final': unset it or fix it"
@@ -466,12 +476,14 @@ def describe(attn: object | None = None) -> dict[str, str]:
         }[impl]
         # What the runtime's verify records (hf2q.runtime.verify): HF2Q_GDN_RECORD where the
         # compiled runners verify (hf2q.runtime.verify.use_runners), per-step states elsewhere.
-        if runners and compile_enabled() and gdn_record() == "final":
-            info["gdn_record"] = "final state (kept steps replayed per row)"
-        else:
+        states = "states" + (" (one launch for all layers)" if rollback_kernel_enabled() else "")
+        final = "final state (kept steps replayed per row)"
+        if not (runners and compile_enabled()):
             info["gdn_record"] = "states"
-            if rollback_kernel_enabled():
-                info["gdn_record"] += " (one launch for all layers)"
+        elif gdn_record(1) == gdn_record(GDN_FINAL_MIN_ROWS):
+            info["gdn_record"] = final if gdn_record() == "final" else states
+        else:
+            info["gdn_record"] = f"{states} below {GDN_FINAL_MIN_ROWS} rows, {final} from there"
     info["recurrence"] = "CUDA kernel" if runners else "ops"
     info["compile"] = "on" if compile_enabled() else "off"
     if fuse_proj_enabled():
