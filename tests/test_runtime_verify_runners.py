@@ -109,20 +109,23 @@ def test_runner_verify_on_ragged_slot_rows(target, record, monkeypatch):
     assert caches[1].lengths == caches[0].lengths == [5, 12, 6]
 
 
-def test_unset_record_follows_the_verify_rows_and_rolls_back_alike(target, monkeypatch):
-    # HF2Q_GDN_RECORD unset: a verify of GDN_FINAL_MIN_ROWS rows keeps the final state, a one-row
-    # verify every step's state; both roll back to the layer-call path's caches.
+def test_unset_record_follows_the_record_size_and_rolls_back_alike(target, monkeypatch):
+    # HF2Q_GDN_RECORD unset: a verify whose per-step record of a layer reaches
+    # GDN_FINAL_MIN_BYTES keeps the final state, a smaller one every step's state; both roll back
+    # to the layer-call path's caches. The threshold is moved so that this tiny target's 4-row
+    # verify of 5 tokens reaches it and its one-row verify does not.
     monkeypatch.delenv(select.GDN_RECORD_ENV, raising=False)
-    rows = select.GDN_FINAL_MIN_ROWS
+    rows, T = 4, 5
+    monkeypatch.setattr(select, "GDN_FINAL_MIN_BYTES", rows * T * target.gdn_state_size * 4)
     prompts = [[5 + r, 9, 13 + 2 * r, 4][: 2 + r % 3] for r in range(rows)]
-    for n, keep, final in ((rows, [2, 5, 1, 3, 4, 2, 5, 1][:rows], True), (1, [3], False)):
+    for n, keep, final in ((rows, [2, 5, 1, 3], True), (1, [3], False)):
         caches = [make_slot_target_cache(target, n), make_slot_target_cache(target, n)]
         for r, p in enumerate(prompts[:n]):
             one = make_target_cache(target)
             target.forward(mx.array([p]), one)
             for c in caches:
                 c.insert(r, one)
-        block = mx.array([[(3 + 5 * r + i) % 90 + 2 for i in range(5)] for r in range(n)])
+        block = mx.array([[(3 + 5 * r + i) % 90 + 2 for i in range(T)] for r in range(n)])
         outs = [
             verify.verify_forward(target, block, c, capture=[1], runners=r)
             for c, r in zip(caches, (False, True))
@@ -170,13 +173,13 @@ def test_greedy_dflash_with_runners_equals_plain(
 
 def test_gdn_record_reads_the_environment(monkeypatch):
     monkeypatch.delenv(select.GDN_RECORD_ENV, raising=False)
-    assert select.gdn_record() == select.gdn_record(1) == "states"
-    assert select.gdn_record(select.GDN_FINAL_MIN_ROWS - 1) == "states"
-    assert select.gdn_record(select.GDN_FINAL_MIN_ROWS) == select.gdn_record(8) == "final"
+    big = select.GDN_FINAL_MIN_BYTES
+    assert select.gdn_record() == select.gdn_record(big - 1) == "states"
+    assert select.gdn_record(big) == "final"
     monkeypatch.setenv(select.GDN_RECORD_ENV, "final")
-    assert select.gdn_record() == select.gdn_record(1) == "final"
+    assert select.gdn_record() == "final"
     monkeypatch.setenv(select.GDN_RECORD_ENV, "states")
-    assert select.gdn_record(8) == "states"
+    assert select.gdn_record(big) == "states"
     monkeypatch.setenv(select.GDN_RECORD_ENV, "everything")
     with pytest.raises(UsageError, match="HF2Q_GDN_RECORD='everything' must be 'states' or"):
         select.gdn_record()

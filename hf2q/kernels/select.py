@@ -116,14 +116,17 @@ LAGGED_DRAFT_FIRST_ENV = "HF2Q_LAGGED_DRAFT_FIRST"
 
 #: HF2Q_GDN_RECORD=states|final: what a verify through the compiled runners (CUDA) keeps of each
 #: Gated-DeltaNet layer for the rollback, every step's state or the final state (its rollback
-#: replays each row's kept steps). Unset: ``final`` for verifies of at least
-#: :data:`GDN_FINAL_MIN_ROWS` rows, ``states`` below (see :func:`gdn_record`).
+#: replays each row's kept steps). Unset: ``final`` where a layer's per-step record would take
+#: at least :data:`GDN_FINAL_MIN_BYTES`, ``states`` below (see :func:`gdn_record`).
 GDN_RECORD_ENV = "HF2Q_GDN_RECORD"
 
-#: From this many verify rows (slots) the default record is the final state: on the H200 it made
-#: the 4B-shaped pair's rounds 12.30 -> 11.74 ms at 4 slots and 16.84 -> 15.69 ms at 8, and
-#: 10.88 -> 12.00 ms at one (docs/BENCHMARKS.md, session 23; 2 and 3 slots not measured).
-GDN_FINAL_MIN_ROWS = 4
+#: From this size of one layer's per-step record (rows x block x state, float32) the default
+#: record is the final state. On the H200 (docs/BENCHMARKS.md, session 23) the 4B-shaped pair
+#: (32 MiB a row at 16-token blocks) took 12.30 -> 11.74 ms a round at 4 slots (128 MiB) and
+#: 16.84 -> 15.69 at 8 with the final state, 8.40 / 8.42 at 2, and 10.88 -> 12.00 at one; the
+#: demo pair (1 MiB at 8 slots), bound by the host, lost with it (rollback 0.66 -> 1.22 ms at
+#: 8 slots): the replay's launches cost the host more than the copy it saves the device.
+GDN_FINAL_MIN_BYTES = 128 << 20
 
 #: HF2Q_ROLLBACK_KERNEL=0: a verify's Gated-DeltaNet rollback runs per layer with ops instead of
 #: one launch of :mod:`hf2q.kernels.cuda_rollback` for all layers (CUDA only; default on there).
@@ -230,20 +233,20 @@ def rollback_kernel_enabled() -> bool:
     return _cuda_kernel_switch(ROLLBACK_KERNEL_ENV)
 
 
-def gdn_record(rows: int | None = None) -> str:
-    """What a verify of ``rows`` rows through the runners keeps for the rollback:
-    ``"states"`` (the state after every position, restored by a copy, on CUDA for all layers in
-    one launch) or ``"final"`` (the last state only; the rollback replays each row's kept steps
-    from the state before the verify, the same bits). ``HF2Q_GDN_RECORD`` picks one; unset, a
-    verify of at least :data:`GDN_FINAL_MIN_ROWS` rows keeps the final state and a smaller one
-    every step's (``rows`` None: the one-row choice). Why both: the per-step record writes 16
-    float32 states a row and layer (1.41 ms of a 4-slot round of the 4B-shaped pair on an H200,
-    2.85 ms at 8 slots, session 22), while the replay reruns the kept steps, which costs more
-    than the copy at one row (session 23). The layer-call verify (CPU, Apple GPUs) always keeps
+def gdn_record(record_bytes: int = 0) -> str:
+    """What a verify through the runners keeps for the rollback: ``"states"`` (the state after
+    every position, restored by a copy, on CUDA for all layers in one launch) or ``"final"`` (the
+    last state only; the rollback replays each row's kept steps from the state before the
+    verify, the same bits). ``HF2Q_GDN_RECORD`` picks one; unset, the final state where one
+    layer's per-step record would take ``record_bytes`` >= :data:`GDN_FINAL_MIN_BYTES`. Why
+    both: the per-step record writes a float32 state per row, step and layer (1.41 ms of a
+    4-slot round of the 4B-shaped pair on an H200, 2.85 ms at 8 slots, session 22), while the
+    replay reruns the kept steps and adds launches, which costs more than the copy at one row
+    and for small models (session 23). The layer-call verify (CPU, Apple GPUs) always keeps
     per-step states."""
     value = os.environ.get(GDN_RECORD_ENV, "").strip().lower()
     if not value:
-        return "final" if (rows or 1) >= GDN_FINAL_MIN_ROWS else "states"
+        return "final" if record_bytes >= GDN_FINAL_MIN_BYTES else "states"
     if value not in ("states", "final"):
         raise UsageError(
             f"{GDN_RECORD_ENV}={value!r} must be 'states' or 'final': unset it or fix it"
@@ -480,10 +483,11 @@ def describe(attn: object | None = None) -> dict[str, str]:
         final = "final state (kept steps replayed per row)"
         if not (runners and compile_enabled()):
             info["gdn_record"] = "states"
-        elif gdn_record(1) == gdn_record(GDN_FINAL_MIN_ROWS):
+        elif gdn_record(0) == gdn_record(GDN_FINAL_MIN_BYTES):
             info["gdn_record"] = final if gdn_record() == "final" else states
         else:
-            info["gdn_record"] = f"{states} below {GDN_FINAL_MIN_ROWS} rows, {final} from there"
+            mib = GDN_FINAL_MIN_BYTES >> 20
+            info["gdn_record"] = f"{final} from {mib} MiB of per-step states a layer, else {states}"
     info["recurrence"] = "CUDA kernel" if runners else "ops"
     info["compile"] = "on" if compile_enabled() else "off"
     if fuse_proj_enabled():

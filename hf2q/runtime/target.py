@@ -68,6 +68,16 @@ class TargetModel:
         return int(self.args.hidden_size)
 
     @property
+    def gdn_state_size(self) -> int:
+        """Elements of one Gated-DeltaNet layer's recurrent state for one sequence (value heads x
+        value dim x key dim; 0 for a model without such layers)."""
+        for i, layer in enumerate(self.inner.layers):
+            if self._linear[i]:
+                a = layer.linear_attn
+                return int(a.num_v_heads * a.head_v_dim * a.head_k_dim)
+        return 0
+
+    @property
     def dtype(self) -> mx.Dtype:
         """The dtype the target computes in: its embedding's (its scales' when quantized)."""
         emb = self.inner.embed_tokens

@@ -229,7 +229,7 @@ def runner_verify_layer_fn(
     ``mm``: their products through the small-M kernel (``select.small_mm_enabled()``);
     ``rows``: attention through the row-invariant kernel (``select.row_attention_enabled()``), as
     plain decoding's steps, so that each verify row computes what its decode step computes;
-    ``record``: what the Gated-DeltaNet layers keep for the rollback (``select.gdn_record(rows)``).
+    ``record``: what the Gated-DeltaNet layers keep for the rollback (``select.gdn_record(bytes)``).
     """
 
     chosen = Chosen()
@@ -286,7 +286,7 @@ def verify_forward(
             select.fuse_proj_enabled(),
             mm,
             select.row_attention_enabled(),
-            select.gdn_record(tokens.shape[0]),
+            select.gdn_record(tokens.shape[0] * tokens.shape[1] * target.gdn_state_size * 4),
         )
         # One layer function per set of settings, kept across rounds with its per-layer choices.
         key = (
