@@ -124,7 +124,7 @@ GDN_RECORD_ENV = "HF2Q_GDN_RECORD"
 #: record is the final state. On the H200 (docs/BENCHMARKS.md, session 23) the 4B-shaped pair
 #: (32 MiB a row at 16-token blocks) took 12.30 -> 11.74 ms a round at 4 slots (128 MiB) and
 #: 16.84 -> 15.69 at 8 with the final state, 8.40 / 8.42 at 2, and 10.88 -> 12.00 at one; the
-#: demo pair (1 MiB at 8 slots), bound by the host, lost with it (rollback 0.66 -> 1.22 ms at
+#: demo pair (8 MiB at 8 slots), bound by the host, lost with it (rollback 0.66 -> 1.22 ms at
 #: 8 slots): the replay's launches cost the host more than the copy it saves the device.
 GDN_FINAL_MIN_BYTES = 128 << 20
 

@@ -12,6 +12,7 @@ caches module).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -67,7 +68,7 @@ class TargetModel:
     def hidden_size(self) -> int:
         return int(self.args.hidden_size)
 
-    @property
+    @functools.cached_property
     def gdn_state_size(self) -> int:
         """Elements of one Gated-DeltaNet layer's recurrent state for one sequence (value heads x
         value dim x key dim; 0 for a model without such layers)."""

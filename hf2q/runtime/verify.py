@@ -175,8 +175,8 @@ def _runner_verify(
     layer: nn.Module, impl: str, run: LayerRunner, h: mx.array, cache: GDNRollbackCache
 ) -> mx.array:
     """A Gated-DeltaNet decoder layer over a verify block through its compiled whole-layer runner
-    ``run`` (:func:`hf2q.kernels.layers.gdn_layer_runner` recording per-step states, or with
-    ``HF2Q_GDN_RECORD=final`` the final state and what a replay needs), as plain decoding runs
+    ``run`` (:func:`hf2q.kernels.layers.gdn_layer_runner` recording per-step states, or where
+    ``select.gdn_record`` says ``final`` the final state and what a replay needs), as plain decoding runs
     the same layer with :func:`hf2q.kernels.layers.decode_layer_fn`."""
     conv, state = cache[0], cache[1]
     if conv is None or state is None:
