@@ -54,6 +54,18 @@ ab_run() {
   echo "$name exit $? $(el)"; tail -n 1 "$OUT/$name.log" | cut -c1-1200
 }
 
+# ab_slots PREFIX "SLOTS" VALUES [MIN]: ab_run PREFIX<slots> for the random 4B-shaped pair's DFlash
+# rounds (32 new tokens after 64, 3 runs) at each slot count of SLOTS (space-separated), the
+# settings VALUES alternating in one process, while at least MIN (60) of ${BUDGET:-560} s remain.
+ab_slots() {
+  local s t
+  for s in $2; do
+    t=$(left); [ "$t" -lt "${4:-60}" ] && break
+    ab_run "$1$s" "$t" --synthetic 4b --slots "$s" --modes dflash --tokens 32 \
+      --prompt-tokens 64 --runs 3 --values "$3"
+  done
+}
+
 # demo_queue_bench NAME: hf2q bench on the demo pair at 1, 4, 8 slots with 4 requests per slot, in
 # what remains of ${BUDGET:-560} s, into $OUT/NAME.json / .log, its rows shown.
 demo_queue_bench() {

@@ -8,9 +8,5 @@ set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
 V="HF2Q_LAGGED_DRAFT_FIRST=0,HF2Q_LAGGED_DRAFT_FIRST=1,HF2Q_LAGGED_DRAFT_FIRST=1+HF2Q_FLUSH_LAYERS=8"
-for s in 4 1; do
-  t=$(left); [ "$t" -lt 45 ] && break
-  ab_run "draft_first_s$s" "$t" --synthetic 4b --slots "$s" --modes dflash --tokens 32 \
-    --prompt-tokens 64 --runs 3 --values "$V"
-done
+ab_slots draft_first_s "4 1" "$V" 45
 pack_logs

@@ -24,9 +24,5 @@ echo "gdn_record exit $? $(el)"; tail -n 4 "$OUT/gdn_record.log"
 # HF2Q_GDN_RECORD=final end to end (not a default): its GPU tests, then the 4B-shaped pair's
 # rounds at 4 and 8 slots with either record, alternating in one process.
 gpu_pytest record_tests 150 tests/test_runtime_verify_runners.py -k "final or record"
-for s in 4 8; do
-  t=$(left); [ "$t" -lt 60 ] && break
-  ab_run "record_s$s" "$t" --synthetic 4b --slots "$s" --modes dflash --tokens 32 \
-    --prompt-tokens 64 --runs 3 --values "HF2Q_GDN_RECORD=states,HF2Q_GDN_RECORD=final"
-done
+ab_slots record_s "4 8" "HF2Q_GDN_RECORD=states,HF2Q_GDN_RECORD=final"
 pack_logs

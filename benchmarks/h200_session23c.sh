@@ -13,7 +13,5 @@ echo "host_demo8 exit $? $(el)"; grep -A 30 "== slots-dflash" "$OUT/host_demo8.l
 timeout 150 python3 benchmarks/host_profile.py --synthetic 4b --prompt-tokens 64 --loops slots-dflash \
   --slots 1 --tokens 32 --top 45 --out "$OUT/host_4b1.json" > "$OUT/host_4b1.log" 2>&1
 echo "host_4b1 exit $? $(el)"; grep -A 30 "== slots-dflash" "$OUT/host_4b1.log" | cut -c1-160
-t=$(left)
-[ "$t" -gt 60 ] && ab_run record_s2 "$t" --synthetic 4b --slots 2 --modes dflash --tokens 32 \
-  --prompt-tokens 64 --runs 3 --values "HF2Q_GDN_RECORD=states,HF2Q_GDN_RECORD=final"
+ab_slots record_s 2 "HF2Q_GDN_RECORD=states,HF2Q_GDN_RECORD=final"
 pack_logs
