@@ -7,9 +7,11 @@ layer, and pick
   when MLX's CUDA backend is the default device and the shapes are supported, ops otherwise;
 * for a whole Gated-DeltaNet mixer (:mod:`hf2q.kernels.gdn`): ``"cuda"`` (fused kernel) on CUDA,
   ``"mlx"`` (mlx-lm's ``gated_delta_update``, its Metal kernel) on Apple GPUs, ``"ops"`` on CPU;
+* for what a verify keeps for its rollback (:func:`gdn_record`): the state after every position
+  (restored on CUDA for all layers in one launch), or where that record would be large on CUDA
+  only the last state, the kept steps replayed;
 
-and report what runs (a verify records the state after every position for its rollback, restored
-on CUDA for all layers in one launch).
+and report what runs.
 
 ``HF2Q_KERNELS=ops`` forces the portable ops everywhere (to compare or to rule the kernels out);
 ``HF2Q_KERNELS=cuda`` insists on the CUDA kernels and fails loudly where they cannot run;

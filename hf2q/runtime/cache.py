@@ -3,8 +3,9 @@
 What it does: :class:`GDNRollbackCache` is mlx-lm's ``ArraysCache(size=2)`` for a Gated-DeltaNet
 layer (``[conv_state (B, K-1, C), recurrent_state (B, Hv, Dv, Dk) float32]``) that can also hold
 the record of the last verify forward (the conv input window and the recurrent state after every
-verified position, or for a final-state record (``hf2q.kernels.select.gdn_record``) the last state
-and what a replay of the kept steps needs) and restore the state after any accepted prefix with :meth:`rollback`.
+verified position, or for a final-state record (``hf2q.kernels.select.gdn_record``) the last
+state and what a replay of the kept steps needs) and restore the state after any accepted prefix
+with :meth:`rollback`.
 :class:`TargetCache` is the per-layer cache list of a target (a ``list``, so mlx-lm's own forward
 and ``generate_step`` accept it) with one :meth:`TargetCache.rollback` over all layers: attention
 KV caches are trimmed, Gated-DeltaNet caches restored from their record (a copy, or a replay of
@@ -46,9 +47,9 @@ class GDNRecord:
             (B, Hv, Dv, Dk), or one array (B, T, Hv, Dv, Dk) (what the fused CUDA kernel writes),
             from which a ragged rollback is a single gather; with ``replay``, the state after
             the last position only (B, Hv, Dv, Dk).
-        replay: for final-state records (``select.gdn_record()`` "final"): each row's state after its
-            own kept count, ``replay(keep (B,) int32)`` (replayed from the state before the
-            verify, the same bits as a per-step record); None for per-step records.
+        replay: for final-state records (``select.gdn_record`` "final"): each row's state
+            after its own kept count, ``replay(keep (B,) int32)`` (replayed from the state
+            before the verify, the same bits as a per-step record); None for per-step records.
         steps: T, for final-state records.
     """
 

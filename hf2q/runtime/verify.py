@@ -176,8 +176,8 @@ def _runner_verify(
 ) -> mx.array:
     """A Gated-DeltaNet decoder layer over a verify block through its compiled whole-layer runner
     ``run`` (:func:`hf2q.kernels.layers.gdn_layer_runner` recording per-step states, or where
-    ``select.gdn_record`` says ``final`` the final state and what a replay needs), as plain decoding runs
-    the same layer with :func:`hf2q.kernels.layers.decode_layer_fn`."""
+    ``select.gdn_record`` says ``final`` the final state and what a replay needs), as plain
+    decoding runs the same layer with :func:`hf2q.kernels.layers.decode_layer_fn`."""
     conv, state = cache[0], cache[1]
     if conv is None or state is None:
         conv, state = empty_states(layer.linear_attn, h.shape[0], h.dtype)
@@ -282,11 +282,12 @@ def verify_forward(
     cache.begin_verify(tokens.shape[1])
     mm = select.small_mm_enabled()  # read once a forward, for the layers and the head
     if use_runners() if runners is None else runners:
+        record_bytes = tokens.size * target.gdn_state_size * 4  # a layer's float32 step states
         options = (
             select.fuse_proj_enabled(),
             mm,
             select.row_attention_enabled(),
-            select.gdn_record(tokens.shape[0] * tokens.shape[1] * target.gdn_state_size * 4),
+            select.gdn_record(record_bytes),
         )
         # One layer function per set of settings, kept across rounds with its per-layer choices.
         key = (
