@@ -249,37 +249,34 @@ def main() -> None:
                 " (or pass --cpu-check)"
             )
         torch.cuda.init()
-    pair, _, prompts = pair_and_prompts(args, max(counts))
-    out: dict = {"pair": args.synthetic or args.model or "demo", "rows": []}
-    for n in counts:
-        for loop in loops:
-            run_slots(slots_events(loop, pair, prompts[:n], n, args.tokens, args.lookup))  # warm-up
-            trace, steps, wall = traced(
-                loop, pair, prompts[:n], n, args.tokens, args.lookup, args.cpu_check
-            )
-            cats = ("cpu_op",) if args.cpu_check else DEVICE_CATS
-            events = device_events(trace, cats)
-            row = {"loop": loop, "slots": n, **summarize(events, steps, wall, args.top)}
-            if args.sequence:
-                row["sequence"] = sequence(events, args.sequence)
-            out["rows"].append(row)
-            print(
-                f"== {loop} slots {n}: {steps} steps; ms a step: wall {row['wall_ms_per_step']},"
-                f" device busy {row['busy_ms_per_step']} (span {row['span_ms_per_step']}),"
-                f" {row['kernels_per_step']} kernels, idle gaps >= 50 us"
-                f" {row['gaps_over_50us_per_step']} ({row['gap_ms_over_50us_per_step']} ms)"
-            )
-            for t in row["top"]:
-                print(
-                    f"   {t['ms_per_step']:8.4f} ms {t['calls_per_step']:7.2f}x"
-                    f" {t['us_min_median_max']} us  {t['group'][:100]}"
-                )
-            print("   idle gaps >= 50 us, by the kernels around them:")
-            for g in row["big_gaps"][:8]:
-                print(
-                    f"   {g['ms_per_step']:8.4f} ms {g['count_per_step']:6.2f}x"
-                    f"  {g['before'][:60]} -> {g['after'][:60]}"
-                )
+    (n,), (loop,) = counts, loops  # one trace in this process
+    pair, _, prompts = pair_and_prompts(args, n)
+    run_slots(slots_events(loop, pair, prompts[:n], n, args.tokens, args.lookup))  # warm-up
+    trace, steps, wall = traced(
+        loop, pair, prompts[:n], n, args.tokens, args.lookup, args.cpu_check
+    )
+    events = device_events(trace, ("cpu_op",) if args.cpu_check else DEVICE_CATS)
+    row = {"loop": loop, "slots": n, **summarize(events, steps, wall, args.top)}
+    if args.sequence:
+        row["sequence"] = sequence(events, args.sequence)
+    out: dict = {"pair": args.synthetic or args.model or "demo", "rows": [row]}
+    print(
+        f"== {loop} slots {n}: {steps} steps; ms a step: wall {row['wall_ms_per_step']},"
+        f" device busy {row['busy_ms_per_step']} (span {row['span_ms_per_step']}),"
+        f" {row['kernels_per_step']} kernels, idle gaps >= 50 us"
+        f" {row['gaps_over_50us_per_step']} ({row['gap_ms_over_50us_per_step']} ms)"
+    )
+    for t in row["top"]:
+        print(
+            f"   {t['ms_per_step']:8.4f} ms {t['calls_per_step']:7.2f}x"
+            f" {t['us_min_median_max']} us  {t['group'][:100]}"
+        )
+    print("   idle gaps >= 50 us, by the kernels around them:")
+    for g in row["big_gaps"][:8]:
+        print(
+            f"   {g['ms_per_step']:8.4f} ms {g['count_per_step']:6.2f}x"
+            f"  {g['before'][:60]} -> {g['after'][:60]}"
+        )
     text = json.dumps(out)
     if args.out:
         Path(args.out).write_text(text + "\n")
