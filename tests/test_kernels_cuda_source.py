@@ -86,6 +86,28 @@ def test_rollback_kernel_compiles_for_sm90_without_spills(tmp_path: Path, layers
     _assert_compiles_without_spills(tmp_path, name, src)
 
 
+@pytest.mark.parametrize("layers", [6, 24])
+def test_conv_rollback_kernel_compiles_for_sm90_without_spills(tmp_path: Path, layers):
+    import cuda_emu
+
+    from hf2q.kernels import cuda_rollback as cr
+
+    name, ins, outs, source = cr.spec(layers, states=False)
+    dt = mx.bfloat16
+    src = cuda_emu.mlx_cuda_source(
+        name,
+        ins,
+        [dt] * layers + [mx.int32],
+        [3] * layers + [1],
+        outs,
+        [dt] * layers,
+        source,
+        "",
+        [("CT", dt), ("T", 16), ("K1", 3), ("C", 8192), ("NT", cr.THREADS)],
+    )
+    _assert_compiles_without_spills(tmp_path, name, src)
+
+
 # (m-tiles, column blocks, warps, unrolling) of default launches.
 _LAUNCHES = [(1, 4, 8, 1), (1, 2, 8, 1), (2, 8, 8, 4), (3, 8, 8, 1), (4, 4, 8, 4), (8, 4, 8, 1)]
 

@@ -45,20 +45,25 @@ def kernel(monkeypatch, tmp_path):
     caches are told the kernel applies, as they are on CUDA."""
     if HAS_CUDA:
         cr._launcher.cache_clear()  # compiled launches call the kernel function when traced
+        cr._conv_launcher.cache_clear()
         real, counted = cr._kernel, {}
-        monkeypatch.setattr(cr, "_kernel", lambda L: counted.setdefault(L, _Counted(real(L))))
+        monkeypatch.setattr(
+            cr,
+            "_kernel",
+            lambda L, states=True: counted.setdefault((L, states), _Counted(real(L, states))),
+        )
         return counted
     if cuda_emu.compiler() is None:
         pytest.skip("no C++ compiler for the CUDA emulator")
-    built: dict[int, _Counted] = {}
+    built: dict[tuple[int, bool], _Counted] = {}
 
-    def emulated(layers: int):
-        if layers not in built:
-            name, ins, outs, src = cr.spec(layers)
-            built[layers] = _Counted(
+    def emulated(layers: int, states: bool = True):
+        if (layers, states) not in built:
+            name, ins, outs, src = cr.spec(layers, states)
+            built[layers, states] = _Counted(
                 cuda_emu.EmulatedKernel(name, ins, outs, src, workdir=tmp_path)
             )
-        return built[layers]
+        return built[layers, states]
 
     monkeypatch.setattr(cr, "_kernel", emulated)
     monkeypatch.setattr(cache_mod, "rollback_kernel_enabled", lambda: True)
@@ -78,12 +83,30 @@ def test_kernel_copies_each_rows_kept_conv_rows_and_state_of_every_layer(kernel,
     convs, states = _records(L, B, T, K1, C, (2, 4, 8), dtype)
     keep = [1, 3, 5]
     conv_out, state_out = cr.rollback_cuda(convs, states, mx.array(keep, dtype=mx.int32))
-    assert kernel[L].calls == 1  # every layer in one launch
+    assert kernel[L, True].calls == 1  # every layer in one launch
     for c, s, co, so in zip(convs, states, conv_out, state_out, strict=True):
         assert co.dtype == dtype and co.shape == (B, K1, C) and so.shape == (B, 2, 4, 8)
         for b, n in enumerate(keep):
             assert mx.array_equal(co[b], c[b, n : n + K1])
             assert mx.array_equal(so[b], s[b, n - 1])
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32], ids=["bf16", "f32"])
+def test_conv_kernel_copies_each_rows_kept_conv_rows_of_every_layer(kernel, dtype):
+    L, B, T, K1, C = 3, 3, 5, 3, 40
+    convs, _ = _records(L, B, T, K1, C, (2, 4, 8), dtype)
+    keep = [1, 3, 5]
+    conv_out = cr.rollback_conv_cuda(convs, mx.array(keep, dtype=mx.int32), T)
+    assert kernel[L, False].calls == 1  # every layer in one launch, no state copied
+    for c, co in zip(convs, conv_out, strict=True):
+        assert co.dtype == dtype and co.shape == (B, K1, C)
+        for b, n in enumerate(keep):
+            assert mx.array_equal(co[b], c[b, n : n + K1])
+    keep_arr = mx.array(keep, dtype=mx.int32)
+    assert cr.conv_supported(convs, keep_arr, T) is None
+    assert "different shapes" in cr.conv_supported([convs[0], convs[1][:, :5]], keep_arr, T)
+    assert "int32" in cr.conv_supported(convs, keep_arr.astype(mx.int64), T)
+    assert "does not hold" in cr.conv_supported(convs, keep_arr, K1 + T)
 
 
 def test_supported_names_what_does_not_fit():
@@ -166,6 +189,40 @@ def test_slot_rows_roll_back_to_their_own_counts_in_one_launch(kernel, target, m
     assert sum(k.calls for k in kernel.values()) == 1
     _assert_caches_bit_equal(*caches)
     assert caches[0].lengths == caches[1].lengths == [5, 12, 6]
+
+
+@pytest.mark.parametrize("lagged", [False, True], ids=["host-counts", "device-counts"])
+def test_final_state_rows_roll_back_with_one_conv_launch(kernel, target, monkeypatch, lagged):
+    """Final-state records (``HF2Q_GDN_RECORD=final``): every layer's kept conv rows in one
+    launch and each layer's replay leave the slot rows bit-equal to the per-layer rollback."""
+    monkeypatch.setenv(select.GDN_RECORD_ENV, "final")
+    prompts = [[5, 9, 13], [21, 4, 8, 30, 2, 17, 6], [11, 12, 13, 14, 15]]
+    block = mx.array([[3, 4, 5, 6, 7], [8, 9, 10, 11, 12], [13, 14, 15, 16, 17]])
+    caches = []
+    for one_launch in (True, False):
+        monkeypatch.setattr(cache_mod, "rollback_kernel_enabled", lambda v=one_launch: v)
+        c = make_slot_target_cache(target, 3)
+        for r, p in enumerate(prompts):
+            one = make_target_cache(target)
+            target.forward(mx.array([p]), one)
+            c.insert(r, one)
+        verify.verify_forward(target, block, c, runners=True)
+        gdn = [x for x in c if isinstance(x, GDNRollbackCache)]
+        assert all(x.record.replay is not None for x in gdn)
+        keep = [2, 5, 1]
+        if lagged:
+            for x in c:
+                if not isinstance(x, GDNRollbackCache):
+                    x.lagged = True
+            c.rollback(mx.array(keep, dtype=mx.int32))
+            for x in c:
+                if not isinstance(x, GDNRollbackCache):
+                    x.lagged = False
+        else:
+            c.rollback(keep)
+        caches.append(c)
+    assert {k: v.calls for k, v in kernel.items()} == {(len(gdn), False): 1}
+    _assert_caches_bit_equal(*caches)
 
 
 @cuda_only

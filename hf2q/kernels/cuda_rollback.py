@@ -9,6 +9,9 @@ rows): five graph nodes or more per layer, about 120 for a 4B-shaped target, eac
 a few microseconds to encode on an H200 while the copies themselves are tiny.
 :func:`rollback_cuda` copies the kept conv rows and states of all layers in one launch: one graph
 node. The kept counts are an int32 array (B,), so the same compiled kernel serves every round.
+Records that keep only the final state (``hf2q.kernels.select.gdn_record``) are restored by a
+replay per layer; :func:`rollback_conv_cuda` copies their kept conv rows, all layers in one
+launch as well (a gather and its index arithmetic per layer otherwise).
 
 What it does not do: decide acceptance, trim attention caches (that is an offset change), or run
 anywhere but an NVIDIA GPU (``hf2q.runtime.cache`` keeps the ops path elsewhere). Its copies are
@@ -34,40 +37,52 @@ from hf2q.kernels import select
 THREADS = 256
 
 
-def _source(layers: int) -> str:
-    cases = "\n".join(
-        f"    case {i}: cs = c{i}; ss = s{i}; cd = oc{i}; sd = os{i}; break;" for i in range(layers)
-    )
+def _source(layers: int, states: bool = True) -> str:
+    if states:
+        cases = "\n".join(
+            f"    case {i}: cs = c{i}; ss = s{i}; cd = oc{i}; sd = os{i}; break;"
+            for i in range(layers)
+        )
+        state_vars = "const float* ss = nullptr; float* sd = nullptr;"
+        state_copy = """
+  if (i < S4) {
+    const float4* src = reinterpret_cast<const float4*>(ss) + ((size_t)b * T + (n - 1)) * S4;
+    reinterpret_cast<float4*>(sd)[(size_t)b * S4 + i] = src[i];
+  }"""
+    else:
+        cases = "\n".join(f"    case {i}: cs = c{i}; cd = oc{i}; break;" for i in range(layers))
+        state_vars, state_copy = "", ""
     return f"""
   const unsigned b = blockIdx.y;
   const unsigned i = blockIdx.x * NT + threadIdx.x;
   const int n = keep[b];  // positions kept in this row, 1..T
-  const CT* cs = nullptr; const float* ss = nullptr; CT* cd = nullptr; float* sd = nullptr;
+  const CT* cs = nullptr; CT* cd = nullptr; {state_vars}
   switch (blockIdx.z) {{
 {cases}
     default: return;
-  }}
-  if (i < S4) {{
-    const float4* src = reinterpret_cast<const float4*>(ss) + ((size_t)b * T + (n - 1)) * S4;
-    reinterpret_cast<float4*>(sd)[(size_t)b * S4 + i] = src[i];
-  }}
+  }}{state_copy}
   if (i < K1 * C) {{
     cd[(size_t)b * K1 * C + i] = cs[((size_t)b * (K1 + T) + n) * C + i];
   }}
 """
 
 
-def spec(layers: int) -> tuple[str, list[str], list[str], str]:
+def spec(layers: int, states: bool = True) -> tuple[str, list[str], list[str], str]:
     """(name, input names, output names, source) of the kernel for ``layers`` layers (the CPU
-    tests build the same in their emulator)."""
-    ins = [f"c{i}" for i in range(layers)] + [f"s{i}" for i in range(layers)] + ["keep"]
-    outs = [f"oc{i}" for i in range(layers)] + [f"os{i}" for i in range(layers)]
-    return f"hf2q_gdn_rollback_{layers}", ins, outs, _source(layers)
+    tests build the same in their emulator); ``states=False``: the conv rows only (records that
+    keep the final state, whose rollback replays the kept steps instead of copying a state)."""
+    ins = [f"c{i}" for i in range(layers)]
+    outs = [f"oc{i}" for i in range(layers)]
+    if states:
+        ins += [f"s{i}" for i in range(layers)]
+        outs += [f"os{i}" for i in range(layers)]
+    name = f"hf2q_gdn_rollback_{layers}" if states else f"hf2q_gdn_conv_rollback_{layers}"
+    return name, [*ins, "keep"], outs, _source(layers, states)
 
 
 @cache
-def _kernel(layers: int) -> Any:
-    name, ins, outs, source = spec(layers)
+def _kernel(layers: int, states: bool = True) -> Any:
+    name, ins, outs, source = spec(layers, states)
     return mx.fast.cuda_kernel(name=name, input_names=ins, output_names=outs, source=source)
 
 
@@ -112,6 +127,56 @@ def rollback_cuda(
     L = len(convs)
     outs = _launcher(L)(*convs, *states, keep)
     return list(outs[:L]), list(outs[L:])
+
+
+def rollback_conv_cuda(convs: list[mx.array], keep: mx.array, steps: int) -> list[mx.array]:
+    """The conv states after each row's kept positions, all layers in one launch: what
+    :func:`rollback_cuda` copies for records that hold no per-step states (the final-state
+    record, whose states a replay restores).
+
+    Args:
+        convs: per layer the conv input window (B, K-1+steps, C) of a verify of ``steps``
+            positions (same shapes and dtype in every layer).
+        keep: int32 (B,), positions kept per batch row, each in ``1..steps`` (unchecked).
+
+    Returns:
+        conv states (B, K-1, C) in the records' dtype, per layer.
+    """
+    return list(_conv_launcher(len(convs), steps)(*convs, keep))
+
+
+def conv_supported(convs: list[mx.array], keep: mx.array, steps: int) -> str | None:
+    """Why :func:`rollback_conv_cuda` cannot restore these conv records (None when it can)."""
+    if not convs:
+        return "no conv records"
+    c0 = convs[0]
+    if c0.ndim != 3 or any(c.shape != c0.shape or c.dtype != c0.dtype for c in convs):
+        return "conv records of different shapes or dtypes"
+    if not 0 < steps < c0.shape[1]:
+        return f"conv record {c0.shape} does not hold {steps} verified positions"
+    if keep.shape != (c0.shape[0],) or keep.dtype != mx.int32:
+        return f"kept counts {keep.shape} {keep.dtype} (needs int32 ({c0.shape[0]},))"
+    return None
+
+
+@cache
+def _conv_launcher(layers: int, steps: int) -> Callable[..., list[mx.array]]:
+    """:func:`_launcher` for the conv rows only, ``steps`` verified positions."""
+
+    def launch(*arrays: mx.array) -> list[mx.array]:
+        convs, keep = list(arrays[:layers]), arrays[-1]
+        B, W, C = convs[0].shape
+        K1 = W - steps
+        return _kernel(layers, False)(
+            inputs=[*convs, keep],
+            template=[("CT", convs[0].dtype), ("T", steps), ("K1", K1), ("C", C), ("NT", THREADS)],
+            grid=(-(-(K1 * C) // THREADS) * THREADS, B, layers),
+            threadgroup=(THREADS, 1, 1),
+            output_shapes=[(B, K1, C)] * layers,
+            output_dtypes=[convs[0].dtype] * layers,
+        )
+
+    return mx.compile(launch) if select.backend() == "cuda" else launch
 
 
 @cache

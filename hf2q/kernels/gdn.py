@@ -392,7 +392,9 @@ def replay_rows(attn: nn.Module, rec: GdnRecord, keep: mx.array, *, impl: str) -
     block, exactly: (B, Hv, Dv, Dk). Per-step records gather; final-state records replay each
     row's count from ``state0`` (CUDA: one launch of the fused kernel, compiled; the other
     implementations compute every step's state and gather, the same bits as their replay)."""
-    keep = keep.astype(mx.int32).reshape(-1)
+    keep = keep.astype(mx.int32)
+    if keep.ndim != 1:  # (a reshape is a graph node even when it changes nothing)
+        keep = keep.reshape(-1)
     if rec.record == "final":
         if impl == "cuda":
             return _replay_cuda(attn, rec, keep)
