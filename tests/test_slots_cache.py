@@ -227,3 +227,53 @@ def test_lagged_rows_keep_bounds_above_their_offsets_and_resync_exactly():
     assert c.lengths == c.offset.tolist() == [7, 6]
     with pytest.raises(ValueError):
         c.rollback([9, 0])  # host counts are still checked
+
+
+def _ops(*arrays: mx.array) -> list[str]:
+    import re
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.NamedTemporaryFile(suffix=".dot") as f:
+        mx.export_to_dot(f.name, *arrays)
+        return re.findall(r'label ="([^"]+)", shape=rectangle', Path(f.name).read_text())
+
+
+@pytest.mark.parametrize("lagged", [False, True], ids=["host-counts", "device-counts"])
+def test_layers_in_step_share_their_position_arithmetic(lagged, monkeypatch):
+    # The layers of one model hold the same positions: their ragged writes, advances and
+    # rollbacks build the positions once (graph nodes the host would encode per layer), and
+    # each layer still holds exactly what a cache of its own holds.
+    from hf2q.runtime import slot_cache
+
+    monkeypatch.setattr(slot_cache, "_SHARED", slot_cache._Shared())  # nothing built before
+    layers = [SlotKVCache(3) for _ in range(4)]
+    alone = SlotKVCache(3)
+    for c in (*layers, alone):
+        for r, n in enumerate([3, 5, 2]):
+            c.insert(r, mx.ones((1, 2, n, 4)) * r, mx.ones((1, 2, n, 4)) * -r, n)
+    for c in layers:
+        c.lagged = lagged
+    mx.eval([c.state for c in (*layers, alone)])
+    assert len({id(c.offset) for c in layers}) == 1
+    new = [mx.random.normal((3, 2, 4, 4), key=mx.random.key(i)) for i in range(2)]
+    # A lagged round's counts: one device array for every layer, as the slot loop passes them.
+    grow = mx.array([4, 1, 2]) if lagged else [4, 1, 2]
+    drop = mx.array([1, 0, 2]) if lagged else [1, 0, 2]
+    mx.eval(new, grow, drop)
+    for c in layers:
+        c.prepare(lengths=grow)
+        c.update_and_fetch(*new)
+        c.rollback(drop)
+    ops = _ops(*[a for c in layers for a in c.state])
+    assert ops.count("Arange") == 1, ops  # one set of write positions
+    assert ops.count("ScatterAxis") == 2 * len(layers)  # each layer writes its keys and values
+    assert ops.count("Add") == 2 and ops.count("Subtract") == 1, ops  # positions, advance, drop
+    assert len({id(c.offset) for c in layers}) == 1
+    alone.prepare(lengths=[4, 1, 2])  # a cache of its own, host counts
+    alone.update_and_fetch(*new)
+    alone.rollback([1, 0, 2])
+    for c in layers:
+        for got, want in zip(c.state, alone.state, strict=True):
+            assert mx.array_equal(got, want).item()
+    assert alone.offset.tolist() == [6, 6, 2]

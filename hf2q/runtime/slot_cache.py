@@ -8,7 +8,10 @@ own position, and ``make_mask(L)`` returns the per-row boolean mask (N, 1, L, K)
 the new positions, nothing beyond a row's own end). mlx-lm's own attention modules run on it
 unchanged: they apply RoPE with ``offset=cache.offset`` (``mx.fast.rope`` takes one offset per
 batch row) and call ``update_and_fetch``. Rolling a row back only moves its offset; the stale
-tail is masked and overwritten by the row's next write, so nothing is copied.
+tail is masked and overwritten by the row's next write, so nothing is copied. The layers of one
+model hold the same positions, so their offsets are one shared array and the position arithmetic
+of a write, an advance or a rollback is built once for all of them (:class:`_Shared`): fewer
+graph nodes for the host to encode a round (arrays are never assigned into, so sharing is safe).
 
 :class:`SlotTargetCache` is a :class:`~hf2q.runtime.cache.TargetCache` whose attention layers are
 ``SlotKVCache`` and whose Gated-DeltaNet layers are ``GDNRollbackCache`` with N rows; its
@@ -26,7 +29,7 @@ Sliding-window (rotating) and quantized KV caches are not supported here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -34,6 +37,65 @@ from mlx_lm.models.cache import ArraysCache, _BaseCache
 
 from hf2q.kernels.select import bucketed, sdpa_bucket
 from hf2q.runtime.cache import GDNRollbackCache, TargetCache, key_mask, rollback_in_one_launch
+
+
+class _Shared:
+    """The position arithmetic the layers of one model would each repeat, made once.
+
+    Every attention layer of a target (and every layer of a drafter) holds the same positions
+    per row: the same offsets advance by the same counts, so each layer's write positions, new
+    offsets and dropped counts are the same values. Built per layer they are separate graph
+    nodes (about seven a layer and round for ragged rows), each one the host encodes on a GPU.
+    This memo returns the array already built for the same inputs: inputs are arrays (matched
+    by identity, held here so that an identity is never reused while its entry lives) and host
+    values. The caches take their offsets from it, so the layers end up sharing one offset
+    array and every later derivation too. Lazy arrays are immutable, so a shared one is the
+    same value whichever layer asks; a bounded number of entries is kept.
+    """
+
+    SIZE = 64
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple, tuple[tuple, mx.array]] = {}
+
+    def get(self, key: tuple, build: Callable[[], mx.array]) -> mx.array:
+        ident = tuple(("a", id(k)) if isinstance(k, mx.array) else k for k in key)
+        hit = self._memo.get(ident)
+        if hit is not None and all(
+            a is b for a, b in zip(hit[0], key, strict=True) if isinstance(b, mx.array)
+        ):
+            return hit[1]
+        out = build()
+        if len(self._memo) >= self.SIZE:
+            self._memo.clear()
+        self._memo[ident] = (key, out)
+        return out
+
+
+_SHARED = _Shared()
+
+
+def _offsets(lengths: Sequence[int]) -> mx.array:
+    """The offsets (rows,) int32 for host-known ``lengths``, one array for equal lists."""
+    vals = tuple(int(v) for v in lengths)
+    return _SHARED.get(("offsets", vals), lambda: mx.array(vals, dtype=mx.int32))
+
+
+def _moved(offset: mx.array, sign: int, by: int | Sequence[int] | mx.array) -> mx.array:
+    """``offset + sign * by`` (``by``: an int, one int per row, or a lazy (rows,) array),
+    shared between the layers whose offsets are the same array."""
+    if isinstance(by, mx.array):
+        key: tuple = ("moved", offset, sign, by)
+        step = by if by.dtype == mx.int32 else by.astype(mx.int32)
+    elif isinstance(by, int):
+        key, step = ("moved", offset, sign, by), by
+    else:
+        vals = tuple(int(v) for v in by)
+        key = ("moved", offset, sign, vals)
+        step = vals[0] if len(set(vals)) == 1 else None
+        if step is None:
+            step = mx.array(vals, dtype=mx.int32)
+    return _SHARED.get(key, lambda: offset + step if sign > 0 else offset - step)
 
 
 def _per_row(value: int | Sequence[int] | mx.array, rows: int, what: str) -> list[int]:
@@ -69,7 +131,7 @@ class SlotKVCache(_BaseCache):
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
         self.lengths: list[int] = [0] * rows
-        self.offset = mx.zeros((rows,), dtype=mx.int32)
+        self.offset = _offsets([0] * rows)
         self._advance: list[int] | mx.array | None = None
         #: Lagged rounds (``hf2q.runtime.slots``, ``lagged=True``): ``offset`` moves by counts the
         #: host has not read yet (``prepare`` / ``rollback`` with arrays), so ``lengths`` only
@@ -124,7 +186,7 @@ class SlotKVCache(_BaseCache):
         for ragged appends, e.g. each slot adding its own number of verified context rows.
         """
         if self.lagged and isinstance(lengths, mx.array):
-            self._advance = lengths.astype(mx.int32)  # counts the host has not read
+            self._advance = lengths  # counts the host has not read
             return
         self._advance = None if lengths is None else _per_row(lengths, self.rows, "lengths")
 
@@ -148,25 +210,31 @@ class SlotKVCache(_BaseCache):
         elif N == 1:  # one row at a position only the device knows (lagged): a slice write
             self.keys = mx.slice_update(self.keys, keys, self.offset, axes=(2,))
             self.values = mx.slice_update(self.values, values, self.offset, axes=(2,))
-        else:
-            pos = (
-                self.offset[:, None, None, None] + mx.arange(L, dtype=mx.int32)[None, None, :, None]
+        else:  # each row at its own position: a scatter (positions made once for all layers)
+            offset = self.offset
+            pos = _SHARED.get(
+                ("pos", offset, L),
+                lambda: (
+                    offset[:, None, None, None] + mx.arange(L, dtype=mx.int32)[None, None, :, None]
+                ),
             )
-            self.keys = mx.put_along_axis(self.keys, mx.broadcast_to(pos, keys.shape), keys, axis=2)
-            self.values = mx.put_along_axis(
-                self.values, mx.broadcast_to(pos, values.shape), values, axis=2
+            at_k = _SHARED.get(("at", pos, keys.shape), lambda: mx.broadcast_to(pos, keys.shape))
+            at_v = _SHARED.get(
+                ("at", pos, values.shape), lambda: mx.broadcast_to(pos, values.shape)
             )
+            self.keys = mx.put_along_axis(self.keys, at_k, keys, axis=2)
+            self.values = mx.put_along_axis(self.values, at_v, values, axis=2)
         adv = self._advance if self._advance is not None else [L] * N
         self._advance = None
         if isinstance(adv, mx.array):  # lagged: the offsets move on the device, the bound by L
-            grow, step = [L] * N, adv
+            grow = [L] * N
         else:
             if any(not 0 <= a <= L for a in adv):
                 raise ValueError(f"prepared lengths must be in 0..{L}, got {adv}")
-            grow, step = adv, (mx.array(adv, dtype=mx.int32) if len(set(adv)) > 1 else adv[0])
+            grow = adv
         self.lengths = [n + g for n, g in zip(self.lengths, grow)]
         self._grown = [n + g for n, g in zip(self._grown, grow)]
-        self.offset = self.offset + step
+        self.offset = _moved(self.offset, 1, adv)
         return self.keys[..., :view, :], self.values[..., :view, :]
 
     def keys_and_values(self) -> tuple[mx.array, mx.array] | tuple[None, None]:
@@ -209,7 +277,7 @@ class SlotKVCache(_BaseCache):
     def trim(self, n: int) -> int:
         """Drop the last ``n`` positions of every row (clamped per row); return ``n``."""
         if self.lagged:  # the rows hold at least the n positions just written
-            self.offset = self.offset - n
+            self.offset = _moved(self.offset, -1, n)
             return n
         self.rollback([min(n, m) for m in self.lengths])
         return n
@@ -221,7 +289,7 @@ class SlotKVCache(_BaseCache):
         (the caller computed it from this round's acceptance); ``lengths`` stay upper bounds.
         """
         if self.lagged and isinstance(drop, mx.array):
-            self.offset = self.offset - drop.astype(mx.int32)
+            self.offset = _moved(self.offset, -1, drop)
             return
         d = _per_row(drop, self.rows, "drop")
         if any(not 0 <= x <= n for x, n in zip(d, self.lengths)):
@@ -229,7 +297,7 @@ class SlotKVCache(_BaseCache):
         if not any(d):
             return
         self.lengths = [n - x for n, x in zip(self.lengths, d)]
-        self.offset = self.offset - mx.array(d, dtype=mx.int32)
+        self.offset = _moved(self.offset, -1, d)
 
     @property
     def state(self) -> list[mx.array]:
@@ -259,7 +327,7 @@ class SlotKVCache(_BaseCache):
 
     def _set_length(self, row: int, length: int) -> None:
         self.lengths[row] = int(length)
-        self.offset = mx.array(self.lengths, dtype=mx.int32)
+        self.offset = _offsets(self.lengths)
 
     def filter(self, rows: Sequence[int]) -> None:
         """Keep only ``rows`` (in this order); the others are dropped."""
@@ -268,7 +336,7 @@ class SlotKVCache(_BaseCache):
             self.keys, self.values = self.keys[idx], self.values[idx]
         self.lengths = [self.lengths[r] for r in rows]
         self._grown = [self._grown[r] for r in rows]
-        self.offset = mx.array(self.lengths, dtype=mx.int32)
+        self.offset = _offsets(self.lengths)
 
     def row(self, row: int) -> tuple[mx.array, mx.array]:
         """Keys and values (1, H, length, D) that row ``row`` holds."""
@@ -327,9 +395,10 @@ class SlotTargetCache(TargetCache):
             if not rollback_in_one_launch(gdn, keep_arr):
                 for c in gdn:
                     c.rollback_rows(keep_arr)
+            drop = T - keep_arr  # one graph node for every layer
             for c in self:
                 if isinstance(c, SlotKVCache):
-                    c.rollback(T - keep_arr)
+                    c.rollback(drop)
             self.pending = 0
             return []
         keep = _per_row(n_keep, self.rows, "n_keep")
