@@ -8,6 +8,8 @@ product. The CUDA tests run the real kernel.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import cuda_emu
 import mlx.core as mx
 import mlx.nn as nn
@@ -319,6 +321,39 @@ def test_linear_dispatch(emulated, monkeypatch):
     other = nn.Sequential(nn.Linear(128, 128))
     other.set_dtype(mx.bfloat16)
     assert mx.array_equal(lin.swiglu_mlp(other, x, True), other(x)) and len(calls) == 4
+
+
+def _ops(*arrays: mx.array) -> list[str]:
+    import re
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".dot") as f:
+        mx.export_to_dot(f.name, *arrays)
+        return re.findall(r'label ="([^"]+)", shape=rectangle', Path(f.name).read_text())
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_frozen_products_have_the_matmuls_bits_without_a_transpose_a_call(bias):
+    """``on=FROZEN`` (the drafter's compiled layers off the kernel): the product of ``mod(x)``
+    bit for bit, reading a transposed view made once, so no transpose node in each forward;
+    a replaced weight is seen at once."""
+    x, _ = _inputs(6, 64, 48, mx.bfloat16, seed=7)
+    x = x.reshape(2, 3, 64)
+    mod = nn.Linear(64, 48, bias=bias)
+    mod.set_dtype(mx.bfloat16)
+    mx.eval(mod.parameters())
+    assert not lin.FROZEN  # falsy: every kernel decision reads it as off
+    y = lin.linear(mod, x, lin.FROZEN)
+    assert mx.array_equal(y, mod(x)).item()
+    assert "Transpose" in _ops(mod(x)) and "Transpose" not in _ops(y)
+    mod.weight = mod.weight * 2
+    mx.eval(mod.parameters())
+    assert mx.array_equal(lin.linear(mod, x, lin.FROZEN), mod(x)).item()
+    mlp = MLP(64, 96)
+    mlp.set_dtype(mx.bfloat16)
+    mx.eval(mlp.parameters())
+    got = lin.swiglu_mlp(mlp, x, lin.FROZEN, add=x)
+    assert mx.array_equal(got, x + mlp(x)).item() and "Transpose" not in _ops(got)
 
 
 def test_small_mm_switch_is_cuda_only_and_reported(monkeypatch):

@@ -17,12 +17,54 @@ never passes ``on``), or products with many rows of a large weight (cuBLAS is fa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from hf2q.kernels import cuda_matmul
+
+
+@dataclass(frozen=True)
+class Frozen:
+    """The ``on`` argument of an inference path whose weights never change while it runs (the
+    drafter's compiled layers): products stay on MLX's matmul as with ``on=False`` (it is
+    falsy), but each reads its weight through a transposed view made and evaluated once
+    (:func:`transposed`) instead of transposing the weight in every forward: the same strides
+    and the same matmul, so the same bits, one graph node less a product. Never for training
+    (the view carries no gradient)."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
+#: The one :class:`Frozen` value.
+FROZEN = Frozen()
+
+
+def transposed(mod: nn.Linear | nn.Embedding) -> mx.array:
+    """``mod.weight.T`` evaluated (a strided view of the weight, no copy), kept on ``mod`` as a
+    plain attribute and made again when the weight is replaced."""
+    w = mod.weight
+    hit = mod.__dict__.get("_hf2q_transposed")
+    if hit is None or hit[0] is not w:
+        wt = w.T
+        mx.eval(wt)
+        hit = (w, wt)
+        object.__setattr__(mod, "_hf2q_transposed", hit)
+    return hit[1]
+
+
+def _matmul(mod: nn.Module, x: mx.array, on: bool | Frozen) -> mx.array:
+    """``mod(x)`` off the kernel: through :func:`transposed` for a plain ``nn.Linear`` when
+    ``on`` is :data:`FROZEN` (bias added as ``nn.Linear`` adds it)."""
+    if isinstance(on, Frozen) and type(mod) is nn.Linear:
+        if "bias" in mod:
+            return mx.addmm(mod.bias, x, transposed(mod))
+        return x @ transposed(mod)
+    return mod(x)
+
 
 #: Rows sent to the kernel whatever the weight's size, unless ``HF2Q_SMALL_MM_ROWS`` says fewer:
 #: all it takes (``cuda_matmul.MAX_ROWS``, eight slots of a 16-token verify), so that every verify
@@ -55,7 +97,7 @@ def _grouping() -> bool:
     return _select().grouped_mm_enabled()
 
 
-def linear(mod: nn.Module, x: mx.array, on: bool, add: mx.array | None = None) -> mx.array:
+def linear(mod: nn.Module, x: mx.array, on: bool | Frozen, add: mx.array | None = None) -> mx.array:
     """``mod(x)`` (``mod(x) + add`` with ``add``); through the kernel when ``on`` and ``mod`` is a
     plain ``nn.Linear`` that fits. With ``add`` (a residual), a layer without bias and
     ``select.grouped_mm_enabled()``, the addition happens in the product's launch, with the
@@ -72,7 +114,7 @@ def linear(mod: nn.Module, x: mx.array, on: bool, add: mx.array | None = None) -
         y = cuda_matmul.small_matmul_cuda(x, mod.weight)
         y = y + mod.bias if "bias" in mod else y
     else:
-        y = mod(x)
+        y = _matmul(mod, x, on)
     return y if add is None else y + add
 
 
@@ -84,7 +126,7 @@ def _swiglu_types() -> tuple[type, ...]:
     return (MLP, Qwen3NextMLP)
 
 
-def linears(mods: list[nn.Module], x: mx.array, on: bool) -> list[mx.array]:
+def linears(mods: list[nn.Module], x: mx.array, on: bool | Frozen) -> list[mx.array]:
     """``[mod(x) for mod in mods]``; one launch of the grouped kernel when ``on``, products sharing
     an input are grouped here (``select.grouped_mm_enabled()``) and every module is a plain
     ``nn.Linear`` without bias that fits (same bits as :func:`linear` of each), else :func:`linear`
@@ -100,14 +142,16 @@ def linears(mods: list[nn.Module], x: mx.array, on: bool) -> list[mx.array]:
     return [linear(m, x, on) for m in mods]
 
 
-def swiglu_mlp(mlp: nn.Module, x: mx.array, on: bool, add: mx.array | None = None) -> mx.array:
+def swiglu_mlp(
+    mlp: nn.Module, x: mx.array, on: bool | Frozen, add: mx.array | None = None
+) -> mx.array:
     """mlx-lm's SwiGLU MLP (``down(silu(gate(x)) * up(x))``) with its products through :func:`linear`
     (``+ add``, a residual, with ``add``).
 
     Only mlx-lm's dense Qwen3 / Qwen3-Next MLP classes, whose call is exactly that; anything else
     (the sparse MoE block, other MLPs) runs its own call.
     """
-    if not on or type(mlp) not in _swiglu_types():
+    if not (on or isinstance(on, Frozen)) or type(mlp) not in _swiglu_types():
         return mlp(x) if add is None else add + mlp(x)
     from mlx_lm.models.activations import swiglu
 
@@ -115,8 +159,10 @@ def swiglu_mlp(mlp: nn.Module, x: mx.array, on: bool, add: mx.array | None = Non
     return linear(mlp.down_proj, swiglu(gate, up), on, add=add)
 
 
-def head(embedding: nn.Module, x: mx.array, on: bool) -> mx.array:
+def head(embedding: nn.Module, x: mx.array, on: bool | Frozen) -> mx.array:
     """``embedding.as_linear(x)`` (a tied head); through the kernel when ``on`` and it fits."""
     if on and type(embedding) is nn.Embedding and fits(x, embedding.weight):
         return cuda_matmul.small_matmul_cuda(x, embedding.weight)
+    if isinstance(on, Frozen) and type(embedding) is nn.Embedding:
+        return x @ transposed(embedding)  # as_linear's product, the transpose made once
     return embedding.as_linear(x)

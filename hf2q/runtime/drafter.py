@@ -29,7 +29,7 @@ from hf2q.errors import DrafterError
 from hf2q.kernels import cuda_attention
 from hf2q.kernels.attention import reads_buffer_in_place
 from hf2q.kernels.gdn import concat_linears, mlp_fused
-from hf2q.kernels.linear import linear, swiglu_mlp
+from hf2q.kernels.linear import FROZEN, Frozen, linear, swiglu_mlp
 from hf2q.kernels.select import (
     bucketed,
     compile_enabled,
@@ -308,10 +308,13 @@ def _kept(owner: nn.Module, name: str, sources: list[mx.array], build: Callable[
 
 class _CompiledLayer:
     """``mx.compile``'d pieces of one drafter layer for inference; the layer's weights are
-    constants of the traces (:func:`_kept` rebuilds it when they change)."""
+    constants of the traces (:func:`_kept` rebuilds it when they change). Products off the
+    small-M kernel read their weights through kept transposed views
+    (:data:`hf2q.kernels.linear.FROZEN`: one graph node less a product, the same bits)."""
 
     def __init__(self, layer: DFlashDecoderLayer, mm: bool) -> None:
         ref = weakref.ref(layer)  # the drafter owns the layer; these functions must not keep it
+        mm = mm or FROZEN
 
         def context(ctx: mx.array, offset: mx.array) -> tuple[mx.array, mx.array]:
             return ref().self_attn.keys_values(ctx, offset, mm)
@@ -383,14 +386,14 @@ class DFlashAttention(nn.Module):
         B, L, _ = x.shape
         return x.reshape(B, L, n, self.head_dim).transpose(0, 2, 1, 3)  # (B, n, L, d)
 
-    def queries(self, x: mx.array, offset: int | mx.array, mm: bool = False) -> mx.array:
+    def queries(self, x: mx.array, offset: int | mx.array, mm: bool | Frozen = False) -> mx.array:
         """Normed, rotated queries of block rows ``x`` (B, L, H) starting at position ``offset``
         (``mm``: the projection through :func:`hf2q.kernels.linear.linear`)."""
         q = self._heads(linear(self.q_proj, x, mm), self.n_heads)
         return self.rope(self.q_norm(q), offset=offset)
 
     def keys_values(
-        self, x: mx.array, offset: int | mx.array, mm: bool = False
+        self, x: mx.array, offset: int | mx.array, mm: bool | Frozen = False
     ) -> tuple[mx.array, mx.array]:
         """Normed, rotated keys and values of rows ``x`` (B, L, H) starting at position ``offset``."""
         k = self.k_norm(self._heads(linear(self.k_proj, x, mm), self.n_kv_heads))
@@ -746,7 +749,7 @@ class DFlashDraftModel(nn.Module):
         mm = self.kernel_products(block.size)
         h = self.hidden(block, features, cache, mm=mm)[:, 1:]
         if self._head_takes_mm and not mm:
-            return self._head(h, mm=False)
+            return self._head(h, mm=FROZEN)  # inference: the weight's transposed view kept
         return self._head(h)
 
 

@@ -106,11 +106,12 @@ class TargetModel:
         """Token ids (B, L) -> input hidden states (B, L, H)."""
         return self.inner.embed_tokens(tokens)
 
-    def head(self, h: mx.array, mm: bool | None = None) -> mx.array:
+    def head(self, h: mx.array, mm: bool | small_mm.Frozen | None = None) -> mx.array:
         """Final-normed hidden states (B, L, H) -> logits (B, L, vocab).
 
         ``mm``: the product through hf2q's small-M kernel where it fits, as the compiled layer
-        runners' products (None: ``select.small_mm_enabled()``, on CUDA).
+        runners' products (None: ``select.small_mm_enabled()``, on CUDA); ``small_mm.FROZEN``:
+        MLX's matmul with the weight's transposed view made once (inference only).
         """
         on = small_mm_enabled() if mm is None else mm
         if getattr(self.args, "tie_word_embeddings", False) or not hasattr(self.lm, "lm_head"):
