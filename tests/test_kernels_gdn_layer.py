@@ -221,3 +221,18 @@ def test_fused_projections_give_the_same_layer_output_and_record(quantized):
     run = compile_gdn_decoder_layer(layer, impl="ops", record="states", fused=fused)
     out_c, _ = run(x, start[0], start[1])
     assert mx.allclose(out_c, out, rtol=1e-5, atol=1e-6)
+
+
+def test_conv_weight_is_the_reshaped_weight_kept_until_it_is_replaced():
+    # The fused kernel reads the depthwise conv weight as (C, K); made once and kept, so no
+    # forward reshapes it again (a graph node a layer), and a new weight is seen at once.
+    from hf2q.kernels.gdn import conv_weight
+
+    attn = next(layer for layer in tiny_model().layers if layer.is_linear).linear_attn
+    w = conv_weight(attn)
+    C, K, _ = attn.conv1d.weight.shape
+    assert w.shape == (C, K) and mx.array_equal(w, attn.conv1d.weight.reshape(C, K)).item()
+    assert conv_weight(attn) is w
+    attn.conv1d.weight = attn.conv1d.weight * 3
+    assert mx.array_equal(conv_weight(attn), attn.conv1d.weight.reshape(C, K)).item()
+    assert set(attn.conv1d.parameters()) <= {"weight", "bias"}  # kept, not a parameter

@@ -429,7 +429,9 @@ def _steps_array(steps: int | mx.array, B: int) -> mx.array:
     """The replay's step count of each batch row, (B,) int32."""
     if not isinstance(steps, mx.array):
         return mx.full((B,), int(steps), dtype=mx.int32)
-    steps = steps.astype(mx.int32).reshape(-1)
+    steps = steps.astype(mx.int32)
+    if steps.ndim != 1:  # (a reshape is a graph node even when it changes nothing)
+        steps = steps.reshape(-1)
     if steps.size not in (1, B):
         raise ValueError(f"steps: one count or one per batch row ({B}), got {steps.size}")
     return mx.broadcast_to(steps, (B,)) if steps.size == 1 else steps

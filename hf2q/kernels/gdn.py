@@ -30,7 +30,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.gated_delta import compute_g, gated_delta_update, normalize_qk
 
-from hf2q.kernels.linear import linear, linears, swiglu_mlp
+from hf2q.kernels.linear import kept_view, linear, linears, swiglu_mlp
 
 IMPLS = ("ops", "mlx", "cuda_steps", "cuda")
 RECORDS = ("states", "final")
@@ -251,7 +251,7 @@ def _recurrence(
             b,
             state,
             steps,
-            attn.conv1d.weight,
+            conv_weight(attn),
             attn.A_log,
             attn.dt_bias,
             record="final" if steps is not None else record,
@@ -410,7 +410,13 @@ def replay_rows(attn: nn.Module, rec: GdnRecord, keep: mx.array, *, impl: str) -
 
 def _replay_cuda(attn: nn.Module, rec: GdnRecord, keep: mx.array) -> mx.array:
     args = (rec.conv_state, rec.qkv, rec.a, rec.b, rec.state0, keep)
-    return _replay_fn(*_heads(attn))(*args, attn.conv1d.weight, attn.A_log, attn.dt_bias)
+    return _replay_fn(*_heads(attn))(*args, conv_weight(attn), attn.A_log, attn.dt_bias)
+
+
+def conv_weight(attn: nn.Module) -> mx.array:
+    """The depthwise conv weight (C, K) the fused kernel reads: mlx-lm's ``conv1d.weight``
+    (C, K, 1) reshaped once and kept (a reshape inside each call is a graph node a layer)."""
+    return kept_view(attn.conv1d, "_hf2q_conv2d", lambda w: w.reshape(w.shape[0], -1))
 
 
 def _heads(attn: nn.Module) -> tuple[int, int, int, int]:

@@ -17,6 +17,7 @@ never passes ``on``), or products with many rows of a large weight (cuBLAS is fa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -43,17 +44,24 @@ class Frozen:
 FROZEN = Frozen()
 
 
-def transposed(mod: nn.Linear | nn.Embedding) -> mx.array:
-    """``mod.weight.T`` evaluated (a strided view of the weight, no copy), kept on ``mod`` as a
-    plain attribute and made again when the weight is replaced."""
+def kept_view(mod: nn.Module, name: str, make: Callable[[mx.array], mx.array]) -> mx.array:
+    """``make(mod.weight)`` evaluated once (a view of the weight such as a transpose or a
+    reshape: no copy) and kept on ``mod`` as a plain attribute ``name`` (not a parameter), made
+    again when the weight is replaced. What inference graphs read instead of deriving the view
+    in every forward: one graph node less each time, the same values."""
     w = mod.weight
-    hit = mod.__dict__.get("_hf2q_transposed")
+    hit = mod.__dict__.get(name)
     if hit is None or hit[0] is not w:
-        wt = w.T
-        mx.eval(wt)
-        hit = (w, wt)
-        object.__setattr__(mod, "_hf2q_transposed", hit)
+        view = make(w)
+        mx.eval(view)
+        hit = (w, view)
+        object.__setattr__(mod, name, hit)
     return hit[1]
+
+
+def transposed(mod: nn.Linear | nn.Embedding) -> mx.array:
+    """``mod.weight.T`` as :func:`kept_view` keeps it (a strided view of the weight)."""
+    return kept_view(mod, "_hf2q_transposed", lambda w: w.T)
 
 
 def _matmul(mod: nn.Module, x: mx.array, on: bool | Frozen) -> mx.array:

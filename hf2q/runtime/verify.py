@@ -34,7 +34,7 @@ from mlx_lm.models.gated_delta import compute_g, normalize_qk
 from hf2q.kernels import select
 from hf2q.kernels.cuda_gated_delta import gdn_fused_cuda
 from hf2q.kernels.gated_delta import gated_delta_steps
-from hf2q.kernels.gdn import LayerRunner, _alive, empty_states, replay_rows
+from hf2q.kernels.gdn import LayerRunner, _alive, conv_weight, empty_states, replay_rows
 from hf2q.kernels.layers import (
     Chosen,
     attention_runnable,
@@ -75,7 +75,7 @@ def _gdn_math(
         y, buf = gdn_fused_cuda(
             conv_state,
             qkv,
-            attn.conv1d.weight,
+            conv_weight(attn),
             a,
             b,
             attn.A_log,
