@@ -2,12 +2,14 @@
 # Session 24's last call (after the stage calls), with the kept conv weight (commit 42dce89) on
 # top of the node cuts of h200_session24.sh: the GPU tests of the fused kernel's paths (greedy
 # bf16 DFlash equal to plain decoding, the per-row replay), the old tree (.device/base, commit
-# 9f9feb0) against the new at 1 and 4 slots, E at one slot in one process, the demo pair's bench.
+# 9f9feb0) against the new at 1 and 4 slots, E at one slot in one process; the demo pair's bench
+# first.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
 BASE=${BASE:-.device/base}
-gpu_pytest t_exact 100 tests/test_runtime_bf16_exact.py tests/test_kernels_gated_delta.py -k "exact or replay"
+demo_queue_bench demo-rps4
+gpu_pytest t_exact 120 tests/test_runtime_bf16_exact.py tests/test_kernels_gated_delta.py -k "exact or replay"
 for tree in "$BASE" .; do
   t=$(left); [ "$t" -lt 120 ] && break
   name=ab_$( [ "$tree" = . ] && echo new || echo base )
@@ -16,7 +18,6 @@ for tree in "$BASE" .; do
   echo "$name exit $? $(el)"; python3 benchmarks/bench_rows.py "$OUT/$name.json" || tail -c 300 "$OUT/$name.log"
 done
 t=$(left)
-[ "$t" -gt 220 ] && ab_run e1 60 --synthetic 4b --slots 1 --modes plain,dflash --tokens 32 \
+[ "$t" -gt 70 ] && ab_run e1 $((t - 5)) --synthetic 4b --slots 1 --modes plain,dflash --tokens 32 \
   --prompt-tokens 64 --runs 5 --values HF2Q_GDN_RECORD=states
-demo_queue_bench demo-rps4
 pack_logs
