@@ -27,12 +27,13 @@ VARIANTS = [
     dict(record="states", write_y=True, replay=False),
     dict(record="final", write_y=True, replay=False),
     dict(record="final", write_y=False, replay=True),
+    dict(record="final", write_y=False, replay=True, joined=True),
 ]
 
 
-def _dtypes(fused: bool, dt):
+def _dtypes(fused: bool, dt, joined: bool = False):
     if fused:
-        return [dt, dt, dt, dt, dt, mx.float32, dt, mx.float32]
+        return [dt, dt, dt, dt, dt, mx.float32, dt, mx.float32][int(joined) :]
     return [dt, dt, dt, mx.float32, dt, mx.float32]
 
 
@@ -42,9 +43,12 @@ def test_every_variant_compiles_for_sm90_without_spills(tmp_path: Path, fused, d
     import cuda_emu
 
     for v in VARIANTS:
+        joined = v.get("joined", False)
+        if joined and not fused:
+            continue
         spec = cg.kernel_spec(fused=fused, **v)
-        in_dtypes = _dtypes(fused, dtype) + ([mx.int32] if v["replay"] else [])
-        in_ndims = [4, 4, 4, 3, 3, 4] if not fused else [3, 3, 2, 3, 3, 1, 1, 4]
+        in_dtypes = _dtypes(fused, dtype, joined) + ([mx.int32] if v["replay"] else [])
+        in_ndims = [4, 4, 4, 3, 3, 4] if not fused else [3, 3, 2, 3, 3, 1, 1, 4][int(joined) :]
         in_ndims += [1] if v["replay"] else []
         out_dtypes = ([dtype] if v["write_y"] else []) + [mx.float32]
         template = [("InT", dtype)] + ([("GT", dtype)] if fused else [])

@@ -160,12 +160,12 @@ def test_kernels_refuse_shapes_they_do_not_support():
 
 
 @cache
-def _emulated_kernel(*, fused: bool, record: str, write_y: bool, replay: bool):
+def _emulated_kernel(*, fused: bool, record: str, write_y: bool, replay: bool, joined=False):
     """One emulated kernel per variant for the whole session (each build is compiled once)."""
     import cuda_emu
 
     return cuda_emu.EmulatedKernel(
-        **cg.kernel_spec(fused=fused, record=record, write_y=write_y, replay=replay)
+        **cg.kernel_spec(fused=fused, record=record, write_y=write_y, replay=replay, joined=joined)
     )
 
 
@@ -309,6 +309,15 @@ def test_fused_replay_with_a_count_per_row_gives_each_rows_recorded_state(kernel
     got = cg.gdn_fused_cuda(*args, **dims, record="final", steps=mx.array(keep))
     for row, n in enumerate(keep):
         assert mx.array_equal(got[row], states[row, n - 1]), f"row {row}, {n} steps"
+    # The joined read (a verify record's whole conv window, what the rollback's replay passes):
+    # the same bits from one input.
+    window = mx.concatenate([conv_state, qkv], axis=1)
+    joined = cg.gdn_fused_cuda(
+        None, window, *args[2:], **dims, record="final", steps=mx.array(keep)
+    )
+    assert mx.array_equal(joined, got)
+    with pytest.raises(cg.UnsupportedShape, match="conv window"):
+        cg.gdn_fused_cuda(None, qkv, *args[2:], **dims, record="final", steps=mx.array(keep))
 
 
 def test_final_state_record_replays_each_rows_kept_steps(kernels, monkeypatch):
@@ -320,9 +329,7 @@ def test_final_state_record_replays_each_rows_kept_steps(kernels, monkeypatch):
     from hf2q.kernels.gdn import gdn_mixer, replay_rows
 
     if kernels == "emulated":  # the emulator runs eagerly: the replay uncompiled
-        monkeypatch.setattr(
-            gdn, "_replay_fn", lambda *d: functools.partial(gdn._fused_call, *d, record="final")
-        )
+        monkeypatch.setattr(gdn, "_replay_fn", lambda *d: functools.partial(gdn._replay_call, *d))
     attn = _tiny_gdn(mx.bfloat16, seed=4)
     B, T = 3, 16
     mx.random.seed(16)

@@ -266,13 +266,25 @@ _WRITE_FINAL = r"""
 """
 
 
-def _source(*, fused: bool, record: str, write_y: bool, replay: bool) -> str:
+#: The conv read of the joined variant: one input ``conv_input`` (B, K-1+T, C) holds the conv
+#: rows before the block and the block's rows (what a verify's record keeps), so a replay reads
+#: the record as it is instead of two strided slices of it (each a graph node and, for several
+#: rows, a copy to make it contiguous).
+_SPLIT_READ = """(rw < KC - 1)
+          ? hf2q_f(conv_state[((size_t)bb * (KC - 1) + rw) * CH + ch])
+          : hf2q_f(qkv[((size_t)bb * T + (rw - (KC - 1))) * CH + ch])"""
+_JOINED_READ = "hf2q_f(conv_input[((size_t)bb * (KC - 1 + T) + rw) * CH + ch])"
+
+
+def _source(*, fused: bool, record: str, write_y: bool, replay: bool, joined: bool = False) -> str:
     n_steps = "min(T, (int)steps[bb])" if replay else "T"  # each batch row its own count
     steps = _STEPS.replace("__WRITE_Y__", _WRITE_Y if write_y else "")
     steps = steps.replace("__WRITE_STEP_STATE__", _WRITE_STEP_STATE if record == "states" else "")
-    body = _PROLOGUE.replace("__T_FROM_SHAPE__", "qkv_shape[1]" if fused else "q_shape[1]")
+    t_from = "a_shape[1]" if joined else ("qkv_shape[1]" if fused else "q_shape[1]")
+    body = _PROLOGUE.replace("__T_FROM_SHAPE__", t_from)
     if fused:
-        body += _FUSED_SETUP
+        assert _SPLIT_READ in _FUSED_SETUP
+        body += _FUSED_SETUP.replace(_SPLIT_READ, _JOINED_READ) if joined else _FUSED_SETUP
     body += f"""
   const int n_steps = {n_steps};
   for (int t0 = 0; t0 < n_steps; t0 += TC) {{
@@ -287,31 +299,44 @@ def _source(*, fused: bool, record: str, write_y: bool, replay: bool) -> str:
     return body
 
 
-def kernel_spec(*, fused: bool, record: str, write_y: bool, replay: bool) -> dict[str, Any]:
-    """Arguments of ``mx.fast.cuda_kernel`` for one variant (names differ per variant)."""
-    if fused:
+def kernel_spec(
+    *, fused: bool, record: str, write_y: bool, replay: bool, joined: bool = False
+) -> dict[str, Any]:
+    """Arguments of ``mx.fast.cuda_kernel`` for one variant (names differ per variant);
+    ``joined`` (fused only): the conv rows come as one ``conv_input`` (see ``_JOINED_READ``)."""
+    if joined and not fused:
+        raise ValueError("only the fused kernel reads a joined conv input")
+    if joined:
+        inputs = ["conv_input", "conv_w", "a", "b", "A_log", "dt_bias", "state_in"]
+    elif fused:
         inputs = ["conv_state", "qkv", "conv_w", "a", "b", "A_log", "dt_bias", "state_in"]
     else:
         inputs = ["q", "k", "v", "g", "beta", "state_in"]
     if replay:
         inputs.append("steps")
     outputs = (["y"] if write_y else []) + ["states" if record == "states" else "state_out"]
-    name = "hf2q_gdn_{}_{}{}{}".format(
-        "fused" if fused else "steps", record, "_y" if write_y else "", "_replay" if replay else ""
+    name = "hf2q_gdn_{}_{}{}{}{}".format(
+        "fused" if fused else "steps",
+        record,
+        "_y" if write_y else "",
+        "_replay" if replay else "",
+        "_joined" if joined else "",
     )
     return {
         "name": name,
         "input_names": inputs,
         "output_names": outputs,
-        "source": _source(fused=fused, record=record, write_y=write_y, replay=replay),
+        "source": _source(
+            fused=fused, record=record, write_y=write_y, replay=replay, joined=joined
+        ),
         "header": _HEADER,
     }
 
 
 @cache
-def _kernel(*, fused: bool, record: str, write_y: bool, replay: bool) -> Any:
+def _kernel(*, fused: bool, record: str, write_y: bool, replay: bool, joined: bool = False) -> Any:
     """Build (once) the ``mx.fast.cuda_kernel`` for one variant."""
-    spec = kernel_spec(fused=fused, record=record, write_y=write_y, replay=replay)
+    spec = kernel_spec(fused=fused, record=record, write_y=write_y, replay=replay, joined=joined)
     return mx.fast.cuda_kernel(**spec)
 
 
@@ -443,7 +468,7 @@ def gate_dtype(a: mx.array, dt_bias: mx.array) -> mx.Dtype:
 
 
 def gdn_fused_cuda(
-    conv_state: mx.array,
+    conv_state: mx.array | None,
     qkv: mx.array,
     conv_w: mx.array,
     a: mx.array,
@@ -463,7 +488,9 @@ def gdn_fused_cuda(
     """Conv + SiLU + q/k normalisation + gates + recurrence of one Gated-DeltaNet block on CUDA.
 
     Args:
-        conv_state: (B, K-1, C) the conv rows before the block (C = 2*Hk*Dk + Hv*Dv).
+        conv_state: (B, K-1, C) the conv rows before the block (C = 2*Hk*Dk + Hv*Dv), or None
+            when ``qkv`` holds them: then ``qkv`` is the whole conv window (B, K-1+T, C) (a
+            verify's record) and T comes from ``a``.
         qkv: (B, T, C) ``in_proj_qkv`` of the block.
         conv_w: (C, K) depthwise conv weight (mlx-lm's ``conv1d.weight`` is (C, K, 1)).
         a, b: (B, T, Hv) ``in_proj_a`` / ``in_proj_b`` of the block.
@@ -476,7 +503,9 @@ def gdn_fused_cuda(
         ``(y, states_or_final)`` with y (B, T, Hv, Dv) in qkv's dtype, or in replay mode the
         final state after ``steps`` steps.
     """
-    B, T, C = qkv.shape
+    joined = conv_state is None
+    B, W, C = qkv.shape
+    T = a.shape[1] if joined else W
     Hk, Dk, Hv, Dv = num_k_heads, key_dim, num_v_heads, value_dim
     check_shapes(Dk=Dk, Dv=Dv, Hk=Hk, Hv=Hv, T=T)
     if 2 * Hk * Dk + Hv * Dv != C:
@@ -484,7 +513,9 @@ def gdn_fused_cuda(
     K = conv_w.shape[-1] if conv_w.ndim == 2 else conv_w.shape[1]
     if conv_w.ndim == 3:
         conv_w = conv_w.reshape(C, K)
-    if conv_state.shape != (B, K - 1, C):
+    if joined and W != K - 1 + T:
+        raise UnsupportedShape(f"a conv window of {W} rows for {T} steps (needs {K - 1 + T})")
+    if not joined and conv_state.shape != (B, K - 1, C):
         raise UnsupportedShape(f"conv_state has shape {conv_state.shape}, expected {(B, K - 1, C)}")
     if state.dtype != mx.float32:
         raise UnsupportedShape("the recurrent state must be float32")
@@ -492,8 +523,8 @@ def gdn_fused_cuda(
     if replay and record != "final":
         raise ValueError("replay (steps=...) returns the final state only: use record='final'")
     warps = warps_for(Dv)
-    kern = _kernel(fused=True, record=record, write_y=not replay, replay=replay)
-    inputs = [conv_state, qkv, conv_w, a, b, A_log, dt_bias, state]
+    kern = _kernel(fused=True, record=record, write_y=not replay, replay=replay, joined=joined)
+    inputs = ([] if joined else [conv_state]) + [qkv, conv_w, a, b, A_log, dt_bias, state]
     if replay:
         inputs.append(_steps_array(steps, B))
     rec_shape = _record_outputs(B, T, Hv, Dv, Dk, record)

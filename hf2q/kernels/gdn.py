@@ -409,7 +409,8 @@ def replay_rows(attn: nn.Module, rec: GdnRecord, keep: mx.array, *, impl: str) -
 
 
 def _replay_cuda(attn: nn.Module, rec: GdnRecord, keep: mx.array) -> mx.array:
-    args = (rec.conv_state, rec.qkv, rec.a, rec.b, rec.state0, keep)
+    # The record's conv window as it is (the kernel's joined read), not two strided slices.
+    args = (rec.conv_input, rec.a, rec.b, rec.state0, keep)
     return _replay_fn(*_heads(attn))(*args, conv_weight(attn), attn.A_log, attn.dt_bias)
 
 
@@ -434,12 +435,20 @@ def _fused_call(
     return gdn_fused_cuda(*args, **dims, record=record, steps=steps)
 
 
+def _replay_call(Hk, Dk, Hv, Dv, conv_input, a, b, state, steps, conv_w, A_log, dt_bias):
+    """The fused kernel's replay of ``steps`` (per row) from ``state`` over a record's whole
+    conv window ``conv_input`` (B, K-1+T, C)."""
+    return _fused_call(
+        Hk, Dk, Hv, Dv, None, conv_input, a, b, state, steps, conv_w, A_log, dt_bias, record="final"
+    )
+
+
 @functools.cache
 def _replay_fn(Hk: int, Dk: int, Hv: int, Dv: int) -> Callable[..., mx.array]:
-    """The fused kernel's per-row replay for one head geometry, compiled (weights as inputs, so
-    every layer shares the trace): a custom kernel's Python call rebuilds its source text every
-    time, a compiled trace's replay does not (docs/BENCHMARKS.md, session 14)."""
-    return mx.compile(functools.partial(_fused_call, Hk, Dk, Hv, Dv, record="final"))
+    """:func:`_replay_call` for one head geometry, compiled (weights as inputs, so every layer
+    shares the trace): a custom kernel's Python call rebuilds its source text every time, a
+    compiled trace's replay does not (docs/BENCHMARKS.md, session 14)."""
+    return mx.compile(functools.partial(_replay_call, Hk, Dk, Hv, Dv))
 
 
 def rollback(
