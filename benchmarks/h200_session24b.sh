@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 24's last call (after the stage calls), with the kept conv weight (commit 42dce89) on
-# top of the node cuts of h200_session24.sh: the GPU tests of the fused kernel's paths (greedy
+# Session 24's last call (after the stage calls), with the kept conv weight (commit 42dce89) and
+# the replay's joined conv read (4ace161) on top of the node cuts of h200_session24.sh: the GPU tests of the fused kernel's paths (greedy
 # bf16 DFlash equal to plain decoding, the per-row replay), the old tree (.device/base, commit
 # 9f9feb0) against the new at 1 and 4 slots, E at one slot in one process; the demo pair's bench
 # first.
@@ -9,7 +9,8 @@ set -uo pipefail
 . benchmarks/h200_common.sh
 BASE=${BASE:-.device/base}
 demo_queue_bench demo-rps4
-gpu_pytest t_exact 120 tests/test_runtime_bf16_exact.py tests/test_kernels_gated_delta.py -k "exact or replay"
+gpu_pytest t_exact 130 tests/test_runtime_bf16_exact.py tests/test_kernels_gated_delta.py \
+  tests/test_kernels_rollback.py -k "exact or replay or final_state or conv_kernel"
 for tree in "$BASE" .; do
   t=$(left); [ "$t" -lt 120 ] && break
   name=ab_$( [ "$tree" = . ] && echo new || echo base )
