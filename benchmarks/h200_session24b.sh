@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Session 24's last call (after the stage calls), with the kept conv weight (commit 42dce89) and
-# the replay's joined conv read (4ace161) on top of the node cuts of h200_session24.sh: the GPU tests of the fused kernel's paths (greedy
-# bf16 DFlash equal to plain decoding, the per-row replay), the old tree (.device/base, commit
-# 9f9feb0) against the new at 1 and 4 slots, E at one slot in one process; the demo pair's bench
-# first.
+# the replay's joined conv read (4ace161) on top of the node cuts of h200_session24.sh: the demo
+# pair's bench first, then the GPU tests of the changed kernel paths (greedy bf16 DFlash equal to
+# plain decoding, the per-row replay, the conv rollback launch), the old tree (.device/base,
+# commit 9f9feb0) against the new at 1 and 4 slots, E at one slot in one process.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
