@@ -172,18 +172,25 @@ def test_target_cache_rollback_in_one_launch_equals_the_per_layer_rollback(
     assert caches[0].offset == caches[1].offset == 5 + n_keep
 
 
-def test_slot_rows_roll_back_to_their_own_counts_in_one_launch(kernel, target, monkeypatch):
+def _verified_slots(target, monkeypatch, one_launch: bool):
+    """Three slot rows of different prompt lengths after one verify of five tokens each, rolled
+    back through the one-launch kernel or not."""
+    monkeypatch.setattr(cache_mod, "rollback_kernel_enabled", lambda: one_launch)
     prompts = [[5, 9, 13], [21, 4, 8, 30, 2, 17, 6], [11, 12, 13, 14, 15]]
     block = mx.array([[3, 4, 5, 6, 7], [8, 9, 10, 11, 12], [13, 14, 15, 16, 17]])
+    c = make_slot_target_cache(target, 3)
+    for r, p in enumerate(prompts):
+        one = make_target_cache(target)
+        target.forward(mx.array([p]), one)
+        c.insert(r, one)
+    verify.verify_forward(target, block, c, runners=True)
+    return c
+
+
+def test_slot_rows_roll_back_to_their_own_counts_in_one_launch(kernel, target, monkeypatch):
     caches = []
     for one_launch in (True, False):
-        monkeypatch.setattr(cache_mod, "rollback_kernel_enabled", lambda v=one_launch: v)
-        c = make_slot_target_cache(target, 3)
-        for r, p in enumerate(prompts):
-            one = make_target_cache(target)
-            target.forward(mx.array([p]), one)
-            c.insert(r, one)
-        verify.verify_forward(target, block, c, runners=True)
+        c = _verified_slots(target, monkeypatch, one_launch)
         c.rollback([2, 5, 1])
         caches.append(c)
     assert sum(k.calls for k in kernel.values()) == 1
@@ -196,17 +203,9 @@ def test_final_state_rows_roll_back_with_one_conv_launch(kernel, target, monkeyp
     """Final-state records (``HF2Q_GDN_RECORD=final``): every layer's kept conv rows in one
     launch and each layer's replay leave the slot rows bit-equal to the per-layer rollback."""
     monkeypatch.setenv(select.GDN_RECORD_ENV, "final")
-    prompts = [[5, 9, 13], [21, 4, 8, 30, 2, 17, 6], [11, 12, 13, 14, 15]]
-    block = mx.array([[3, 4, 5, 6, 7], [8, 9, 10, 11, 12], [13, 14, 15, 16, 17]])
     caches = []
     for one_launch in (True, False):
-        monkeypatch.setattr(cache_mod, "rollback_kernel_enabled", lambda v=one_launch: v)
-        c = make_slot_target_cache(target, 3)
-        for r, p in enumerate(prompts):
-            one = make_target_cache(target)
-            target.forward(mx.array([p]), one)
-            c.insert(r, one)
-        verify.verify_forward(target, block, c, runners=True)
+        c = _verified_slots(target, monkeypatch, one_launch)
         gdn = [x for x in c if isinstance(x, GDNRollbackCache)]
         assert all(x.record.replay is not None for x in gdn)
         keep = [2, 5, 1]
