@@ -1,30 +1,27 @@
 #!/usr/bin/env bash
-# For the next H200 call (after the three stage calls; not yet run). Session 23 found both pairs'
-# 1-slot rounds bound by the host's building and encoding of the verify (cProfile: 4.2 ms of a
-# 9.7 ms round of the 4B-shaped pair), so this call measures what that work is made of, with the
-# session's defaults (lagged rounds with the draft queued first and the verify every 8 layers;
-# the final-state record from 128 MiB a layer): graph nodes by call site and primitive with each
-# evaluation's encoding time (graph_nodes.py --time) at one and four slots, then the kernel trace
-# of a 1-slot and a 4-slot round (where the device still waits), then the 4B-shaped pair at
-# 1, 2, 3, 4 slots (the 3-slot step with the new record default).
+# For the next H200 call (after the three stage calls; not yet run). What session 24 left
+# unmeasured: the GPU tests its last call cut (the rollback file's final-state tests and the
+# gated-delta replay tests on CUDA, with the kept conv weight and the joined replay), the demo
+# pair's bench on the tree with every node cut (run 5 ran out of time), and the demo pair's 8-slot
+# graph and host profile (both cut at 60 s in run 4: the demo's first process compiles MLX's
+# kernels; given 150 s here), then the 4B-shaped pair at 1, 2, 3, 4 slots.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
-for s in 1 4; do
-  t=$(left); [ "$t" -lt 60 ] && break
-  # The verify's queued parts (HF2Q_FLUSH_LAYERS) are evaluated inside TargetModel.forward,
-  # which graph_nodes.py does not count: off here, so the acceptance's evaluation holds them all.
-  HF2Q_FLUSH_LAYERS=0 timeout 100 python3 benchmarks/graph_nodes.py --synthetic 4b --prompt-tokens 64 --slots "$s" \
-    --modes dflash,plain --gen-tokens 32 --top 20 --time --out "$OUT/nodes_s$s.json" \
-    > "$OUT/nodes_s$s.log" 2>&1
-  echo "nodes_s$s exit $? $(el)"; head -c 2500 "$OUT/nodes_s$s.log"
-done
-for s in 1 4; do
-  t=$(left); [ "$t" -lt 60 ] && break
-  timeout 90 python3 benchmarks/gpu_timeline.py --synthetic 4b --prompt-tokens 64 --slots "$s" \
-    --tokens 32 --top 30 --sequence 2500 --loops slots-dflash --out "$OUT/tl_s$s.json" \
-    > "$OUT/tl_s$s.log" 2>&1
-  echo "tl_s$s exit $? $(el)"; grep -A20 '^==' "$OUT/tl_s$s.log" | cut -c1-150
-done
+gpu_pytest t_cuda 150 tests/test_kernels_rollback.py tests/test_kernels_gated_delta.py \
+  -k "final_state or conv_kernel or (replay and cuda)"
+demo_queue_bench demo-rps4
+t=$(left)
+if [ "$t" -gt 160 ]; then
+  timeout 150 python3 benchmarks/graph_nodes.py --slots 8 --modes dflash,plain --gen-tokens 64 --top 30 \
+    --time --out "$OUT/nodes_demo8.json" > "$OUT/nodes_demo8.log" 2>&1
+  echo "nodes_demo8 exit $? $(el)"; head -c 2500 "$OUT/nodes_demo8.log"
+fi
+t=$(left)
+if [ "$t" -gt 100 ]; then
+  timeout 90 python3 benchmarks/host_profile.py --loops slots-dflash,slots-plain --slots 8 --lookup \
+    --tokens 128 --top 45 --out "$OUT/host_demo8.json" > "$OUT/host_demo8.log" 2>&1
+  echo "host_demo8 exit $? $(el)"; head -c 2500 "$OUT/host_demo8.log"
+fi
 synthetic_run synthetic 1,2,3,4 "$(left)"
 pack_logs
