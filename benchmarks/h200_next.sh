@@ -9,7 +9,7 @@ set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
 gpu_pytest t_cuda 150 tests/test_kernels_rollback.py tests/test_kernels_gated_delta.py -m "not slow" \
-  -k "final_state or conv_kernel or (replay and cuda)"  # (the emulated variants are marked slow)
+  -k "final_state or conv_kernel or stats or (replay and cuda)"  # (emulated variants: slow)
 demo_queue_bench demo-rps4
 t=$(left)
 if [ "$t" -gt 160 ]; then

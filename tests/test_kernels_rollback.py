@@ -234,3 +234,12 @@ def test_cuda_kernel_at_the_4b_shape():
         for b, n in enumerate(keep):
             assert mx.array_equal(co[b], c[b, n : n + 3]).item()
             assert mx.array_equal(so[b], s[b, n - 1]).item()
+
+
+@cuda_only
+def test_stats_name_both_records_one_launch_rollbacks(target):
+    """``--stats`` (select.describe) says how each record is rolled back on CUDA."""
+    attn = next(layer for layer in target.layers if getattr(layer, "is_linear", False)).linear_attn
+    info = select.describe(attn)["gdn_record"]
+    assert "states (one launch for all layers)" in info
+    assert "replayed per row, kept conv rows in one launch" in info

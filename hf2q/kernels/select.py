@@ -482,7 +482,9 @@ def describe(attn: object | None = None) -> dict[str, str]:
         # What the runtime's verify records (hf2q.runtime.verify): HF2Q_GDN_RECORD where the
         # compiled runners verify (hf2q.runtime.verify.use_runners), per-step states elsewhere.
         states = "states" + (" (one launch for all layers)" if rollback_kernel_enabled() else "")
-        final = "final state (kept steps replayed per row)"
+        final = "final state (kept steps replayed per row" + (
+            ", kept conv rows in one launch)" if rollback_kernel_enabled() else ")"
+        )
         if not (runners and compile_enabled()):
             info["gdn_record"] = "states"
         elif gdn_record(0) == gdn_record(GDN_FINAL_MIN_BYTES):
