@@ -117,32 +117,33 @@ def staging(out: Path, *, force: bool) -> Iterator[Path]:
     """
     out = out.expanduser().absolute()
     created: list[Path] = []
-    parent = out.parent
-    missing = []
-    while not parent.exists():
-        missing.append(parent)
-        parent = parent.parent
-    try:
-        for d in reversed(missing):
-            d.mkdir()
-            created.append(d)
-    except OSError as exc:
-        _remove_created(created)
-        raise OutputError(
-            f"cannot create {out.parent} ({exc.strerror or exc}): choose a writable -o folder"
-        ) from exc
-    for old in stale_partials(out):
-        shutil.rmtree(old, ignore_errors=True)
     temp = out.parent / f".{out.name}{PARTIAL_TAG}{os.getpid()}"
-    shutil.rmtree(temp, ignore_errors=True)
+    # Everything from the first folder made to the rename is inside one guard: an interrupt that
+    # lands right after a mkdir (a SIGTERM sent as soon as the sibling appears, on a loaded
+    # machine) must still remove what was made.
     try:
-        temp.mkdir()
-    except OSError as exc:
-        _remove_created(created)
-        raise OutputError(
-            f"cannot write to {out.parent} ({exc.strerror or exc}): choose a writable -o folder"
-        ) from exc
-    try:
+        parent = out.parent
+        missing = []
+        while not parent.exists():
+            missing.append(parent)
+            parent = parent.parent
+        for d in reversed(missing):
+            try:
+                d.mkdir()
+            except OSError as exc:
+                raise OutputError(
+                    f"cannot create {out.parent} ({exc.strerror or exc}): choose a writable -o folder"
+                ) from exc
+            created.append(d)
+        for old in stale_partials(out):
+            shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(temp, ignore_errors=True)
+        try:
+            temp.mkdir()
+        except OSError as exc:
+            raise OutputError(
+                f"cannot write to {out.parent} ({exc.strerror or exc}): choose a writable -o folder"
+            ) from exc
         yield temp
         _move_into_place(temp, out, force=force)
     except BaseException:
