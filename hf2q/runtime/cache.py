@@ -186,56 +186,39 @@ def rollback_in_one_launch(
     CUDA, ``HF2Q_ROLLBACK_KERNEL=0``, or records neither one stacked array of per-step states
     each nor final states with a replay each; the caller then rolls each layer back itself.
     Same bits as :meth:`GDNRollbackCache.rollback` (both copy, or both replay). Final-state
-    records: the conv rows in one launch and a replay per layer (:func:`_replay_rollback`).
+    records: the conv rows in one launch and a replay per layer.
     """
     if not caches or not rollback_kernel_enabled():
         return False
     recs = [c.record for c in caches]
     if any(r is None for r in recs):
         return False
-    if all(r.replay is not None for r in recs):
-        return _replay_rollback(caches, keep)
-    if not all(r.stacked for r in recs):
+    replay = all(r.replay is not None for r in recs)
+    if not (replay or all(r.stacked for r in recs)):
+        return False
+    T = recs[0].length
+    if any(r.length != T for r in recs):
         return False
     convs = [r.conv_input for r in recs]
-    states = [r.states for r in recs]
     if isinstance(keep, int):
         keep = [keep] * convs[0].shape[0]
     lazy = isinstance(keep, mx.array)  # counts the host has not read (lagged rounds)
     keep_arr = keep.astype(mx.int32) if lazy else mx.array(list(keep), dtype=mx.int32)
-    if cuda_rollback.supported(convs, states, keep_arr) is not None:
-        return False
-    T = recs[0].length
-    conv_out, state_out = cuda_rollback.rollback_cuda(convs, states, keep_arr)
     back: int | mx.array = T - keep_arr if lazy or len(set(keep)) > 1 else T - keep[0]
+    if replay:
+        # Final-state records: the kept conv rows of every layer in one launch, each layer's
+        # state by its replay (one launch a layer), the counts and dropped positions made once.
+        if cuda_rollback.conv_supported(convs, keep_arr, T) is not None:
+            return False
+        conv_out = cuda_rollback.rollback_conv_cuda(convs, keep_arr, T)
+        state_out = [r.replay(keep_arr) for r in recs]
+    else:
+        states = [r.states for r in recs]
+        if cuda_rollback.supported(convs, states, keep_arr) is not None:
+            return False
+        conv_out, state_out = cuda_rollback.rollback_cuda(convs, states, keep_arr)
     for c, conv, state in zip(caches, conv_out, state_out, strict=True):
         c.restore(conv, state, back)
-    return True
-
-
-def _replay_rollback(
-    caches: Sequence[GDNRollbackCache], keep: int | Sequence[int] | mx.array
-) -> bool:
-    """:func:`rollback_in_one_launch` for final-state records: the kept conv rows of every layer
-    in one launch, each layer's state by its replay (one launch a layer), the counts and the
-    positions dropped made once for all layers (a gather, its index arithmetic and a subtraction
-    per layer otherwise: graph nodes the host encodes one by one)."""
-    recs = [c.record for c in caches]
-    T = recs[0].length
-    if any(r.length != T for r in recs):
-        return False
-    B = recs[0].conv_input.shape[0]
-    if isinstance(keep, int):
-        keep = [keep] * B
-    lazy = isinstance(keep, mx.array)
-    keep_arr = keep.astype(mx.int32) if lazy else mx.array(list(keep), dtype=mx.int32)
-    convs = [r.conv_input for r in recs]
-    if cuda_rollback.conv_supported(convs, keep_arr, T) is not None:
-        return False
-    conv_out = cuda_rollback.rollback_conv_cuda(convs, keep_arr, T)
-    back: int | mx.array = T - keep_arr if lazy or len(set(keep)) > 1 else T - keep[0]
-    for c, rec, conv in zip(caches, recs, conv_out, strict=True):
-        c.restore(conv, rec.replay(keep_arr), back)
     return True
 
 
