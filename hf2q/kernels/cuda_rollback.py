@@ -25,6 +25,7 @@ layers (one compiled kernel per layer count, dtype and shape).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -164,58 +165,47 @@ def _conv_launcher(layers: int, steps: int) -> Callable[..., list[mx.array]]:
     """:func:`_launcher` for the conv rows only, ``steps`` verified positions."""
 
     def launch(*arrays: mx.array) -> list[mx.array]:
-        convs, keep = list(arrays[:layers]), arrays[-1]
-        B, W, C = convs[0].shape
-        K1 = W - steps
-        return _kernel(layers, False)(
-            inputs=[*convs, keep],
-            template=[("CT", convs[0].dtype), ("T", steps), ("K1", K1), ("C", C), ("NT", THREADS)],
-            grid=(-(-(K1 * C) // THREADS) * THREADS, B, layers),
-            threadgroup=(THREADS, 1, 1),
-            output_shapes=[(B, K1, C)] * layers,
-            output_dtypes=[convs[0].dtype] * layers,
-        )
+        return _launch(list(arrays[:layers]), [], arrays[-1], steps)
 
-    return mx.compile(launch) if select.backend() == "cuda" else launch
+    return _compiled(launch)
 
 
 @cache
 def _launcher(layers: int) -> Callable[..., list[mx.array]]:
-    """The launch for ``layers`` layers, ``mx.compile``'d on CUDA: MLX builds a custom kernel's
-    source text and signature (here about a hundred parameters) on every call of its Python
-    function, about 0.4 ms at the 4B shape (``benchmarks/rollback_cost.py``); a compiled trace
-    replays the kernel node instead. Elsewhere (the CPU tests' emulator) the plain function."""
+    """The launch for ``layers`` layers (T from the state records' shape)."""
 
     def launch(*arrays: mx.array) -> list[mx.array]:
-        return _launch(list(arrays[:layers]), list(arrays[layers : 2 * layers]), arrays[-1])
+        states = list(arrays[layers : 2 * layers])
+        return _launch(list(arrays[:layers]), states, arrays[-1], states[0].shape[1])
 
+    return _compiled(launch)
+
+
+def _compiled(launch: Callable[..., list[mx.array]]) -> Callable[..., list[mx.array]]:
+    """``launch`` ``mx.compile``'d on CUDA: MLX builds a custom kernel's source text and
+    signature (here about a hundred parameters) on every call of its Python function, about
+    0.4 ms at the 4B shape (``benchmarks/rollback_cost.py``); a compiled trace replays the kernel
+    node instead. Elsewhere (the CPU tests' emulator) the plain function."""
     return mx.compile(launch) if select.backend() == "cuda" else launch
 
 
-def _launch(convs: list[mx.array], states: list[mx.array], keep: mx.array) -> list[mx.array]:
+def _launch(
+    convs: list[mx.array], states: list[mx.array], keep: mx.array, T: int
+) -> list[mx.array]:
+    """One launch over every layer: the kept conv rows, and the kept states where ``states``
+    are given (none: the conv-only kernel)."""
     L = len(convs)
-    B, T = states[0].shape[0], states[0].shape[1]
-    C = convs[0].shape[2]
-    K1 = convs[0].shape[1] - T
-    state_shape = states[0].shape[2:]
-    S4 = 1
-    for d in state_shape:
-        S4 *= d
-    S4 //= 4
-    width = max(S4, K1 * C)
-    outs = _kernel(L)(
+    B, W, C = convs[0].shape
+    K1 = W - T
+    state_shape = states[0].shape[2:] if states else ()
+    S4 = math.prod(state_shape) // 4 if states else 0
+    template = [("CT", convs[0].dtype), ("T", T), ("K1", K1), ("C", C)]
+    template += [("S4", S4)] if states else []
+    return _kernel(L, bool(states))(
         inputs=[*convs, *states, keep],
-        template=[
-            ("CT", convs[0].dtype),
-            ("T", T),
-            ("K1", K1),
-            ("C", C),
-            ("S4", S4),
-            ("NT", THREADS),
-        ],
-        grid=(-(-width // THREADS) * THREADS, B, L),
+        template=[*template, ("NT", THREADS)],
+        grid=(-(-max(S4, K1 * C) // THREADS) * THREADS, B, L),
         threadgroup=(THREADS, 1, 1),
-        output_shapes=[(B, K1, C)] * L + [(B, *state_shape)] * L,
-        output_dtypes=[convs[0].dtype] * L + [mx.float32] * L,
+        output_shapes=[(B, K1, C)] * L + [(B, *state_shape)] * len(states),
+        output_dtypes=[convs[0].dtype] * L + [mx.float32] * len(states),
     )
-    return outs
