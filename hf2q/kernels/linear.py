@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -44,19 +45,32 @@ class Frozen:
 FROZEN = Frozen()
 
 
+def kept(owner: nn.Module, name: str, sources: list[mx.array], build: Callable[[], Any]) -> Any:
+    """``build()``'s result kept on ``owner`` as a plain attribute (not a parameter: saving and
+    training never see it), rebuilt whenever any of the ``sources`` arrays it was built from was
+    replaced (new weights loaded, a dtype change)."""
+    hit = owner.__dict__.get(name)
+    if (
+        hit is None
+        or len(hit[0]) != len(sources)
+        or any(a is not b for a, b in zip(hit[0], sources))
+    ):
+        hit = (sources, build())
+        object.__setattr__(owner, name, hit)
+    return hit[1]
+
+
 def kept_view(mod: nn.Module, name: str, make: Callable[[mx.array], mx.array]) -> mx.array:
     """``make(mod.weight)`` evaluated once (a view of the weight such as a transpose or a
-    reshape: no copy) and kept on ``mod`` as a plain attribute ``name`` (not a parameter), made
-    again when the weight is replaced. What inference graphs read instead of deriving the view
-    in every forward: one graph node less each time, the same values."""
-    w = mod.weight
-    hit = mod.__dict__.get(name)
-    if hit is None or hit[0] is not w:
-        view = make(w)
+    reshape: no copy) and :func:`kept` on ``mod``. What inference graphs read instead of
+    deriving the view in every forward: one graph node less each time, the same values."""
+
+    def build() -> mx.array:
+        view = make(mod.weight)
         mx.eval(view)
-        hit = (w, view)
-        object.__setattr__(mod, name, hit)
-    return hit[1]
+        return view
+
+    return kept(mod, name, [mod.weight], build)
 
 
 def transposed(mod: nn.Linear | nn.Embedding) -> mx.array:

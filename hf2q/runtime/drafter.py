@@ -29,7 +29,7 @@ from hf2q.errors import DrafterError
 from hf2q.kernels import cuda_attention
 from hf2q.kernels.attention import reads_buffer_in_place
 from hf2q.kernels.gdn import concat_linears, mlp_fused
-from hf2q.kernels.linear import FROZEN, Frozen, linear, swiglu_mlp
+from hf2q.kernels.linear import FROZEN, Frozen, kept, linear, swiglu_mlp
 from hf2q.kernels.select import (
     bucketed,
     compile_enabled,
@@ -291,25 +291,10 @@ def _layer_weights(layer: DFlashDecoderLayer) -> list[mx.array]:
     return [mod.weight for mod in mods] + [mod.bias for mod in mods if "bias" in mod]
 
 
-def _kept(owner: nn.Module, name: str, sources: list[mx.array], build: Callable[[], Any]) -> Any:
-    """``build()``'s result kept on ``owner`` as a plain attribute (not a parameter: saving and
-    training never see it), rebuilt whenever any of the ``sources`` arrays it was built from was
-    replaced (new weights loaded, a dtype change)."""
-    hit = owner.__dict__.get(name)
-    if (
-        hit is None
-        or len(hit[0]) != len(sources)
-        or any(a is not b for a, b in zip(hit[0], sources))
-    ):
-        hit = (sources, build())
-        object.__setattr__(owner, name, hit)
-    return hit[1]
-
-
 class _CompiledLayer:
     """``mx.compile``'d pieces of one drafter layer for inference; the layer's weights are
-    constants of the traces (:func:`_kept` rebuilds it when they change). Products off the
-    small-M kernel read their weights through kept transposed views
+    constants of the traces (:func:`hf2q.kernels.linear.kept` rebuilds it when they change).
+    Products off the small-M kernel read their weights through kept transposed views
     (:data:`hf2q.kernels.linear.FROZEN`: one graph node less a product, the same bits)."""
 
     def __init__(self, layer: DFlashDecoderLayer, mm: bool) -> None:
@@ -352,10 +337,10 @@ class _CompiledLayer:
 
 def _concatenated(owner: nn.Module, name: str, mods: list[nn.Module]) -> nn.Module | None:
     """One linear computing ``mods`` side by side (``HF2Q_FUSE_PROJ``; None for layers with a
-    bias), kept on ``owner`` (see :func:`_kept`)."""
+    bias), kept on ``owner`` (see :func:`hf2q.kernels.linear.kept`)."""
     if any("bias" in m for m in mods):
         return None
-    return _kept(owner, name, [m.weight for m in mods], lambda: concat_linears(mods))
+    return kept(owner, name, [m.weight for m in mods], lambda: concat_linears(mods))
 
 
 class DFlashAttention(nn.Module):
@@ -589,7 +574,7 @@ class DFlashDecoderLayer(nn.Module):
         mask), the block's entries dropped again (the cache keeps verified context only); a
         compiled output projection and MLP. ``mm``: products through the small-M kernel."""
         name = "_compiled_mm" if mm else "_compiled"
-        hit = _kept(self, name, _layer_weights(self), lambda: _CompiledLayer(self, mm))
+        hit = kept(self, name, _layer_weights(self), lambda: _CompiledLayer(self, mm))
         a = self.self_attn
         L = x.shape[1]
         if ctx.shape[1] > 0 and type(cache) is KVCache:
