@@ -8,9 +8,8 @@ product. The CUDA tests run the real kernel.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import cuda_emu
+import graph_ops
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -323,15 +322,6 @@ def test_linear_dispatch(emulated, monkeypatch):
     assert mx.array_equal(lin.swiglu_mlp(other, x, True), other(x)) and len(calls) == 4
 
 
-def _ops(*arrays: mx.array) -> list[str]:
-    import re
-    import tempfile
-
-    with tempfile.NamedTemporaryFile(suffix=".dot") as f:
-        mx.export_to_dot(f.name, *arrays)
-        return re.findall(r'label ="([^"]+)", shape=rectangle', Path(f.name).read_text())
-
-
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 def test_frozen_products_have_the_matmuls_bits_without_a_transpose_a_call(bias):
     """``on=FROZEN`` (the drafter's compiled layers off the kernel): the product of ``mod(x)``
@@ -345,7 +335,7 @@ def test_frozen_products_have_the_matmuls_bits_without_a_transpose_a_call(bias):
     assert not lin.FROZEN  # falsy: every kernel decision reads it as off
     y = lin.linear(mod, x, lin.FROZEN)
     assert mx.array_equal(y, mod(x)).item()
-    assert "Transpose" in _ops(mod(x)) and "Transpose" not in _ops(y)
+    assert "Transpose" in graph_ops.ops(mod(x)) and "Transpose" not in graph_ops.ops(y)
     mod.weight = mod.weight * 2
     mx.eval(mod.parameters())
     assert mx.array_equal(lin.linear(mod, x, lin.FROZEN), mod(x)).item()
@@ -353,7 +343,7 @@ def test_frozen_products_have_the_matmuls_bits_without_a_transpose_a_call(bias):
     mlp.set_dtype(mx.bfloat16)
     mx.eval(mlp.parameters())
     got = lin.swiglu_mlp(mlp, x, lin.FROZEN, add=x)
-    assert mx.array_equal(got, x + mlp(x)).item() and "Transpose" not in _ops(got)
+    assert mx.array_equal(got, x + mlp(x)).item() and "Transpose" not in graph_ops.ops(got)
 
 
 def test_small_mm_switch_is_cuda_only_and_reported(monkeypatch):

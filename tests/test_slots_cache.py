@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import graph_ops
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -229,16 +230,6 @@ def test_lagged_rows_keep_bounds_above_their_offsets_and_resync_exactly():
         c.rollback([9, 0])  # host counts are still checked
 
 
-def _ops(*arrays: mx.array) -> list[str]:
-    import re
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.NamedTemporaryFile(suffix=".dot") as f:
-        mx.export_to_dot(f.name, *arrays)
-        return re.findall(r'label ="([^"]+)", shape=rectangle', Path(f.name).read_text())
-
-
 @pytest.mark.parametrize("lagged", [False, True], ids=["host-counts", "device-counts"])
 def test_layers_in_step_share_their_position_arithmetic(lagged, monkeypatch):
     # The layers of one model hold the same positions: their ragged writes, advances and
@@ -265,7 +256,7 @@ def test_layers_in_step_share_their_position_arithmetic(lagged, monkeypatch):
         c.prepare(lengths=grow)
         c.update_and_fetch(*new)
         c.rollback(drop)
-    ops = _ops(*[a for c in layers for a in c.state])
+    ops = graph_ops.ops(*[a for c in layers for a in c.state])
     assert ops.count("Arange") == 1, ops  # one set of write positions
     assert ops.count("ScatterAxis") == 2 * len(layers)  # each layer writes its keys and values
     assert ops.count("Add") == 2 and ops.count("Subtract") == 1, ops  # positions, advance, drop
