@@ -481,9 +481,10 @@ def describe(attn: object | None = None) -> dict[str, str]:
         }[impl]
         # What the runtime's verify records (hf2q.runtime.verify): HF2Q_GDN_RECORD where the
         # compiled runners verify (hf2q.runtime.verify.use_runners), per-step states elsewhere.
-        states = "states" + (" (one launch for all layers)" if rollback_kernel_enabled() else "")
+        one = rollback_kernel_enabled()
+        states = "states" + (" (one launch for all layers)" if one else "")
         final = "final state (kept steps replayed per row" + (
-            ", kept conv rows in one launch)" if rollback_kernel_enabled() else ")"
+            ", kept conv rows in one launch)" if one else ")"
         )
         if not (runners and compile_enabled()):
             info["gdn_record"] = "states"
