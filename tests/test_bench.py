@@ -133,6 +133,34 @@ def test_bench_random_workload_generates_every_token_and_renders_a_table(fitted_
     assert {r["mode"] for r in rows} == {"plain", "dflash-seq", "dflash"}
 
 
+def test_trials_alternate_between_slot_counts_after_every_warm_up(fitted_pairs):
+    """The ratios a user reads (N slots over one, DFlash over plain) come from runs made side by
+    side: every warm-up first, then trial k of every slot count and mode before trial k + 1, so
+    a machine drifting during the run moves every row alike."""
+    from hf2q.runtime.bench import run_bench
+    from hf2q.runtime.pair import load_pair
+
+    target, draft = fitted_pairs["qwen35"]
+    pair = load_pair(str(target), str(draft))
+    seen: list[str] = []
+    config = BenchConfig(
+        slots=(1, 2), gen_tokens=4, trials=2, warmup=1, workload="random", prompt_tokens=4
+    )
+    report = run_bench(pair.target, pair.drafter, config, progress=seen.append)
+    modes = ("plain", "dflash-seq", "dflash")
+    expected = [
+        f"{n} slot{'s' if n > 1 else ''}, {m}, {what}"
+        for what, n, m in (
+            *(("warm-up", n, m) for n in (1, 2) for m in modes),
+            *((f"trial {k}/2", n, m) for k in (1, 2) for n in (1, 2) for m in modes),
+        )
+    ]
+    assert seen == expected
+    assert [(r["slots"], r["mode"], r["trials"]) for r in report["results"]] == [
+        (n, m, 2) for n in (1, 2) for m in modes
+    ]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -375,9 +375,8 @@ def run_bench(
     if tokenizer is not None:
         avoid |= set(getattr(tokenizer, "all_special_ids", []) or [])
     modes = MODES if config.baseline else ("dflash",)
-    rows: list[dict[str, Any]] = []
-    for N in config.slots:
-        prompts = make_prompts(
+    prompts = {
+        N: make_prompts(
             config,
             N * config.requests_per_slot,
             tokenizer=tokenizer,
@@ -385,23 +384,33 @@ def run_bench(
             vocab_size=target.vocab_size,
             avoid=sorted(avoid),
         )
-        runs: dict[str, list[RunResult]] = {m: [] for m in modes}
-        for trial in range(config.warmup + config.trials):
-            warm = trial < config.warmup
+        for N in config.slots
+    }
+    runs: dict[int, dict[str, list[RunResult]]] = {N: {m: [] for m in modes} for N in config.slots}
+
+    def one(N: int, mode: str, what: str) -> RunResult:
+        if progress is not None:
+            progress(f"{N} slot{'s' if N > 1 else ''}, {mode}, {what}")
+        mx.clear_cache()
+        if mode == "dflash-seq":
+            return _run_sequential(target, drafter, prompts[N], config, eos, N)
+        return _run_slots_mode(mode, target, drafter, prompts[N], config, eos, N)
+
+    # Every warm-up first, then the trials round-robin over the slot counts and modes: a
+    # machine that speeds up or slows down during the run (clocks, a neighbour) shifts every
+    # row alike instead of the slot counts measured last, so the ratios between rows (scaling
+    # over one slot, speedup over plain) compare runs made side by side.
+    for N in config.slots:
+        for _ in range(config.warmup):
             for mode in modes:
-                if progress is not None:
-                    what = (
-                        "warm-up" if warm else f"trial {trial - config.warmup + 1}/{config.trials}"
-                    )
-                    progress(f"{N} slot{'s' if N > 1 else ''}, {mode}, {what}")
-                mx.clear_cache()
-                if mode == "dflash-seq":
-                    res = _run_sequential(target, drafter, prompts, config, eos, N)
-                else:
-                    res = _run_slots_mode(mode, target, drafter, prompts, config, eos, N)
-                if not warm:
-                    runs[mode].append(res)
-        rows.extend(_rows_for(N, runs, B))
+                one(N, mode, "warm-up")
+    for trial in range(config.trials):
+        for N in config.slots:
+            for mode in modes:
+                runs[N][mode].append(one(N, mode, f"trial {trial + 1}/{config.trials}"))
+    rows: list[dict[str, Any]] = []
+    for N in config.slots:
+        rows.extend(_rows_for(N, runs[N], B))
     _relate(rows)
     return {
         "schema": SCHEMA,
