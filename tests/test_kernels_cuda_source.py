@@ -28,6 +28,8 @@ VARIANTS = [
     dict(record="final", write_y=True, replay=False),
     dict(record="final", write_y=False, replay=True),
     dict(record="final", write_y=False, replay=True, joined=True),
+    dict(record="states", write_y=True, replay=False, window=True),
+    dict(record="final", write_y=True, replay=False, window=True),
 ]
 
 
@@ -44,13 +46,14 @@ def test_every_variant_compiles_for_sm90_without_spills(tmp_path: Path, fused, d
 
     for v in VARIANTS:
         joined = v.get("joined", False)
-        if joined and not fused:
+        if (joined or v.get("window")) and not fused:
             continue
         spec = cg.kernel_spec(fused=fused, **v)
         in_dtypes = _dtypes(fused, dtype, joined) + ([mx.int32] if v["replay"] else [])
         in_ndims = [4, 4, 4, 3, 3, 4] if not fused else [3, 3, 2, 3, 3, 1, 1, 4][int(joined) :]
         in_ndims += [1] if v["replay"] else []
         out_dtypes = ([dtype] if v["write_y"] else []) + [mx.float32]
+        out_dtypes += [dtype] if v.get("window") else []
         template = [("InT", dtype)] + ([("GT", dtype)] if fused else [])
         template += [("Dk", 128), ("Dv", 128), ("Hk", 16), ("Hv", 32)]
         template += ([("KC", 4)] if fused else []) + [("WARPS", 4), ("TC", 16)]

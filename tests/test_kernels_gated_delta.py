@@ -160,13 +160,11 @@ def test_kernels_refuse_shapes_they_do_not_support():
 
 
 @cache
-def _emulated_kernel(*, fused: bool, record: str, write_y: bool, replay: bool, joined=False):
+def _emulated_kernel(**variant):
     """One emulated kernel per variant for the whole session (each build is compiled once)."""
     import cuda_emu
 
-    return cuda_emu.EmulatedKernel(
-        **cg.kernel_spec(fused=fused, record=record, write_y=write_y, replay=replay, joined=joined)
-    )
+    return cuda_emu.EmulatedKernel(**cg.kernel_spec(**variant))
 
 
 def _cpp_available() -> bool:
@@ -287,6 +285,58 @@ def test_fused_kernel_matches_mlx_lm_ops_for_a_whole_block(kernels, dtype):
         assert rel(rec.final_state, rec_ref.final_state) <= tol
         for n in (1, 7, T):
             assert rel(rollback_state(attn, rec, n, impl="cuda"), rec_ref.rec[:, n - 1]) <= tol
+
+
+@pytest.mark.parametrize(
+    "heads", [(2, 4, 32, 16), (1, 1, 16, 64), (2, 2, 32, 32)], ids=["gqa", "tiles", "mha"]
+)
+def test_fused_kernel_writes_the_conv_window_the_record_keeps(kernels, heads):
+    # The window variant's extra output is concatenate([conv_state, qkv], axis=1) bit for bit
+    # (every channel written once: q/k by one tile of one value head, v rows by their tile,
+    # with grouped heads and several row tiles), and the rest of the launch is unchanged.
+    Hk, Hv, Dk, Dv = heads
+    attn = _tiny_gdn(mx.bfloat16, Hk=Hk, Hv=Hv, Dk=Dk, Dv=Dv, seed=5)
+    B, T = 3, 5
+    mx.random.seed(17)
+    qkv = (mx.random.normal((B, T, attn.conv_dim)) * 0.5).astype(mx.bfloat16)
+    conv_state = (mx.random.normal((B, 3, attn.conv_dim)) * 0.5).astype(mx.bfloat16)
+    a, b = (mx.random.normal((B, T, Hv)).astype(mx.bfloat16) for _ in range(2))
+    state = mx.random.normal((B, Hv, Dv, Dk)) * 0.1
+    dims = dict(num_k_heads=Hk, key_dim=Dk, num_v_heads=Hv, value_dim=Dv)
+    args = (conv_state, qkv, attn.conv1d.weight, a, b, attn.A_log, attn.dt_bias, state)
+    want = mx.concatenate([conv_state, qkv], axis=1)
+    for record in ("states", "final"):
+        y0, rec0 = cg.gdn_fused_cuda(*args, **dims, record=record)
+        y, rec, window = cg.gdn_fused_cuda(*args, **dims, record=record, window=True)
+        assert window.dtype == mx.bfloat16 and mx.array_equal(window, want), record
+        assert mx.array_equal(y, y0) and mx.array_equal(rec, rec0), record
+    with pytest.raises(ValueError, match="window"):
+        cg.gdn_fused_cuda(*args, **dims, record="final", steps=2, window=True)
+
+
+def test_the_mixer_takes_its_record_from_the_kernels_window_unless_switched_off(
+    kernels, monkeypatch
+):
+    from hf2q.errors import UsageError
+    from hf2q.kernels import select
+    from hf2q.kernels.gdn import gdn_mixer
+
+    attn = _tiny_gdn(mx.bfloat16, seed=6)
+    mx.random.seed(18)
+    x = mx.random.normal((2, 4, 64)).astype(mx.bfloat16)
+    conv_state = (mx.random.normal((2, 3, attn.conv_dim)) * 0.5).astype(mx.bfloat16)
+    state = mx.random.normal((2, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim)) * 0.1
+    runs = {}
+    for value in ("1", "0"):
+        monkeypatch.setenv(select.GDN_WINDOW_ENV, value)
+        runs[value] = gdn_mixer(attn, x, conv_state, state, impl="cuda", record="final")
+    (out1, rec1), (out0, rec0) = runs["1"], runs["0"]
+    assert mx.array_equal(out1, out0) and mx.array_equal(rec1.rec, rec0.rec)
+    assert mx.array_equal(rec1.conv_input, rec0.conv_input)
+    assert mx.array_equal(rec1.conv_input[:, :3], conv_state)
+    monkeypatch.setenv(select.GDN_WINDOW_ENV, "sometimes")
+    with pytest.raises(UsageError, match="HF2Q_GDN_WINDOW"):
+        select.gdn_window_enabled()
 
 
 def test_fused_replay_with_a_count_per_row_gives_each_rows_recorded_state(kernels):

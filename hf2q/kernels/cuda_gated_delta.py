@@ -276,7 +276,40 @@ _SPLIT_READ = """(rw < KC - 1)
 _JOINED_READ = "hf2q_f(conv_input[((size_t)bb * (KC - 1 + T) + rw) * CH + ch])"
 
 
-def _source(*, fused: bool, record: str, write_y: bool, replay: bool, joined: bool = False) -> str:
+#: The window variant (fused, split read) also writes the block's whole conv window
+#: ``window`` (B, K-1+T, C): the conv rows before the block, then the block's rows, what a
+#: verify's record keeps and a decode step's next conv state is cut from. Without it the caller
+#: joins the two with a concatenate: two copies and a graph node each, in every Gated-DeltaNet
+#: layer of every step. The q and k channels of key head hk are written by the first tile of the
+#: first value head reading that key head, each tile writes its own value rows: every channel
+#: once.
+_WRITE_WINDOW = r"""
+  {
+    const int W = KC - 1 + T;
+    const int nqk = (tile == 0 && hv % (Hv / Hk) == 0) ? 2 * Dk : 0;
+    const int nch = nqk + ROWS;
+    for (int i = tid; i < W * nch; i += NT) {
+      const int rw = i / nch;
+      const int j = i - rw * nch;
+      const int ch = (j < nqk) ? ((j < Dk) ? (hk * Dk + j) : (Hk * Dk + hk * Dk + (j - Dk)))
+                               : (2 * Hk * Dk + hv * Dv + tile * ROWS + (j - nqk));
+      window[((size_t)bb * W + rw) * CH + ch] = (rw < KC - 1)
+          ? conv_state[((size_t)bb * (KC - 1) + rw) * CH + ch]
+          : qkv[((size_t)bb * T + (rw - (KC - 1))) * CH + ch];
+    }
+  }
+"""
+
+
+def _source(
+    *,
+    fused: bool,
+    record: str,
+    write_y: bool,
+    replay: bool,
+    joined: bool = False,
+    window: bool = False,
+) -> str:
     n_steps = "min(T, (int)steps[bb])" if replay else "T"  # each batch row its own count
     steps = _STEPS.replace("__WRITE_Y__", _WRITE_Y if write_y else "")
     steps = steps.replace("__WRITE_STEP_STATE__", _WRITE_STEP_STATE if record == "states" else "")
@@ -285,6 +318,8 @@ def _source(*, fused: bool, record: str, write_y: bool, replay: bool, joined: bo
     if fused:
         assert _SPLIT_READ in _FUSED_SETUP
         body += _FUSED_SETUP.replace(_SPLIT_READ, _JOINED_READ) if joined else _FUSED_SETUP
+    if window:
+        body += _WRITE_WINDOW
     body += f"""
   const int n_steps = {n_steps};
   for (int t0 = 0; t0 < n_steps; t0 += TC) {{
@@ -300,12 +335,21 @@ def _source(*, fused: bool, record: str, write_y: bool, replay: bool, joined: bo
 
 
 def kernel_spec(
-    *, fused: bool, record: str, write_y: bool, replay: bool, joined: bool = False
+    *,
+    fused: bool,
+    record: str,
+    write_y: bool,
+    replay: bool,
+    joined: bool = False,
+    window: bool = False,
 ) -> dict[str, Any]:
     """Arguments of ``mx.fast.cuda_kernel`` for one variant (names differ per variant);
-    ``joined`` (fused only): the conv rows come as one ``conv_input`` (see ``_JOINED_READ``)."""
+    ``joined`` (fused only): the conv rows come as one ``conv_input`` (see ``_JOINED_READ``);
+    ``window`` (fused, split read only): also write that conv window (see ``_WRITE_WINDOW``)."""
     if joined and not fused:
         raise ValueError("only the fused kernel reads a joined conv input")
+    if window and (joined or not fused):
+        raise ValueError("only the fused kernel's split read writes the conv window")
     if joined:
         inputs = ["conv_input", "conv_w", "a", "b", "A_log", "dt_bias", "state_in"]
     elif fused:
@@ -315,28 +359,40 @@ def kernel_spec(
     if replay:
         inputs.append("steps")
     outputs = (["y"] if write_y else []) + ["states" if record == "states" else "state_out"]
-    name = "hf2q_gdn_{}_{}{}{}{}".format(
+    outputs += ["window"] if window else []
+    name = "hf2q_gdn_{}_{}{}{}{}{}".format(
         "fused" if fused else "steps",
         record,
         "_y" if write_y else "",
         "_replay" if replay else "",
         "_joined" if joined else "",
+        "_w" if window else "",
     )
     return {
         "name": name,
         "input_names": inputs,
         "output_names": outputs,
         "source": _source(
-            fused=fused, record=record, write_y=write_y, replay=replay, joined=joined
+            fused=fused, record=record, write_y=write_y, replay=replay, joined=joined, window=window
         ),
         "header": _HEADER,
     }
 
 
 @cache
-def _kernel(*, fused: bool, record: str, write_y: bool, replay: bool, joined: bool = False) -> Any:
+def _kernel(
+    *,
+    fused: bool,
+    record: str,
+    write_y: bool,
+    replay: bool,
+    joined: bool = False,
+    window: bool = False,
+) -> Any:
     """Build (once) the ``mx.fast.cuda_kernel`` for one variant."""
-    spec = kernel_spec(fused=fused, record=record, write_y=write_y, replay=replay, joined=joined)
+    spec = kernel_spec(
+        fused=fused, record=record, write_y=write_y, replay=replay, joined=joined, window=window
+    )
     return mx.fast.cuda_kernel(**spec)
 
 
@@ -483,8 +539,9 @@ def gdn_fused_cuda(
     value_dim: int,
     record: str = "states",
     steps: int | mx.array | None = None,
+    window: bool = False,
     verbose: bool = False,
-) -> tuple[mx.array, mx.array] | mx.array:
+) -> tuple[mx.array, ...] | mx.array:
     """Conv + SiLU + q/k normalisation + gates + recurrence of one Gated-DeltaNet block on CUDA.
 
     Args:
@@ -498,10 +555,12 @@ def gdn_fused_cuda(
         state: (B, Hv, Dv, Dk) float32 recurrent state before the block.
         num_k_heads, key_dim, num_v_heads, value_dim: Hk, Dk, Hv, Dv.
         record, steps, verbose: as in :func:`gated_delta_steps_cuda`.
+        window: also return the conv window ``concatenate([conv_state, qkv], axis=1)``
+            (B, K-1+T, C), written by the same launch (not with ``steps`` or a joined read).
 
     Returns:
-        ``(y, states_or_final)`` with y (B, T, Hv, Dv) in qkv's dtype, or in replay mode the
-        final state after ``steps`` steps.
+        ``(y, states_or_final)`` with y (B, T, Hv, Dv) in qkv's dtype (``window``: plus the conv
+        window), or in replay mode the final state after ``steps`` steps.
     """
     joined = conv_state is None
     B, W, C = qkv.shape
@@ -522,14 +581,21 @@ def gdn_fused_cuda(
     replay = steps is not None
     if replay and record != "final":
         raise ValueError("replay (steps=...) returns the final state only: use record='final'")
+    if window and (replay or joined):
+        raise ValueError("window: a block's launch only (not a replay, not a joined read)")
     warps = warps_for(Dv)
-    kern = _kernel(fused=True, record=record, write_y=not replay, replay=replay, joined=joined)
+    kern = _kernel(
+        fused=True, record=record, write_y=not replay, replay=replay, joined=joined, window=window
+    )
     inputs = ([] if joined else [conv_state]) + [qkv, conv_w, a, b, A_log, dt_bias, state]
     if replay:
         inputs.append(_steps_array(steps, B))
     rec_shape = _record_outputs(B, T, Hv, Dv, Dk, record)
     out_shapes = ([] if replay else [(B, T, Hv, Dv)]) + [rec_shape]
     out_dtypes = ([] if replay else [qkv.dtype]) + [mx.float32]
+    if window:
+        out_shapes.append((B, K - 1 + T, C))
+        out_dtypes.append(qkv.dtype)
     template = [
         ("InT", qkv.dtype),
         ("GT", gate_dtype(a, dt_bias)),
@@ -544,4 +610,4 @@ def gdn_fused_cuda(
     rows = 8 * warps
     grid = (32 * warps * (Dv // rows), Hv, B)
     outs = _launch(kern, inputs, template, out_shapes, out_dtypes, grid, 32 * warps, verbose)
-    return outs[0] if replay else (outs[0], outs[1])
+    return outs[0] if replay else tuple(outs)

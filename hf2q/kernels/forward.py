@@ -64,6 +64,7 @@ def _step_for(target: Any, fuse_proj: bool, mm: bool, rows: bool) -> tuple[list[
         mm,
         rows,
         select.mm_key(),
+        select.gdn_window_enabled(),
         select.kernel_mode(),
         select.backend(),
         select.compile_enabled(),

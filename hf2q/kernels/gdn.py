@@ -30,6 +30,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.gated_delta import compute_g, gated_delta_update, normalize_qk
 
+from hf2q.kernels import select
 from hf2q.kernels.linear import kept_view, linear, linears, swiglu_mlp
 
 IMPLS = ("ops", "mlx", "cuda_steps", "cuda")
@@ -325,8 +326,14 @@ def gdn_mixer(
         conv_state = mx.zeros((B, attn.conv_kernel_size - 1, attn.conv_dim), dtype=x.dtype)
     if state is None:
         state = mx.zeros((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim), dtype=mx.float32)
-    conv_input = mx.concatenate([conv_state, qkv], axis=1)
-    y, rec = _recurrence(attn, conv_state, qkv, conv_input, a, b, state, impl=impl, record=record)
+    if impl == "cuda" and select.gdn_window_enabled():  # (no concatenate: two copies a layer)
+        args = (conv_state, qkv, a, b, state, None, conv_weight(attn), attn.A_log, attn.dt_bias)
+        y, rec, conv_input = _fused_call(*_heads(attn), *args, record=record, window=True)
+    else:
+        conv_input = mx.concatenate([conv_state, qkv], axis=1)
+        y, rec = _recurrence(
+            attn, conv_state, qkv, conv_input, a, b, state, impl=impl, record=record
+        )
     out = linear(attn.out_proj, attn.norm(y, z).reshape(B, T, -1), mm, add=residual)
     return out, GdnRecord(conv_input, a, b, state, rec, record)
 
@@ -424,15 +431,14 @@ def _heads(attn: nn.Module) -> tuple[int, int, int, int]:
     return attn.num_k_heads, attn.head_k_dim, attn.num_v_heads, attn.head_v_dim
 
 
-def _fused_call(
-    Hk, Dk, Hv, Dv, conv_state, qkv, a, b, state, steps, conv_w, A_log, dt_bias, *, record
-):
-    """The fused CUDA kernel over a block (``steps``: None, or a replay's count per row)."""
+def _fused_call(Hk, Dk, Hv, Dv, conv_state, qkv, a, b, state, steps, conv_w, A_log, dt_bias, **kw):
+    """The fused CUDA kernel over a block (``steps``: None, or a replay's count per row;
+    ``kw``: ``record`` and ``window`` of :func:`gdn_fused_cuda`)."""
     from hf2q.kernels.cuda_gated_delta import gdn_fused_cuda
 
     dims = dict(num_k_heads=Hk, key_dim=Dk, num_v_heads=Hv, value_dim=Dv)
     args = (conv_state, qkv, conv_w, a, b, A_log, dt_bias, state)
-    return gdn_fused_cuda(*args, **dims, record=record, steps=steps)
+    return gdn_fused_cuda(*args, **dims, steps=steps, **kw)
 
 
 def _replay_call(Hk, Dk, Hv, Dv, conv_input, a, b, state, steps, conv_w, A_log, dt_bias):

@@ -131,7 +131,8 @@ def gdn_layer_runner(
         )
 
     products = select.mm_key() if mm else None  # read by the trace (``linear``, ``linears``)
-    return _cached(layer, ("gdn", impl, record, fuse, compiled, mm, products), build)
+    window = impl == "cuda" and select.gdn_window_enabled()  # read by the trace (``gdn_mixer``)
+    return _cached(layer, ("gdn", impl, record, fuse, compiled, mm, products, window), build)
 
 
 def attention_runner(

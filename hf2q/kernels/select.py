@@ -134,6 +134,11 @@ GDN_FINAL_MIN_BYTES = 128 << 20
 #: one launch of :mod:`hf2q.kernels.cuda_rollback` for all layers (CUDA only; default on there).
 ROLLBACK_KERNEL_ENV = "HF2Q_ROLLBACK_KERNEL"
 
+#: HF2Q_GDN_WINDOW=0: the fused Gated-DeltaNet kernel's caller joins the conv rows before a block
+#: and the block's rows with a concatenate (two copy launches a layer) instead of the kernel
+#: writing that window itself (default on; only where the fused kernel runs).
+GDN_WINDOW_ENV = "HF2Q_GDN_WINDOW"
+
 
 def _flag(env: str, default: str) -> bool:
     value = os.environ.get(env, default).strip().lower() or default
@@ -226,6 +231,14 @@ def row_attention_enabled() -> bool:
     verify row and the decode step it stands for give the same bits: on CUDA unless
     ``HF2Q_KERNELS=ops`` or ``HF2Q_ROW_ATTENTION=0``; never elsewhere (CUDA-only kernel)."""
     return _cuda_kernel_switch(ROW_ATTENTION_ENV)
+
+
+def gdn_window_enabled() -> bool:
+    """Whether the fused Gated-DeltaNet kernel also writes a block's conv window (the conv rows
+    before it, then its rows: the record a rollback reads and the next conv state's source) in
+    its own launch, instead of a concatenate in every layer of every step (``HF2Q_GDN_WINDOW``,
+    default on; same values either way: the window is a copy)."""
+    return _flag(GDN_WINDOW_ENV, "1")
 
 
 def rollback_kernel_enabled() -> bool:
@@ -475,7 +488,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
     if attn is not None:
         impl = gdn_impl(attn)
         info["gdn_mixer"] = {
-            "cuda": "fused CUDA kernel (conv+silu+norm+gates+recurrence)",
+            "cuda": "fused CUDA kernel (conv+silu+norm+gates+recurrence"
+            + (", writing the conv window)" if gdn_window_enabled() else ")"),
             "mlx": "mlx-lm gated_delta_update (Metal kernel)",
             "ops": "ops (portable)",
         }[impl]

@@ -72,7 +72,7 @@ def _gdn_math(
     if _fused(attn, mask):
         # One CUDA kernel for conv + SiLU + q/k norm + gates + recurrence (hf2q.kernels), writing
         # the state after every position into one buffer (the record keeps it whole).
-        y, buf = gdn_fused_cuda(
+        y, buf, conv_input = gdn_fused_cuda(
             conv_state,
             qkv,
             conv_weight(attn),
@@ -86,9 +86,10 @@ def _gdn_math(
             num_v_heads=attn.num_v_heads,
             value_dim=attn.head_v_dim,
             record="states",
+            window=True,  # the conv window from the same launch (no concatenate)
         )
         out = attn.out_proj(attn.norm(y, z).reshape(B, S, -1))
-        return out, mx.concatenate([conv_state, qkv], axis=1), buf
+        return out, conv_input, buf
     if mask is not None:
         qkv = mx.where(mask[..., None], qkv, 0)
     conv_input = mx.concatenate([conv_state, qkv], axis=1)  # (B, K-1+S, C)
@@ -293,6 +294,7 @@ def verify_forward(
         key = (
             *options,
             select.mm_key(),
+            select.gdn_window_enabled(),
             select.kernel_mode(),
             select.backend(),
             select.compile_enabled(),
