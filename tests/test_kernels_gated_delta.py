@@ -292,24 +292,25 @@ def test_fused_kernel_matches_mlx_lm_ops_for_a_whole_block(kernels, dtype):
 )
 def test_fused_kernel_writes_the_conv_window_the_record_keeps(kernels, heads):
     # The window variant's extra output is concatenate([conv_state, qkv], axis=1) bit for bit
-    # (every channel written once: q/k by one tile of one value head, v rows by their tile,
-    # with grouped heads and several row tiles), and the rest of the launch is unchanged.
+    # (each batch row's blocks copy a share of it, with grouped heads and several row tiles),
+    # and the rest of the launch is unchanged.
     Hk, Hv, Dk, Dv = heads
     attn = _tiny_gdn(mx.bfloat16, Hk=Hk, Hv=Hv, Dk=Dk, Dv=Dv, seed=5)
-    B, T = 3, 5
-    mx.random.seed(17)
-    qkv = (mx.random.normal((B, T, attn.conv_dim)) * 0.5).astype(mx.bfloat16)
-    conv_state = (mx.random.normal((B, 3, attn.conv_dim)) * 0.5).astype(mx.bfloat16)
-    a, b = (mx.random.normal((B, T, Hv)).astype(mx.bfloat16) for _ in range(2))
-    state = mx.random.normal((B, Hv, Dv, Dk)) * 0.1
     dims = dict(num_k_heads=Hk, key_dim=Dk, num_v_heads=Hv, value_dim=Dv)
-    args = (conv_state, qkv, attn.conv1d.weight, a, b, attn.A_log, attn.dt_bias, state)
-    want = mx.concatenate([conv_state, qkv], axis=1)
-    for record in ("states", "final"):
+    mx.random.seed(17)
+    B = 3
+    # (5 steps: one pass of each block's share; 40: several passes and chunks, a ragged end)
+    for T, record in ((5, "states"), (5, "final"), (40, "final")):
+        qkv = (mx.random.normal((B, T, attn.conv_dim)) * 0.5).astype(mx.bfloat16)
+        conv_state = (mx.random.normal((B, 3, attn.conv_dim)) * 0.5).astype(mx.bfloat16)
+        a, b = (mx.random.normal((B, T, Hv)).astype(mx.bfloat16) for _ in range(2))
+        state = mx.random.normal((B, Hv, Dv, Dk)) * 0.1
+        args = (conv_state, qkv, attn.conv1d.weight, a, b, attn.A_log, attn.dt_bias, state)
+        want = mx.concatenate([conv_state, qkv], axis=1)
         y0, rec0 = cg.gdn_fused_cuda(*args, **dims, record=record)
         y, rec, window = cg.gdn_fused_cuda(*args, **dims, record=record, window=True)
-        assert window.dtype == mx.bfloat16 and mx.array_equal(window, want), record
-        assert mx.array_equal(y, y0) and mx.array_equal(rec, rec0), record
+        assert window.dtype == mx.bfloat16 and mx.array_equal(window, want), (T, record)
+        assert mx.array_equal(y, y0) and mx.array_equal(rec, rec0), (T, record)
     with pytest.raises(ValueError, match="window"):
         cg.gdn_fused_cuda(*args, **dims, record="final", steps=2, window=True)
 
