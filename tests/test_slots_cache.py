@@ -268,3 +268,34 @@ def test_layers_in_step_share_their_position_arithmetic(lagged, monkeypatch):
         for got, want in zip(c.state, alone.state, strict=True):
             assert mx.array_equal(got, want).item()
     assert alone.offset.tolist() == [6, 6, 2]
+
+
+@pytest.mark.parametrize("scatter", ["0", "1"], ids=["slice", "scatter"])
+def test_a_lagged_single_row_holds_what_a_host_counted_row_holds(scatter, monkeypatch):
+    # A lagged round at one slot writes at an offset only the device knows, by a slice update or
+    # (HF2Q_KV_ROW_SCATTER=1) by the many-row caches' scatter: either way the row holds exactly
+    # what the same writes with host counts leave, through ragged appends and rollbacks.
+    monkeypatch.setenv("HF2Q_KV_ROW_SCATTER", scatter)
+    lagged, host = SlotKVCache(1), SlotKVCache(1)
+    for c in (lagged, host):
+        c.insert(0, mx.ones((1, 2, 3, 4)), -mx.ones((1, 2, 3, 4)), 3)
+    lagged.lagged = True
+    mx.eval(lagged.state, host.state)
+    for i, (grow, drop) in enumerate([(5, 2), (1, 0), (4, 3)]):
+        new = [mx.random.normal((1, 2, 5, 4), key=mx.random.key(10 * i + j)) for j in range(2)]
+        lagged.prepare(lengths=mx.array([grow]))
+        host.prepare(lengths=[grow])
+        for c in (lagged, host):
+            c.update_and_fetch(*new)
+        if i == 0:  # the switch picks the write
+            ops = graph_ops.ops(*lagged.state)
+            assert ("ScatterAxis" in ops) == (scatter == "1"), ops
+            assert ("DynamicSliceUpdate" in ops) == (scatter == "0"), ops
+        lagged.rollback(mx.array([drop]))
+        host.rollback([drop])
+    lagged.resync(lagged.mark())
+    assert lagged.lengths == host.lengths == [3 + 5 - 2 + 1 + 4 - 3]
+    n = host.lengths[0]
+    assert lagged.offset.tolist() == host.offset.tolist() == [n]
+    for got, want in zip(lagged.state[:2], host.state[:2], strict=True):
+        assert mx.array_equal(got[..., :n, :], want[..., :n, :]).item()

@@ -139,6 +139,13 @@ ROLLBACK_KERNEL_ENV = "HF2Q_ROLLBACK_KERNEL"
 #: writing that window itself (default on; only where the fused kernel runs).
 GDN_WINDOW_ENV = "HF2Q_GDN_WINDOW"
 
+#: HF2Q_KV_ROW_SCATTER=1: a one-row slot cache whose position only the device knows (a lagged
+#: round at one slot) writes its new keys and values with the scatter the many-row caches use
+#: instead of a slice update at a device offset (off by default until timed: on the H200 the
+#: slice update is two launches, the offset and a dynamic copy of 12 us median, 36 a 1-slot round
+#: of the 4B-shaped pair; a 4-slot round's scatters took 5 us; session 25, run 1).
+KV_ROW_SCATTER_ENV = "HF2Q_KV_ROW_SCATTER"
+
 
 def _flag(env: str, default: str) -> bool:
     value = os.environ.get(env, default).strip().lower() or default
@@ -239,6 +246,12 @@ def gdn_window_enabled() -> bool:
     its own launch, instead of a concatenate in every layer of every step (``HF2Q_GDN_WINDOW``,
     default on; same values either way: the window is a copy)."""
     return _flag(GDN_WINDOW_ENV, "1")
+
+
+def kv_row_scatter() -> bool:
+    """Whether a lagged one-row slot cache writes by scatter (``HF2Q_KV_ROW_SCATTER``, default
+    off) instead of a slice update at a device offset; the same values either way."""
+    return _flag(KV_ROW_SCATTER_ENV, "0")
 
 
 def rollback_kernel_enabled() -> bool:

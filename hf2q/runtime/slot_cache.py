@@ -35,7 +35,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, _BaseCache
 
-from hf2q.kernels.select import bucketed, sdpa_bucket
+from hf2q.kernels.select import bucketed, kv_row_scatter, sdpa_bucket
 from hf2q.runtime.cache import GDNRollbackCache, TargetCache, key_mask, rollback_in_one_launch
 
 
@@ -207,7 +207,7 @@ class SlotKVCache(_BaseCache):
             n = self.lengths[0]
             self.keys[..., n : n + L, :] = keys
             self.values[..., n : n + L, :] = values
-        elif N == 1:  # one row at a position only the device knows (lagged): a slice write
+        elif N == 1 and not kv_row_scatter():  # one row, a position only the device knows
             self.keys = mx.slice_update(self.keys, keys, self.offset, axes=(2,))
             self.values = mx.slice_update(self.values, values, self.offset, axes=(2,))
         else:  # each row at its own position: a scatter (positions made once for all layers)
