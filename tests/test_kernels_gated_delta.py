@@ -288,9 +288,16 @@ def test_fused_kernel_matches_mlx_lm_ops_for_a_whole_block(kernels, dtype):
 
 
 @pytest.mark.parametrize(
-    "heads", [(2, 4, 32, 16), (1, 1, 16, 64), (2, 2, 32, 32)], ids=["gqa", "tiles", "mha"]
+    "heads, blocks",
+    [
+        # (5 steps: one pass of each block's share; 20: three passes, two chunks, a ragged end)
+        ((2, 4, 32, 16), ((5, "states"), (20, "final"))),
+        ((1, 1, 16, 64), ((5, "final"),)),
+        ((2, 2, 32, 32), ((5, "final"),)),
+    ],
+    ids=["gqa", "tiles", "mha"],
 )
-def test_fused_kernel_writes_the_conv_window_the_record_keeps(kernels, heads):
+def test_fused_kernel_writes_the_conv_window_the_record_keeps(kernels, heads, blocks):
     # The window variant's extra output is concatenate([conv_state, qkv], axis=1) bit for bit
     # (each batch row's blocks copy a share of it, with grouped heads and several row tiles),
     # and the rest of the launch is unchanged.
@@ -299,8 +306,7 @@ def test_fused_kernel_writes_the_conv_window_the_record_keeps(kernels, heads):
     dims = dict(num_k_heads=Hk, key_dim=Dk, num_v_heads=Hv, value_dim=Dv)
     mx.random.seed(17)
     B = 3
-    # (5 steps: one pass of each block's share; 40: several passes and chunks, a ragged end)
-    for T, record in ((5, "states"), (5, "final"), (40, "final")):
+    for T, record in blocks:
         qkv = (mx.random.normal((B, T, attn.conv_dim)) * 0.5).astype(mx.bfloat16)
         conv_state = (mx.random.normal((B, 3, attn.conv_dim)) * 0.5).astype(mx.bfloat16)
         a, b = (mx.random.normal((B, T, Hv)).astype(mx.bfloat16) for _ in range(2))
