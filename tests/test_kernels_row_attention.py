@@ -273,7 +273,10 @@ def test_cuda_kernel_row_is_the_decode_step_at_the_4b_shape():
 def _drafter(**overrides):
     from hf2q.runtime.drafter import DFlashConfig, DFlashDraftModel
 
-    cfg = DFlashConfig.from_dict(ck.drafter_config(head_dim=32, layers=2, **overrides))
+    # Two query heads on one KV head: the kernel's grouped path at half the emulated blocks of
+XX
+    heads = dict(num_attention_heads=2, num_key_value_heads=1)
+    cfg = DFlashConfig.from_dict(ck.drafter_config(head_dim=32, layers=2, **heads, **overrides))
     mx.random.seed(11)
     drafter = DFlashDraftModel(cfg)
     drafter.set_dtype(mx.bfloat16)
