@@ -30,6 +30,7 @@ compiled kernel per dtype and head geometry serves decode (T=1), verify (T=16) a
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from functools import cache
 from typing import Any
 
@@ -297,31 +298,46 @@ _WRITE_WINDOW = r"""
     const InT* xs = qkv + (size_t)bb * (E - E0);
     InT* out = window + (size_t)bb * E;
     for (size_t base = lo; base < hi; base += 8 * NT) {
-      InT v[8];
+      InT buf[8];
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
         const size_t e = base + (size_t)u * NT + tid;
-        if (e < hi) v[u] = (e < E0) ? cs[e] : xs[e - E0];
+        if (e < hi) buf[u] = (e < E0) ? cs[e] : xs[e - E0];
       }
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
         const size_t e = base + (size_t)u * NT + tid;
-        if (e < hi) out[e] = v[u];
+        if (e < hi) out[e] = buf[u];
       }
     }
   }
 """
 
 
-def _source(
-    *,
-    fused: bool,
-    record: str,
-    write_y: bool,
-    replay: bool,
-    joined: bool = False,
-    window: bool = False,
-) -> str:
+@dataclass(frozen=True)
+class Variant:
+    """Which kernel: ``fused`` (conv, norms and gates inside) or the plain recurrence over
+    prepared inputs; ``record`` ``"states"`` or ``"final"``; ``write_y``; ``replay`` (a count of
+    steps per batch row); ``joined`` (fused only: the conv rows as one ``conv_input``, see
+    ``_JOINED_READ``); ``window`` (fused, split read only: also write that conv window, see
+    ``_WRITE_WINDOW``)."""
+
+    fused: bool
+    record: str
+    write_y: bool
+    replay: bool
+    joined: bool = False
+    window: bool = False
+
+    def __post_init__(self) -> None:
+        if self.joined and not self.fused:
+            raise ValueError("only the fused kernel reads a joined conv input")
+        if self.window and (self.joined or not self.fused):
+            raise ValueError("only the fused kernel's split read writes the conv window")
+
+
+def _source(v: Variant) -> str:
+    fused, record, write_y, replay, joined = v.fused, v.record, v.write_y, v.replay, v.joined
     n_steps = "min(T, (int)steps[bb])" if replay else "T"  # each batch row its own count
     steps = _STEPS.replace("__WRITE_Y__", _WRITE_Y if write_y else "")
     steps = steps.replace("__WRITE_STEP_STATE__", _WRITE_STEP_STATE if record == "states" else "")
@@ -330,7 +346,7 @@ def _source(
     if fused:
         assert _SPLIT_READ in _FUSED_SETUP
         body += _FUSED_SETUP.replace(_SPLIT_READ, _JOINED_READ) if joined else _FUSED_SETUP
-    if window:
+    if v.window:
         body += _WRITE_WINDOW
     body += f"""
   const int n_steps = {n_steps};
@@ -346,22 +362,11 @@ def _source(
     return body
 
 
-def kernel_spec(
-    *,
-    fused: bool,
-    record: str,
-    write_y: bool,
-    replay: bool,
-    joined: bool = False,
-    window: bool = False,
-) -> dict[str, Any]:
-    """Arguments of ``mx.fast.cuda_kernel`` for one variant (names differ per variant);
-    ``joined`` (fused only): the conv rows come as one ``conv_input`` (see ``_JOINED_READ``);
-    ``window`` (fused, split read only): also write that conv window (see ``_WRITE_WINDOW``)."""
-    if joined and not fused:
-        raise ValueError("only the fused kernel reads a joined conv input")
-    if window and (joined or not fused):
-        raise ValueError("only the fused kernel's split read writes the conv window")
+def kernel_spec(**variant: Any) -> dict[str, Any]:
+    """Arguments of ``mx.fast.cuda_kernel`` for one :class:`Variant` (given by its fields; names
+    differ per variant)."""
+    v = Variant(**variant)
+    fused, joined, replay = v.fused, v.joined, v.replay
     if joined:
         inputs = ["conv_input", "conv_w", "a", "b", "A_log", "dt_bias", "state_in"]
     elif fused:
@@ -370,42 +375,33 @@ def kernel_spec(
         inputs = ["q", "k", "v", "g", "beta", "state_in"]
     if replay:
         inputs.append("steps")
-    outputs = (["y"] if write_y else []) + ["states" if record == "states" else "state_out"]
-    outputs += ["window"] if window else []
+    outputs = (["y"] if v.write_y else []) + ["states" if v.record == "states" else "state_out"]
+    outputs += ["window"] if v.window else []
     name = "hf2q_gdn_{}_{}{}{}{}{}".format(
         "fused" if fused else "steps",
-        record,
-        "_y" if write_y else "",
+        v.record,
+        "_y" if v.write_y else "",
         "_replay" if replay else "",
         "_joined" if joined else "",
-        "_w" if window else "",
+        "_w" if v.window else "",
     )
     return {
         "name": name,
         "input_names": inputs,
         "output_names": outputs,
-        "source": _source(
-            fused=fused, record=record, write_y=write_y, replay=replay, joined=joined, window=window
-        ),
+        "source": _source(v),
         "header": _HEADER,
     }
 
 
 @cache
-def _kernel(
-    *,
-    fused: bool,
-    record: str,
-    write_y: bool,
-    replay: bool,
-    joined: bool = False,
-    window: bool = False,
-) -> Any:
-    """Build (once) the ``mx.fast.cuda_kernel`` for one variant."""
-    spec = kernel_spec(
-        fused=fused, record=record, write_y=write_y, replay=replay, joined=joined, window=window
-    )
-    return mx.fast.cuda_kernel(**spec)
+def _built(v: Variant) -> Any:
+    return mx.fast.cuda_kernel(**kernel_spec(**asdict(v)))
+
+
+def _kernel(**variant: Any) -> Any:
+    """The ``mx.fast.cuda_kernel`` of one :class:`Variant` (given by its fields), built once."""
+    return _built(Variant(**variant))
 
 
 class UnsupportedShape(ValueError):
