@@ -11,13 +11,7 @@ set -uo pipefail
 gpu_pytest t_cuda 90 tests/test_slots_isolation.py -m "not slow" -k "lagged"
 ab_run kv_s1 90 --synthetic 4b --slots 1 --modes dflash --tokens 32 --prompt-tokens 64 --runs 5 \
   --values HF2Q_KV_ROW_SCATTER=0,HF2Q_KV_ROW_SCATTER=1
-for s in 2 3; do
-  t=$(left); [ "$t" -lt 250 ] && break
-  timeout 80 python3 benchmarks/gpu_timeline.py --synthetic 4b --prompt-tokens 64 --slots "$s" \
-    --tokens 32 --top 40 --sequence 2500 --loops slots-dflash --out "$OUT/tl_s$s.json" \
-    > "$OUT/tl_s$s.log" 2>&1
-  echo "tl_s$s exit $? $(el)"; grep -A45 '^==' "$OUT/tl_s$s.log" | cut -c1-150
-done
+timelines "2 3"
 t=$(left); [ "$t" -gt 250 ] && synthetic_run synthetic 1,2,3,4 90
 demo_queue_bench demo-rps4
 pack_logs
