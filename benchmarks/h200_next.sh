@@ -11,6 +11,10 @@ set -uo pipefail
 gpu_pytest t_cuda 90 tests/test_slots_isolation.py -m "not slow" -k "lagged"
 ab_run kv_s1 90 --synthetic 4b --slots 1 --modes dflash --tokens 32 --prompt-tokens 64 --runs 5 \
   --values HF2Q_KV_ROW_SCATTER=0,HF2Q_KV_ROW_SCATTER=1
+# (3 slots keep per-step states: 96 MiB a layer, under GDN_FINAL_MIN_BYTES; the final state was
+# timed at 2, 4 and 8 slots only, session 23)
+ab_run rec_s3 90 --synthetic 4b --slots 3 --modes dflash --tokens 32 --prompt-tokens 64 --runs 5 \
+  --values HF2Q_GDN_RECORD=states,HF2Q_GDN_RECORD=final
 timelines "2 3"
 t=$(left); [ "$t" -gt 250 ] && synthetic_run synthetic 1,2,3,4 90
 demo_queue_bench demo-rps4
