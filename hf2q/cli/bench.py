@@ -32,10 +32,18 @@ def bench(
         typer.Option("--prompt-tokens", help="Prompt length of --workload random (default 128)."),
     ] = None,
     trials: Annotated[
-        int, typer.Option("--trials", help="Measured trials; medians with min-max are shown.")
+        int,
+        typer.Option(
+            "--trials",
+            help="Measured trials, round-robin over slot counts and modes (trial k of each before"
+            " trial k+1); medians with min-max are shown.",
+        ),
     ] = 3,
     warmup: Annotated[
-        int, typer.Option("--warmup", help="Unrecorded runs per slot count and mode first.")
+        int,
+        typer.Option(
+            "--warmup", help="Unrecorded runs per slot count and mode, all before the trials."
+        ),
     ] = 1,
     block_size: Annotated[
         int | None,
