@@ -92,9 +92,7 @@ def _moved(offset: mx.array, sign: int, by: int | Sequence[int] | mx.array) -> m
     else:
         vals = tuple(int(v) for v in by)
         key = ("moved", offset, sign, vals)
-        step = vals[0] if len(set(vals)) == 1 else None
-        if step is None:
-            step = mx.array(vals, dtype=mx.int32)
+        step = vals[0] if len(set(vals)) == 1 else mx.array(vals, dtype=mx.int32)
     return _SHARED.get(key, lambda: offset + step if sign > 0 else offset - step)
 
 
