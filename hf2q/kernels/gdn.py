@@ -326,9 +326,8 @@ def gdn_mixer(
         conv_state = mx.zeros((B, attn.conv_kernel_size - 1, attn.conv_dim), dtype=x.dtype)
     if state is None:
         state = mx.zeros((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim), dtype=mx.float32)
-    if impl == "cuda" and select.gdn_window_enabled():  # (no concatenate: two copies a layer)
-        args = (conv_state, qkv, a, b, state, None, conv_weight(attn), attn.A_log, attn.dt_bias)
-        y, rec, conv_input = _fused_call(*_heads(attn), *args, record=record, window=True)
+    if impl == "cuda":
+        y, rec, conv_input = fused_block(attn, conv_state, qkv, a, b, state, record=record)
     else:
         conv_input = mx.concatenate([conv_state, qkv], axis=1)
         y, rec = _recurrence(
@@ -439,6 +438,26 @@ def _fused_call(Hk, Dk, Hv, Dv, conv_state, qkv, a, b, state, steps, conv_w, A_l
     dims = dict(num_k_heads=Hk, key_dim=Dk, num_v_heads=Hv, value_dim=Dv)
     args = (conv_state, qkv, conv_w, a, b, A_log, dt_bias, state)
     return gdn_fused_cuda(*args, **dims, steps=steps, **kw)
+
+
+def fused_block(
+    attn: nn.Module,
+    conv_state: mx.array,
+    qkv: mx.array,
+    a: mx.array,
+    b: mx.array,
+    state: mx.array,
+    *,
+    record: str,
+) -> tuple[mx.array, mx.array, mx.array]:
+    """The fused CUDA kernel over a block: ``(y, record, conv window)``, the window
+    ``concatenate([conv_state, qkv], axis=1)`` written by the launch itself
+    (``select.gdn_window_enabled()``; else that concatenate: two copy launches a layer)."""
+    args = (conv_state, qkv, a, b, state, None, conv_weight(attn), attn.A_log, attn.dt_bias)
+    if select.gdn_window_enabled():
+        return _fused_call(*_heads(attn), *args, record=record, window=True)
+    y, rec = _fused_call(*_heads(attn), *args, record=record)
+    return y, rec, mx.concatenate([conv_state, qkv], axis=1)
 
 
 def _replay_call(Hk, Dk, Hv, Dv, conv_input, a, b, state, steps, conv_w, A_log, dt_bias):

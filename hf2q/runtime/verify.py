@@ -32,9 +32,8 @@ import mlx.nn as nn
 from mlx_lm.models.gated_delta import compute_g, normalize_qk
 
 from hf2q.kernels import select
-from hf2q.kernels.cuda_gated_delta import gdn_fused_cuda
 from hf2q.kernels.gated_delta import gated_delta_steps
-from hf2q.kernels.gdn import LayerRunner, _alive, conv_weight, empty_states, replay_rows
+from hf2q.kernels.gdn import LayerRunner, _alive, empty_states, fused_block, replay_rows
 from hf2q.kernels.layers import (
     Chosen,
     attention_runnable,
@@ -72,22 +71,7 @@ def _gdn_math(
     if _fused(attn, mask):
         # One CUDA kernel for conv + SiLU + q/k norm + gates + recurrence (hf2q.kernels), writing
         # the state after every position into one buffer (the record keeps it whole).
-        y, buf, conv_input = gdn_fused_cuda(
-            conv_state,
-            qkv,
-            conv_weight(attn),
-            a,
-            b,
-            attn.A_log,
-            attn.dt_bias,
-            state,
-            num_k_heads=attn.num_k_heads,
-            key_dim=attn.head_k_dim,
-            num_v_heads=attn.num_v_heads,
-            value_dim=attn.head_v_dim,
-            record="states",
-            window=True,  # the conv window from the same launch (no concatenate)
-        )
+        y, buf, conv_input = fused_block(attn, conv_state, qkv, a, b, state, record="states")
         out = attn.out_proj(attn.norm(y, z).reshape(B, S, -1))
         return out, conv_input, buf
     if mask is not None:
@@ -112,13 +96,16 @@ def _gdn_math(
 
 # One compiled ``_gdn_math`` per layer instance (its weights are constants of the traced graph):
 # replaying it costs the host far less than rebuilding ~30 ops plus T recurrence steps per call.
-_compiled_layers: dict[int, tuple[weakref.ref, Callable[..., Any]]] = {}
+# The trace reads ``select.gdn_window_enabled()`` (``fused_block``): an entry keeps the setting it
+# was traced with and is rebuilt when the setting changes.
+_compiled_layers: dict[int, tuple[weakref.ref, Callable[..., Any], bool]] = {}
 
 
 def _compiled_gdn(attn: nn.Module) -> Callable[..., Any]:
     k = id(attn)
+    window = select.gdn_window_enabled()
     entry = _compiled_layers.get(k)
-    if entry is None or entry[0]() is not attn:
+    if entry is None or entry[0]() is not attn or entry[2] != window:
         # The function holds the layer weakly and its entry goes with the layer: a compiled
         # trace keeps the weights it read, so a kept entry would keep a freed model in memory.
         ref = weakref.ref(attn, lambda _r: _compiled_layers.pop(k, None))
@@ -127,7 +114,7 @@ def _compiled_gdn(attn: nn.Module) -> Callable[..., Any]:
             out, conv_input, states = _gdn_math(_alive(ref), x, conv_state, state, None)
             return (out, conv_input, *([states] if isinstance(states, mx.array) else states))
 
-        entry = (ref, mx.compile(flat))
+        entry = (ref, mx.compile(flat), window)
         _compiled_layers[k] = entry
     return entry[1]
 
