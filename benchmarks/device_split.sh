@@ -1,27 +1,43 @@
 #!/usr/bin/env bash
-# After ../shared/device/prepare.sh: move stage 2's first part into a stage 1b of its own, since
-# the tree (about 28 MB tracked, the demo pair's weights most of it) plus .device/s2 (38.5 MB)
-# passed the 64 MiB a call may carry in session 23. The GPU calls become
-#   run "bash .device/s1/keep.sh"  carry [".device/s1"]
-#   run "bash .device/s1b/keep.sh" carry [".device/s1b"]
+# After ../shared/device/prepare.sh: re-cut the packed MLX (CUDA) wheels into stages small enough
+# to travel beside the tree. One call carries at most 64 MiB: tracked files (about 29 MB, the demo
+# pair's weights most of it) plus what it names in carry. prepare.sh's 36 MiB parts passed that in
+# session 26, so the stream is cut into three equal pieces (about 25 MB), one stage each, and the GPU calls become
+#   run "bash .device/s1/keep.sh"  carry [".device/s1"]     (then s1b, s1c: one call each)
 #   run "bash .device/s2/install.sh >/dev/null && ..." carry [".device/s2"]
-# one right after the other (the machine keeps the stash while warm). Idempotent.
+# one right after the other (the machine keeps the stash while warm, 30 s). Idempotent.
 set -euo pipefail
 d=.device
 [[ -f $d/s2/install.sh ]] || { echo "no $d/s2/install.sh: run bash ../shared/device/prepare.sh first"; exit 2; }
-if [[ -f $d/s2/part.ab ]]; then
-  mkdir -p "$d/s1b"
-  mv "$d/s2/part.ab" "$d/s1b/part.ab"
+if ! [[ -f $d/s1/piece.aa ]]; then
+  tmp=$(mktemp -d)
+  # prepare.sh's parts in order (aa in s1, ab..  in s2; an earlier split may have moved ab to s1b)
+  cat $(ls $d/s1/part.a? $d/s1b/part.a? $d/s2/part.a? 2>/dev/null | sort -t. -k3) > "$tmp/stream"
+  (cd "$tmp" && split -n 3 stream piece.)
+  rm -f $d/s1/part.a? $d/s1b/part.a? $d/s2/part.a? "$tmp/stream"
+  stages=(s1 s1b s1c)
+  i=0
+  for p in "$tmp"/piece.a?; do
+    s=${stages[$i]}
+    mkdir -p "$d/$s"
+    mv "$p" "$d/$s/"
+    i=$((i + 1))
+  done
+  rmdir "$tmp"
 fi
-cat > "$d/s1b/keep.sh" <<'KEEP'
+for s in s1 s1b s1c; do
+  [[ -d $d/$s ]] || continue
+  chmod -f u+w "$d/$s/keep.sh" || true
+  cat > "$d/$s/keep.sh" <<'KEEP'
 #!/usr/bin/env bash
-# Stage 1b on the GPU machine (after stage 1): keep the second part beside the first.
+# One stage on the GPU machine: keep this piece of the packed wheels for .device/s2/install.sh.
 set -e
-[[ -f /root/hf2q-stash/part.aa ]] || { echo "stage 1 missing: run .device/s1/keep.sh first"; exit 3; }
-cp .device/s1b/part.ab /root/hf2q-stash/ && echo "stage 1b kept"
+mkdir -p /root/hf2q-stash && cp "$(dirname "$0")"/piece.a? /root/hf2q-stash/ && echo "kept $(ls /root/hf2q-stash)"
 KEEP
+  chmod +x "$d/$s/keep.sh"
+done
 chmod u+w "$d/s2" "$d/s2/install.sh"
-sed -i 's#cat /root/hf2q-stash/part.aa .device/s2/part.a\[b-z\]#cat /root/hf2q-stash/part.aa /root/hf2q-stash/part.ab .device/s2/part.a[c-z]#' \
-  "$d/s2/install.sh"
-grep -q 'hf2q-stash/part.ab' "$d/s2/install.sh" || { echo "install.sh not patched: its cat line changed"; exit 4; }
-du -sh "$d"/s1 "$d"/s1b "$d"/s2
+sed -i -E 's#^cat /root/hf2q-stash/part.aa.*\| xz -d#cat /root/hf2q-stash/piece.a? | xz -d#' "$d/s2/install.sh"
+sed -i 's#\[\[ -f /root/hf2q-stash/part.aa \]\]#[[ -f /root/hf2q-stash/piece.aa ]]#' "$d/s2/install.sh"
+grep -q 'hf2q-stash/piece.a? | xz' "$d/s2/install.sh" || { echo "install.sh not patched: its cat line changed"; exit 4; }
+du -sh "$d"/s*
