@@ -94,9 +94,12 @@ def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool, only: list | None = No
 
         mt, _, warps, _ = launch_shape(M, x.shape[-1], ws[0].shape[0])
         cands = [(nb, warps, unroll) for nb in (1, 2, 4, 8) for unroll in (1, 2, 4)]
-        for t in cands if only is None else [(c[0], warps, c[2]) for c in only]:
+        if warps > 1:  # the column split (a fourth value: its warps a block)
+            cands += [(nb, warps, 1, 8) for nb in (1, 2)]
+        for t in cands if only is None else [(c[0], warps, *c[2:]) for c in only]:
             # (8 x 8 x 4 accumulators would not fit in registers)
-            if ws[0].shape[0] % (8 * t[0]) == 0 and mt * t[0] <= 32:
+            width = 8 * t[0] * (t[3] if len(t) == 4 else 1)
+            if ws[0].shape[0] % width == 0 and mt * t[0] <= 32:
                 kinds[f"hf2q_small_mm{t}"] = lambda t=t: [
                     small_matmul_cuda(x, w, tune=t) for w in ws
                 ]
@@ -116,8 +119,8 @@ def main() -> None:
     ap.add_argument(
         "--cands",
         default=None,
-        help="with --tune, only these launch shapes: 'nb,warps,unroll;...' (warps: the"
-        " default's, whatever is given, so that the bits stay)",
+        help="with --tune, only these launch shapes: 'nb,warps,unroll[,column warps];...'"
+        " (warps: the default's, whatever is given, so that the bits stay)",
     )
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -130,8 +133,10 @@ def main() -> None:
     only = None
     if args.cands:
         only = [tuple(int(v) for v in c.split(",")) for c in args.cands.split(";")]
-        if any(len(c) != 3 for c in only):
-            raise SystemExit(f"--cands {args.cands!r}: give 'nb,warps,unroll' per launch")
+        if any(len(c) not in (3, 4) for c in only):
+            raise SystemExit(
+                f"--cands {args.cands!r}: give 'nb,warps,unroll[,column warps]' per launch"
+            )
     if cuda:
         from hf2q.kernels.cuda_matmul import small_matmul_cuda, supported
     else:

@@ -117,14 +117,17 @@ def test_conv_rollback_kernel_compiles_for_sm90_without_spills(tmp_path: Path, l
 
 # (m-tiles, column blocks, warps, unrolling) of default launches.
 _LAUNCHES = [(1, 4, 8, 1), (1, 2, 8, 1), (2, 8, 8, 4), (3, 8, 8, 1), (4, 4, 8, 4), (8, 4, 8, 1)]
+# (m-tiles, column blocks, warps, unrolling, column-split warps): cuda_matmul.column_shape's
+_COLUMN_LAUNCHES = [(3, 2, 8, 1, 8), (4, 2, 8, 1, 8), (8, 1, 8, 1, 8)]
 
 
 @pytest.mark.parametrize(
-    "kind,mt,nb,warps,unroll",
-    [(k, *launch) for k in ("single", "add", "grouped2", "grouped4") for launch in _LAUNCHES],
+    "kind,mt,nb,warps,unroll,cw",
+    [(k, *launch, 1) for k in ("single", "add", "grouped2", "grouped4") for launch in _LAUNCHES]
+    + [(k, *launch) for k in ("single", "add", "grouped2") for launch in _COLUMN_LAUNCHES],
 )
 def test_small_mm_kernels_compile_for_sm90_without_spills(
-    tmp_path: Path, kind, mt, nb, warps, unroll
+    tmp_path: Path, kind, mt, nb, warps, unroll, cw
 ):
     import cuda_emu
 
@@ -137,12 +140,14 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(
             f"hf2q_grouped_mm{g}",
             ["x", *(f"w{i}" for i in range(g))],
             [f"y{i}" for i in range(g)],
-            cm.grouped_source(g),
+            cm.grouped_source(g, cw > 1),
         )
     elif kind == "add":
-        name, ins, outs, source = "hf2q_small_mm_add", ["x", "w", "r"], ["y"], cm._SOURCE_ADD
+        source = cm._SOURCE_ADD_COLUMNS if cw > 1 else cm._SOURCE_ADD
+        name, ins, outs = "hf2q_small_mm_add", ["x", "w", "r"], ["y"]
     else:
-        name, ins, outs, source = "hf2q_small_mm", ["x", "w"], ["y"], cm._SOURCE
+        source = cm._SOURCE_COLUMNS if cw > 1 else cm._SOURCE
+        name, ins, outs = "hf2q_small_mm", ["x", "w"], ["y"]
     ndims = [2] + [2] * (len(ins) - 1)
     src = cuda_emu.mlx_cuda_source(
         name,
@@ -153,7 +158,7 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(
         [dt] * len(outs),
         source,
         cm._HEADER,
-        cm._template(dt, mt, nb, warps, unroll),
+        cm._template(dt, mt, nb, warps, unroll, cw),
     )
     _assert_compiles_without_spills(tmp_path, name, src)
 

@@ -30,11 +30,14 @@ def emulated(monkeypatch, tmp_path):
     """The kernel's own source, run by the CPU emulator in place of MLX's CUDA backend."""
     if cuda_emu.compiler() is None:
         pytest.skip("no C++ compiler for the CUDA emulator")
-    kern = cuda_emu.EmulatedKernel(
-        "hf2q_small_mm", ["x", "w"], ["y"], cm._SOURCE, cm._HEADER, workdir=tmp_path
-    )
-    monkeypatch.setattr(cm, "_kernel", lambda: kern)
-    return kern
+    kerns = {
+        columns: cuda_emu.EmulatedKernel(
+            "hf2q_small_mm", ["x", "w"], ["y"], source, cm._HEADER, workdir=tmp_path
+        )
+        for columns, source in ((False, cm._SOURCE), (True, cm._SOURCE_COLUMNS))
+    }
+    monkeypatch.setattr(cm, "_kernel", lambda columns=False: kerns[columns])
+    return kerns[False]
 
 
 def _inputs(rows, K, N, dtype, seed=0):
@@ -98,7 +101,7 @@ def test_emulated_kernel_many_rows_launch_keeps_each_rows_bits(emulated):
 
 def test_emulated_kernel_rejects_a_malformed_tune(emulated):
     x, w = _inputs(4, 128, 16, mx.bfloat16)
-    for bad in [(2, 4), (2, 4, 1, 2)]:
+    for bad in [(2, 4), (2, 4, 1, 2, 1), (2, 1, 1, 2)]:
         with pytest.raises(ValueError, match="tune"):
             cm.small_matmul_cuda(x, w, tune=bad)
     x = mx.zeros((128, 512), dtype=mx.bfloat16)
@@ -120,22 +123,55 @@ def test_emulated_kernel_keeps_leading_axes(emulated):
     assert mx.array_equal(y.reshape(6, 16), cm.small_matmul_cuda(x, w))
 
 
+@pytest.mark.parametrize("K", [512, 640])  # K-subsets of two chunks; of three, three, two, two
+def test_emulated_column_split_has_the_k_splits_bits(emulated, K):
+    # The column-split layout (each warp runs every chunk, K-subset by K-subset, x staged once a
+    # block) computes every element with the K-split's operations: the same bits, at every row
+    # count (partial m-tiles too), column width and unrolling.
+    x, w = _inputs(100, K, 128, mx.bfloat16, seed=11)
+    warps = cm.launch_shape(100, K, 128)[2]
+    assert warps == 4
+    for rows in (1, 50, 100):
+        ref = cm.small_matmul_cuda(x[:rows], w)
+        for tune in [(2, warps, 1, 2), (1, warps, 2, 4)]:
+            assert mx.array_equal(cm.small_matmul_cuda(x[:rows], w, tune=tune), ref), (rows, tune)
+    _assert_rounded_product(ref, x, w)
+
+
+def test_column_split_is_used_where_it_keeps_the_weight_stream_spread():
+    # Qwen3.5-4B's shapes at a 4-slot verify (64 rows): the MLP's gate and up grouped (two
+    # 9216-column weights: 144 blocks of 128 columns, 72 each alone) and the tied head take it;
+    # 2560-column products (20 blocks) and one or two m-tiles do not.
+    assert cm.column_shape(64, 2560, 9216, total=2 * 9216) == (2, cm.COLUMN_WARPS)
+    assert cm.column_shape(64, 2560, 9216) is None
+    assert cm.column_shape(64, 2560, 248320) == (2, cm.COLUMN_WARPS)
+    assert cm.column_shape(128, 2560, 248320) == (1, cm.COLUMN_WARPS)
+    assert cm.column_shape(64, 9216, 2560) is None
+    assert cm.column_shape(32, 2560, 248320) is None
+    assert cm.column_shape(64, 128, 248320) is None  # one warp: no running sum to keep
+    x = mx.zeros((64, 256), dtype=mx.bfloat16)
+    w = mx.zeros((128 * cm.COLUMN_MIN_BLOCKS, 256), dtype=mx.bfloat16)
+    assert cm._layout(64, 256, w.shape[0], None, True)[4] == cm.COLUMN_WARPS
+    assert cm._layout(64, 256, w.shape[0], None, False)[4] == 1
+    assert cm._layout(x.shape[0], 256, 128, None, True)[4] == 1
+
+
 @pytest.fixture
 def emulated_grouped(emulated, monkeypatch, tmp_path):
     """The grouped kernel's own source, run by the CPU emulator (the single one too)."""
     kerns = {}
 
-    def grouped(groups):
-        if groups not in kerns:
-            kerns[groups] = cuda_emu.EmulatedKernel(
+    def grouped(groups, columns=False):
+        if (groups, columns) not in kerns:
+            kerns[groups, columns] = cuda_emu.EmulatedKernel(
                 f"hf2q_grouped_mm{groups}",
                 ["x", *(f"w{i}" for i in range(groups))],
                 [f"y{i}" for i in range(groups)],
-                cm.grouped_source(groups),
+                cm.grouped_source(groups, columns),
                 cm._HEADER,
                 workdir=tmp_path,
             )
-        return kerns[groups]
+        return kerns[groups, columns]
 
     monkeypatch.setattr(cm, "_grouped_kernel", grouped)
     return grouped
@@ -165,17 +201,36 @@ def test_emulated_grouped_kernel_gives_each_product_the_single_kernels_bits(
         _assert_rounded_product(y, x, w)
 
 
+def test_emulated_grouped_column_split_gives_the_single_kernels_bits(emulated_grouped, monkeypatch):
+    # Made small: blocks of 16 columns (one 8-column block a warp, two warps), from one block.
+    monkeypatch.setattr(cm, "COLUMN_WARPS", 2)
+    monkeypatch.setattr(cm, "COLUMN_MIN_BLOCKS", 1)
+    mx.random.seed(4)
+    x = mx.random.normal((70, 512)).astype(mx.bfloat16)
+    ws = [(mx.random.normal((n, 512)) * 0.04).astype(mx.bfloat16) for n in (48, 16)]
+    assert all(cm.column_shape(70, 512, w.shape[0]) == (1, 2) for w in ws)
+    for y, w in zip(cm.grouped_matmul_cuda(x, ws, columns=True), ws):
+        assert mx.array_equal(y, cm.small_matmul_cuda(x, w))
+
+
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
 def test_emulated_residual_in_the_launch_has_the_bits_of_the_two_steps(
     emulated, monkeypatch, tmp_path, dtype
 ):
-    add = cuda_emu.EmulatedKernel(
-        "hf2q_small_mm_add", ["x", "w", "r"], ["y"], cm._SOURCE_ADD, cm._HEADER, workdir=tmp_path
-    )
-    monkeypatch.setattr(cm, "_add_kernel", lambda: add)
+    adds = {
+        columns: cuda_emu.EmulatedKernel(
+            "hf2q_small_mm_add", ["x", "w", "r"], ["y"], source, cm._HEADER, workdir=tmp_path
+        )
+        for columns, source in ((False, cm._SOURCE_ADD), (True, cm._SOURCE_ADD_COLUMNS))
+    }
+    monkeypatch.setattr(cm, "_add_kernel", lambda columns=False: adds[columns])
     x, w = _inputs(5, 256, 64, dtype, seed=8)
     r = mx.random.normal((5, 64)).astype(dtype)
     assert mx.array_equal(cm.small_matmul_cuda(x, w, add=r), cm.small_matmul_cuda(x, w) + r)
+    # the column-split layout's store adds the same way
+    warps = cm.launch_shape(5, 256, 64)[2]
+    split = cm.small_matmul_cuda(x, w, add=r, tune=(2, warps, 1, 2))
+    assert mx.array_equal(split, cm.small_matmul_cuda(x, w) + r)
     with pytest.raises(ValueError, match="addend"):
         cm.small_matmul_cuda(x, w, add=r[:, :32])
     # linear(): the residual in the launch only with the switch, the same values either way.
@@ -205,7 +260,7 @@ def test_linears_groups_products_sharing_an_input(emulated_grouped, monkeypatch)
     calls = []
     real = cm.grouped_matmul_cuda
     monkeypatch.setattr(
-        cm, "grouped_matmul_cuda", lambda x, ws: calls.append(len(ws)) or real(x, ws)
+        cm, "grouped_matmul_cuda", lambda x, ws, **k: calls.append(len(ws)) or real(x, ws, **k)
     )
     separate = [lin.linear(m, x, True) for m in mods]
     monkeypatch.setattr(select, "grouped_mm_enabled", lambda: False)  # the switch off: no group
@@ -261,11 +316,42 @@ def test_kernel_rows_setting_keeps_large_weights_on_the_kernel(monkeypatch):
     assert select.small_mm_rows() == lin.ALWAYS_ROWS == cm.MAX_ROWS and lin.fits(x64, w_large)
     monkeypatch.setenv(select.SMALL_MM_ROWS_ENV, "32")
     assert select.small_mm_rows() == 32 and not lin.fits(x64, w_large)
-    assert select.mm_key() == (select.grouped_mm_enabled(), 32)
+    assert select.mm_key() == (select.grouped_mm_enabled(), 32, select.mm_columns_enabled())
     for bad, why in [("129", "more than the kernel's 128 rows"), ("many", "must be 0")]:
         monkeypatch.setenv(select.SMALL_MM_ROWS_ENV, bad)
         with pytest.raises(UsageError, match=why):
             select.small_mm_rows()
+
+
+def test_linear_passes_the_column_switch_to_the_kernel(monkeypatch):
+    # HF2Q_MM_COLUMNS reaches every product linear() sends to the kernel (single, residual,
+    # grouped, head); the kernel's layout choice is cuda_matmul.column_shape's.
+    seen = []
+    monkeypatch.setattr(lin, "fits", lambda x, w: True)
+    monkeypatch.setattr(lin, "_rows_fit", lambda x, w: True)
+    monkeypatch.setattr(select, "grouped_mm_enabled", lambda: True)
+    monkeypatch.setattr(cm, "small_matmul_cuda", lambda x, w, **k: seen.append(k["columns"]) or x)
+    monkeypatch.setattr(cm, "grouped_matmul_cuda", lambda x, ws, **k: seen.append(k["columns"]))
+    mod = nn.Linear(64, 64, bias=False)
+    mod.set_dtype(mx.bfloat16)
+    x = mx.zeros((4, 64), dtype=mx.bfloat16)
+    for flag in (True, False):
+        seen.clear()
+        monkeypatch.setattr(select, "mm_columns_enabled", lambda flag=flag: flag)
+        lin.linear(mod, x, True)
+        lin.linear(mod, x, True, add=x)
+        lin.linears([mod, mod], x, True)
+        lin.head(nn.Embedding(64, 64), x, True)
+        assert seen == [flag] * 4
+
+
+def test_column_switch_is_cuda_only(monkeypatch):
+    monkeypatch.setenv(select.MM_COLUMNS_ENV, "1")
+    assert select.mm_columns_enabled() is select.small_mm_enabled()
+    monkeypatch.setenv(select.MM_COLUMNS_ENV, "sometimes")
+    if select.small_mm_enabled():
+        with pytest.raises(UsageError, match=select.MM_COLUMNS_ENV):
+            select.mm_columns_enabled()
 
 
 def test_draft_rows_setting(monkeypatch):
@@ -394,6 +480,27 @@ def test_cuda_grouped_kernel_gives_each_product_the_single_kernels_bits(rows):
         ws = [(mx.random.normal((n, 2560)) * 0.02).astype(mx.bfloat16) for n in widths]
         for w, y in zip(ws, cm.grouped_matmul_cuda(x, ws)):
             assert mx.array_equal(y, cm.small_matmul_cuda(x, w))
+
+
+@cuda_only
+@pytest.mark.parametrize("rows", [48, 64, 100, 128])
+def test_cuda_column_split_has_the_k_splits_bits(rows):
+    # The MLP's gate/up grouped (Qwen3.5-4B) and a 17408-column product (136 blocks of 128),
+    # with and without a residual: the column-split layout's bits are the K-split's.
+    mx.random.seed(rows)
+    x = mx.random.normal((rows, 2560)).astype(mx.bfloat16)
+    ws = [(mx.random.normal((9216, 2560)) * 0.02).astype(mx.bfloat16) for _ in range(2)]
+    split = cm.grouped_matmul_cuda(x, ws, columns=True)
+    for y, w in zip(split, ws):
+        assert mx.array_equal(y, cm.small_matmul_cuda(x, w))
+    w = (mx.random.normal((17408, 2560)) * 0.02).astype(mx.bfloat16)
+    r = mx.random.normal((rows, 17408)).astype(mx.bfloat16)
+    assert cm.column_shape(rows, 2560, 17408) is not None
+    assert mx.array_equal(cm.small_matmul_cuda(x, w, columns=True), cm.small_matmul_cuda(x, w))
+    assert mx.array_equal(
+        cm.small_matmul_cuda(x, w, add=r, columns=True), cm.small_matmul_cuda(x, w, add=r)
+    )
+    _assert_rounded_product(cm.small_matmul_cuda(x, w, columns=True), x, w)
 
 
 @cuda_only

@@ -182,33 +182,172 @@ _BODY = r"""
 """
 
 
+# The same products with the warps splitting the columns instead of K (CW warps, each NB * 8 of
+# the block's 8 * NB * CW columns): each warp runs every chunk itself, K-subset by K-subset in
+# the order of _BODY's warps (subset s: chunks s, s + WARPS, ...), one subset's accumulators
+# added to a running sum (from 0.0f, subset 0 first) when the subset ends: per output element
+# the very operations of _BODY (the same mma on the same fragments per chunk, then
+# 0 + P_0 + P_1 + ... in float32, the running sums kept in shared memory, each lane its own):
+# the same bits. What changes is the traffic: the chunk of x
+# all the block's warps multiply is loaded once per block into shared memory (double-buffered,
+# the next chunk's x and weights loaded while this one is multiplied) instead of once per warp
+# from L2, so at many rows the weight stream is no longer a third of what a block reads.
+# Staged rows are 72 elements apart (144 bytes): a quarter warp's 16-byte fragment reads
+# (rows g, g + 1, k offsets 16 t) fall in eight distinct bank groups. WARPS > 1 only (the
+# running sum starts at 0.0f as _BODY's sum of the warps' partials does; one warp stores its
+# accumulators as they are).
+_BODY_COLUMNS = r"""
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int nw = n0 + warp * (8 * NB);
+  constexpr int XR = MT * 16;
+  constexpr int XP = 72;
+  constexpr int XV = XR * 8;
+  constexpr int XL = (XV + 32 * CW - 1) / (32 * CW);
+  __shared__ __align__(16) T xs[2][XR * XP];
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  __shared__ float sum[CW][MT * NB * 4][32];
+  float acc[MT][NB][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        acc[mt][nb][e] = 0.0f;
+        sum[warp][(mt * NB + nb) * 4 + e][lane] = 0.0f;
+      }
+  const int chunks = K / 64;
+  uint4 xr[XL];
+  unsigned wv[NB][8];
+  unsigned wn[NB][8];
+  auto load_x = [&](int c) {
+#pragma unroll
+    for (int p = 0; p < XL; ++p) {
+      const int i = threadIdx.x + p * 32 * CW;
+      const int row = i >> 3;
+      xr[p] = zero;
+      if (i < XV && row < M)
+        xr[p] = *reinterpret_cast<const uint4*>(x + (size_t)row * K + c * 64 + (i & 7) * 8);
+    }
+  };
+  auto store_x = [&](int buf) {
+#pragma unroll
+    for (int p = 0; p < XL; ++p) {
+      const int i = threadIdx.x + p * 32 * CW;
+      if (i < XV) *reinterpret_cast<uint4*>(&xs[buf][(i >> 3) * XP + (i & 7) * 8]) = xr[p];
+    }
+  };
+  auto load_w = [&](int c, unsigned (&dst)[NB][8]) {
+    const int kb = c * 64 + 16 * t;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)(nw + nb * 8 + g) * K + kb);
+      const uint4 lo = wp[0];
+      const uint4 hi = wp[1];
+      dst[nb][0] = lo.x; dst[nb][1] = lo.y; dst[nb][2] = lo.z; dst[nb][3] = lo.w;
+      dst[nb][4] = hi.x; dst[nb][5] = hi.y; dst[nb][6] = hi.z; dst[nb][7] = hi.w;
+    }
+  };
+  int s = 0;
+  int c = 0;
+  load_x(c);
+  store_x(0);
+  load_w(c, wv);
+  __syncthreads();
+#pragma unroll U
+  for (int it = 0; it < chunks; ++it) {
+    int sn = s;
+    int cn = c + WARPS;
+    if (cn >= chunks) {
+      sn = s + 1;
+      cn = sn;
+    }
+    const bool more = it + 1 < chunks;
+    if (more) {
+      load_x(cn);
+      load_w(cn, wn);
+    }
+    const T* xb = xs[it & 1];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const uint4* pa = reinterpret_cast<const uint4*>(xb + (mt * 16 + g) * XP + 16 * t);
+      const uint4* pb = reinterpret_cast<const uint4*>(xb + (mt * 16 + g + 8) * XP + 16 * t);
+      const uint4 a_lo = pa[0], a_hi = pa[1], b_lo = pb[0], b_hi = pb[1];
+      const unsigned ra[8] = {a_lo.x, a_lo.y, a_lo.z, a_lo.w, a_hi.x, a_hi.y, a_hi.z, a_hi.w};
+      const unsigned rb[8] = {b_lo.x, b_lo.y, b_lo.z, b_lo.w, b_hi.x, b_hi.y, b_hi.z, b_hi.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+          Hf2qMma<T>::run(acc[mt][nb], ra[2 * j], rb[2 * j], ra[2 * j + 1], rb[2 * j + 1],
+                          wv[nb][2 * j], wv[nb][2 * j + 1]);
+        }
+      }
+    }
+    if (sn != s || !more) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            sum[warp][(mt * NB + nb) * 4 + e][lane] += acc[mt][nb][e];
+            acc[mt][nb][e] = 0.0f;
+          }
+    }
+    if (more) {
+      store_x((it + 1) & 1);
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) wv[nb][e] = wn[nb][e];
+    }
+    __syncthreads();
+    s = sn;
+    c = cn;
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = mt * 16 + g + (e >= 2 ? 8 : 0);
+        const int col = nw + nb * 8 + 2 * t + (e & 1);
+        if (row < M) store((size_t)row * N + col, sum[warp][(mt * NB + nb) * 4 + e][lane]);
+      }
+"""
+
+
 _SINGLE = r"""
   const int N = w_shape[0];
-  const int n0 = blockIdx.x * (8 * NB);
+  const int n0 = blockIdx.x * (8 * NB * CW);
 """
 _STORE = r"""
   auto store = [&](size_t i, float v) { y[i] = Hf2qMma<T>::to(v); };
 """
 _SOURCE = _ROWS + _SINGLE + _STORE + _BODY
+_SOURCE_COLUMNS = _ROWS + _SINGLE + _STORE + _BODY_COLUMNS
 
 # With an addend r (same shape as y): the product rounded to T, then r added as MLX adds two
 # T arrays (one rounding of the exact sum): the bits of ``small_matmul_cuda(x, w) + r``, in the
 # same launch (a residual connection after a layer's last product).
-_SOURCE_ADD = (
-    _ROWS
-    + _SINGLE
-    + r"""
+_STORE_ADD = r"""
   auto store = [&](size_t i, float v) { y[i] = Hf2qMma<T>::add(Hf2qMma<T>::to(v), r[i]); };
 """
-    + _BODY
-)
+_SOURCE_ADD = _ROWS + _SINGLE + _STORE_ADD + _BODY
+_SOURCE_ADD_COLUMNS = _ROWS + _SINGLE + _STORE_ADD + _BODY_COLUMNS
 
 
-def grouped_source(groups: int) -> str:
+def grouped_source(groups: int, columns: bool = False) -> str:
     """The kernel body computing ``x @ w{i}.T`` into ``y{i}`` for ``groups`` weights of one K in one
     launch: the thread blocks are laid out weight after weight, and each block runs
-    :data:`_BODY` on its own weight's columns, so every output element is computed exactly as
-    the single-weight kernel computes it (same chunks, lanes and warp order: same bits)."""
+    :data:`_BODY` (:data:`_BODY_COLUMNS` with ``columns``) on its own weight's columns, so every
+    output element is computed exactly as the single-weight kernel computes it (same chunks,
+    lanes and sum order: same bits)."""
     lines = [
         "  const T* w = nullptr;",
         "  T* y = nullptr;",
@@ -217,43 +356,43 @@ def grouped_source(groups: int) -> str:
     ]
     for i in range(groups):
         lines.append("  if (w == nullptr) {")
-        lines.append(f"    const int nb{i} = w{i}_shape[0] / (8 * NB);")
+        lines.append(f"    const int nb{i} = w{i}_shape[0] / (8 * NB * CW);")
         lines.append(f"    if (blk < nb{i}) {{ w = w{i}; y = y{i}; N = w{i}_shape[0]; }}")
         lines.append(f"    else blk -= nb{i};")
         lines.append("  }")
-    lines.append("  const int n0 = blk * (8 * NB);")
-    return _ROWS + "\n".join(lines) + "\n" + _STORE + _BODY
+    lines.append("  const int n0 = blk * (8 * NB * CW);")
+    return _ROWS + "\n".join(lines) + "\n" + _STORE + (_BODY_COLUMNS if columns else _BODY)
 
 
 @cache
-def _kernel() -> Any:
+def _kernel(columns: bool = False) -> Any:
     return mx.fast.cuda_kernel(
-        name="hf2q_small_mm",
+        name="hf2q_small_mm_cols" if columns else "hf2q_small_mm",
         input_names=["x", "w"],
         output_names=["y"],
-        source=_SOURCE,
+        source=_SOURCE_COLUMNS if columns else _SOURCE,
         header=_HEADER,
     )
 
 
 @cache
-def _add_kernel() -> Any:
+def _add_kernel(columns: bool = False) -> Any:
     return mx.fast.cuda_kernel(
-        name="hf2q_small_mm_add",
+        name="hf2q_small_mm_add_cols" if columns else "hf2q_small_mm_add",
         input_names=["x", "w", "r"],
         output_names=["y"],
-        source=_SOURCE_ADD,
+        source=_SOURCE_ADD_COLUMNS if columns else _SOURCE_ADD,
         header=_HEADER,
     )
 
 
 @cache
-def _grouped_kernel(groups: int) -> Any:
+def _grouped_kernel(groups: int, columns: bool = False) -> Any:
     return mx.fast.cuda_kernel(
-        name=f"hf2q_grouped_mm{groups}",
+        name=f"hf2q_grouped_mm{groups}" + ("_cols" if columns else ""),
         input_names=["x", *(f"w{i}" for i in range(groups))],
         output_names=[f"y{i}" for i in range(groups)],
-        source=grouped_source(groups),
+        source=grouped_source(groups, columns),
         header=_HEADER,
     )
 
@@ -320,15 +459,67 @@ def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
     return mt, nb, warps, unroll
 
 
-def _template(dtype: Any, mt: int, nb: int, warps: int, unroll: int) -> list:
-    """The kernels' template arguments (see the sources' comment)."""
-    return [("T", dtype), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll)]
+#: Column-split layout (:data:`_BODY_COLUMNS`): warps of a thread block, and the fewest thread
+#: blocks a product must keep for the layout to be used (an H200 has 132 SMs: fewer blocks than
+#: that leave SMs without a share of the weight stream).
+COLUMN_WARPS = 8
+COLUMN_MIN_BLOCKS = 132
+#: Fewest m-tiles the column split is used at: below, the inputs are a small share of what the
+#: K-split layout's blocks read.
+COLUMN_MIN_MT = 3
 
 
-def shared_bytes(mt: int, nb: int, warps: int) -> int:
+def column_shape(rows: int, K: int, N: int, total: int | None = None) -> tuple[int, int] | None:
+    """(8-column blocks per warp, warps) of the column-split layout for this product, or None
+    where it is not used: fewer than :data:`COLUMN_MIN_MT` m-tiles, a K the K-split computes with
+    one warp (its bits are its accumulators, no sum; see :data:`_BODY_COLUMNS`), N not a multiple
+    of a block's columns, or fewer thread blocks than :data:`COLUMN_MIN_BLOCKS` in the launch
+    (``total``: the columns of the whole launch, a grouped one's weights together; default N).
+    Same bits as :func:`launch_shape`'s layout wherever it is used."""
+    mt, _, warps, _ = launch_shape(rows, K, N)
+    if mt < COLUMN_MIN_MT or warps == 1:
+        return None
+    nb = 2 if mt <= 4 else 1  # (accumulators and running sums: 2 x 4 x MT x NB registers)
+    width = 8 * nb * COLUMN_WARPS
+    if N % width or (total or N) // width < COLUMN_MIN_BLOCKS:
+        return None
+    return nb, COLUMN_WARPS
+
+
+def _template(dtype: Any, mt: int, nb: int, warps: int, unroll: int, cw: int = 1) -> list:
+    """The kernels' template arguments (see the sources' comment; ``cw``: the column-split
+    layout's warps, 1 for the K-split)."""
+    return [("T", dtype), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll), ("CW", cw)]
+
+
+def shared_bytes(mt: int, nb: int, warps: int, cw: int = 1) -> int:
     """Static shared memory of a launch: the warps' partial sums (float32, 4 per m-tile and
-    column block, per lane and warp)."""
+    column block, per lane and warp); with the column split (``cw`` > 1) two staged chunks of x
+    instead (``mt * 16`` rows of 72 elements, two bytes each)."""
+    if cw > 1:
+        return 2 * mt * 16 * 72 * 2
     return warps * mt * nb * 4 * 32 * 4
+
+
+def _layout(
+    rows: int, K: int, N: int, tune: tuple[int, ...] | None, columns: bool
+) -> tuple[int, int, int, int, int]:
+    """(m-tiles, column blocks, warps, unrolling, column-split warps or 1) of a launch."""
+    mt, nb, warps, unroll = launch_shape(rows, K, N)
+    cw = 1
+    if tune is not None:
+        if len(tune) not in (3, 4):
+            raise ValueError(f"tune {tune}: (column blocks, warps, unrolling[, column warps])")
+        nb, warps, unroll = tune[:3]
+        cw = tune[3] if len(tune) == 4 else 1
+        smem = shared_bytes(mt, nb, warps, cw)
+        if smem > SHARED_BYTES:
+            raise ValueError(f"tune {tune}: {smem} bytes of shared memory (at most {SHARED_BYTES})")
+        if cw > 1 and warps == 1:
+            raise ValueError(f"tune {tune}: the column split needs warps > 1")
+    elif columns and (shape := column_shape(rows, K, N)) is not None:
+        nb, cw = shape
+    return mt, nb, warps, unroll, cw
 
 
 def small_matmul_cuda(
@@ -337,34 +528,30 @@ def small_matmul_cuda(
     *,
     tune: tuple[int, ...] | None = None,
     add: mx.array | None = None,
+    columns: bool = False,
 ) -> mx.array:
     """``x @ w.T`` in one tensor-core launch; see :func:`supported` for what it takes.
 
-    ``tune`` overrides :func:`launch_shape`'s (column blocks, warps, unrolling), for tuning:
-    every choice computes the same values up to float32 summation order (a row's bits are the
-    same across row counts, column blocks and unrolling for one choice of ``warps``). ``add``:
-    an array of the output's shape and dtype added in the same launch (``x @ w.T + add`` with
-    the bits of the two steps).
+    ``tune`` overrides :func:`launch_shape`'s (column blocks, warps, unrolling), for tuning, and
+    a fourth value picks the column split with that many warps: every choice computes the same
+    values up to float32 summation order (a row's bits are the same across row counts, column
+    blocks, unrolling and layouts for one choice of ``warps``). ``add``: an array of the output's
+    shape and dtype added in the same launch (``x @ w.T + add`` with the bits of the two steps).
+    ``columns``: use the column-split layout where :func:`column_shape` says (same bits).
     """
     K, N = w.shape[1], w.shape[0]
     rows = math.prod(x.shape[:-1])
-    mt, nb, warps, unroll = launch_shape(rows, K, N)
-    if tune is not None:
-        if len(tune) != 3:
-            raise ValueError(f"tune {tune}: (column blocks, warps, unrolling)")
-        nb, warps, unroll = tune
-        smem = shared_bytes(mt, nb, warps)
-        if smem > SHARED_BYTES:
-            raise ValueError(f"tune {tune}: {smem} bytes of shared memory (at most {SHARED_BYTES})")
+    mt, nb, warps, unroll, cw = _layout(rows, K, N, tune, columns)
     if add is not None and (add.shape != (*x.shape[:-1], N) or add.dtype != x.dtype):
         raise ValueError(
             f"addend {add.shape} {add.dtype} is not the output's {x.shape[:-1]}+({N},)"
         )
-    (y,) = (_kernel() if add is None else _add_kernel())(
+    split = cw > 1
+    (y,) = (_kernel(split) if add is None else _add_kernel(split))(
         inputs=[x, w] if add is None else [x, w, add],
-        template=_template(x.dtype, mt, nb, warps, unroll),
-        grid=((N // (8 * nb)) * 32 * warps, 1, 1),
-        threadgroup=(32 * warps, 1, 1),
+        template=_template(x.dtype, mt, nb, warps, unroll, cw),
+        grid=((N // (8 * nb * cw)) * 32 * (cw if split else warps), 1, 1),
+        threadgroup=(32 * (cw if split else warps), 1, 1),
         output_shapes=[(*x.shape[:-1], N)],
         output_dtypes=[x.dtype],
     )
@@ -386,7 +573,9 @@ def grouped_supported(x: mx.array, ws: list[mx.array]) -> str | None:
     return None
 
 
-def grouped_matmul_cuda(x: mx.array, ws: list[mx.array]) -> list[mx.array]:
+def grouped_matmul_cuda(
+    x: mx.array, ws: list[mx.array], *, columns: bool = False
+) -> list[mx.array]:
     """``[x @ w.T for w in ws]`` in one launch (weights of one K; see :func:`grouped_supported`).
 
     Each output has the same bits as :func:`small_matmul_cuda` of its weight alone: the launch
@@ -395,19 +584,26 @@ def grouped_matmul_cuda(x: mx.array, ws: list[mx.array]) -> list[mx.array]:
     One graph node and one launch where the separate products make one each: for a decoding
     step that is most of its launches (a layer's q/k/v or four Gated-DeltaNet input projections,
     the MLP's gate and up), and the smallest of them (two 32-column gate projections a layer on
-    Qwen3.5-4B) cost a launch each for almost no work.
+    Qwen3.5-4B) cost a launch each for almost no work. ``columns``: the column-split layout
+    where :func:`column_shape` takes every weight (same bits).
     """
     K = ws[0].shape[1]
     rows = math.prod(x.shape[:-1])
     # The narrowest weight's launch (fewest column blocks) sets the width and the unrolling;
     # m-tiles and warps depend on the rows and K only.
     mt, nb, warps, unroll = min((launch_shape(rows, K, w.shape[0]) for w in ws), key=lambda s: s[1])
-    blocks = sum(w.shape[0] // (8 * nb) for w in ws)
-    return _grouped_kernel(len(ws))(
+    cw = 1
+    total = sum(w.shape[0] for w in ws)
+    shapes = [column_shape(rows, K, w.shape[0], total) for w in ws] if columns else [None]
+    if all(sh is not None and sh == shapes[0] for sh in shapes):
+        nb, cw = shapes[0]
+    split = cw > 1
+    blocks = sum(w.shape[0] // (8 * nb * cw) for w in ws)
+    return _grouped_kernel(len(ws), split)(
         inputs=[x, *ws],
-        template=_template(x.dtype, mt, nb, warps, unroll),
-        grid=(blocks * 32 * warps, 1, 1),
-        threadgroup=(32 * warps, 1, 1),
+        template=_template(x.dtype, mt, nb, warps, unroll, cw),
+        grid=(blocks * 32 * (cw if split else warps), 1, 1),
+        threadgroup=(32 * (cw if split else warps), 1, 1),
         output_shapes=[(*x.shape[:-1], w.shape[0]) for w in ws],
         output_dtypes=[x.dtype] * len(ws),
     )

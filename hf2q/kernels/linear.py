@@ -119,6 +119,10 @@ def _grouping() -> bool:
     return _select().grouped_mm_enabled()
 
 
+def _columns() -> bool:
+    return _select().mm_columns_enabled()
+
+
 def linear(mod: nn.Module, x: mx.array, on: bool | Frozen, add: mx.array | None = None) -> mx.array:
     """``mod(x)`` (``mod(x) + add`` with ``add``); through the kernel when ``on`` and ``mod`` is a
     plain ``nn.Linear`` that fits. With ``add`` (a residual), a layer without bias and
@@ -132,8 +136,8 @@ def linear(mod: nn.Module, x: mx.array, on: bool | Frozen, add: mx.array | None 
             and add.shape == (*x.shape[:-1], mod.weight.shape[0])
             and _grouping()
         ):
-            return cuda_matmul.small_matmul_cuda(x, mod.weight, add=add)
-        y = cuda_matmul.small_matmul_cuda(x, mod.weight)
+            return cuda_matmul.small_matmul_cuda(x, mod.weight, add=add, columns=_columns())
+        y = cuda_matmul.small_matmul_cuda(x, mod.weight, columns=_columns())
         y = y + mod.bias if "bias" in mod else y
     else:
         y = _matmul(mod, x, on)
@@ -160,7 +164,7 @@ def linears(mods: list[nn.Module], x: mx.array, on: bool | Frozen) -> list[mx.ar
             and cuda_matmul.grouped_supported(x, ws) is None
             and all(_rows_fit(x, w) for w in ws)
         ):
-            return cuda_matmul.grouped_matmul_cuda(x, ws)
+            return cuda_matmul.grouped_matmul_cuda(x, ws, columns=_columns())
     return [linear(m, x, on) for m in mods]
 
 
@@ -184,7 +188,7 @@ def swiglu_mlp(
 def head(embedding: nn.Module, x: mx.array, on: bool | Frozen) -> mx.array:
     """``embedding.as_linear(x)`` (a tied head); through the kernel when ``on`` and it fits."""
     if on and type(embedding) is nn.Embedding and fits(x, embedding.weight):
-        return cuda_matmul.small_matmul_cuda(x, embedding.weight)
+        return cuda_matmul.small_matmul_cuda(x, embedding.weight, columns=_columns())
     if isinstance(on, Frozen) and type(embedding) is nn.Embedding:
         return x @ transposed(embedding)  # as_linear's product, the transpose made once
     return embedding.as_linear(x)

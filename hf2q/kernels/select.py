@@ -64,6 +64,12 @@ SMALL_MM_ENV = "HF2Q_SMALL_MM"
 #: faster a token on the H200 in three alternating A/Bs, sessions 16 and 19).
 GROUPED_MM_ENV = "HF2Q_GROUPED_MM"
 
+#: HF2Q_MM_COLUMNS=1: the small-M kernel's products of three m-tiles or more (48 rows and up: a
+#: verify of three slots or more) whose launch keeps enough thread blocks split the columns among
+#: a block's warps and stage the input once a block (``cuda_matmul.column_shape``), instead of
+#: splitting K among them; the same bits either way (off by default until timed on the H200).
+MM_COLUMNS_ENV = "HF2Q_MM_COLUMNS"
+
 #: HF2Q_SMALL_MM_ROWS=N: products of up to N rows run the small-M kernel whatever the weight's size;
 #: beyond N, weights of more than 4M elements go to cuBLAS (default: the kernel's 128 rows).
 SMALL_MM_ROWS_ENV = "HF2Q_SMALL_MM_ROWS"
@@ -192,6 +198,12 @@ def grouped_mm_enabled() -> bool:
     return small_mm_enabled() and _flag(GROUPED_MM_ENV, "1")
 
 
+def mm_columns_enabled() -> bool:
+    """Whether the small-M kernel uses its column-split layout where it applies
+    (``HF2Q_MM_COLUMNS``, default off; only where :func:`small_mm_enabled`; same bits)."""
+    return small_mm_enabled() and _flag(MM_COLUMNS_ENV, "0")
+
+
 def small_mm_rows() -> int:
     """Rows up to which every product the small-M kernel can compute runs it
     (``HF2Q_SMALL_MM_ROWS``, default :data:`hf2q.kernels.linear.ALWAYS_ROWS`, 128). A DFlash
@@ -226,10 +238,10 @@ def draft_mm_enabled(rows: int, largest: int) -> bool:
     return largest <= linear.SMALL_WEIGHT or rows <= draft_mm_rows()
 
 
-def mm_key() -> tuple[bool, int]:
+def mm_key() -> tuple[bool, int, bool]:
     """The settings a compiled runner's products depend on, for the caches of traced functions:
-    (:func:`grouped_mm_enabled`, :func:`small_mm_rows`)."""
-    return grouped_mm_enabled(), small_mm_rows()
+    (:func:`grouped_mm_enabled`, :func:`small_mm_rows`, :func:`mm_columns_enabled`)."""
+    return grouped_mm_enabled(), small_mm_rows(), mm_columns_enabled()
 
 
 def row_attention_enabled() -> bool:
@@ -531,6 +543,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
     )
     if grouped_mm_enabled():
         info["small_mm"] += ", products sharing an input in one launch"
+    if mm_columns_enabled():
+        info["small_mm"] += ", columns split from 48 rows"
     if small_mm_enabled() and draft_mm_rows() < cuda_matmul.MAX_ROWS:
         info["small_mm"] += (
             f"; large drafters' drafts of more than {draft_mm_rows()} rows: MLX matmul"
