@@ -145,7 +145,7 @@ def test_column_split_is_used_where_it_keeps_the_weight_stream_spread():
     assert cm.column_shape(64, 2560, 9216, total=2 * 9216) == (2, cm.COLUMN_WARPS)
     assert cm.column_shape(64, 2560, 9216) is None
     assert cm.column_shape(64, 2560, 248320) == (2, cm.COLUMN_WARPS)
-    assert cm.column_shape(128, 2560, 248320) == (1, cm.COLUMN_WARPS)
+    assert cm.column_shape(128, 2560, 248320) is None  # five m-tiles and more: the K-split
     assert cm.column_shape(64, 9216, 2560) is None
     assert cm.column_shape(32, 2560, 248320) is None
     assert cm.column_shape(64, 128, 248320) is None  # one warp: no running sum to keep
@@ -202,13 +202,13 @@ def test_emulated_grouped_kernel_gives_each_product_the_single_kernels_bits(
 
 
 def test_emulated_grouped_column_split_gives_the_single_kernels_bits(emulated_grouped, monkeypatch):
-    # Made small: blocks of 16 columns (one 8-column block a warp, two warps), from one block.
+    # Made small: blocks of 32 columns (two 8-column blocks a warp, two warps), from one block.
     monkeypatch.setattr(cm, "COLUMN_WARPS", 2)
     monkeypatch.setattr(cm, "COLUMN_MIN_BLOCKS", 1)
     mx.random.seed(4)
-    x = mx.random.normal((70, 512)).astype(mx.bfloat16)
-    ws = [(mx.random.normal((n, 512)) * 0.04).astype(mx.bfloat16) for n in (48, 16)]
-    assert all(cm.column_shape(70, 512, w.shape[0]) == (1, 2) for w in ws)
+    x = mx.random.normal((60, 512)).astype(mx.bfloat16)
+    ws = [(mx.random.normal((n, 512)) * 0.04).astype(mx.bfloat16) for n in (64, 32)]
+    assert all(cm.column_shape(60, 512, w.shape[0]) == (2, 2) for w in ws)
     for y, w in zip(cm.grouped_matmul_cuda(x, ws, columns=True), ws):
         assert mx.array_equal(y, cm.small_matmul_cuda(x, w))
 
@@ -366,9 +366,37 @@ def test_draft_rows_setting(monkeypatch):
     assert select.draft_mm_enabled(48, big) is select.small_mm_enabled()
     assert select.draft_mm_enabled(49, small) is select.small_mm_enabled()
     assert not select.draft_mm_enabled(49, big)
+    # The head follows its own count where one is set, the layers' otherwise.
+    monkeypatch.delenv(select.DRAFT_HEAD_MM_ROWS_ENV, raising=False)
+    assert select.draft_head_mm_rows() == 48
+    assert select.draft_mm_enabled(48, big, head=True) is select.small_mm_enabled()
+    monkeypatch.setenv(select.DRAFT_HEAD_MM_ROWS_ENV, "32")
+    assert select.draft_head_mm_rows() == 32 and not select.draft_mm_enabled(48, big, head=True)
+    assert select.draft_mm_enabled(48, big) is select.small_mm_enabled()
+    assert select.draft_mm_enabled(48, small, head=True) is select.small_mm_enabled()
     monkeypatch.setenv(select.DRAFT_MM_ROWS_ENV, "many")
     with pytest.raises(UsageError, match="HF2Q_DRAFT_MM_ROWS='many' must be 0"):
         select.draft_mm_rows()
+    monkeypatch.setenv(select.DRAFT_HEAD_MM_ROWS_ENV, "x")
+    with pytest.raises(UsageError, match="HF2Q_DRAFT_HEAD_MM_ROWS='x' must be 0"):
+        select.draft_head_mm_rows()
+
+
+def test_drafter_layers_and_head_follow_their_own_row_counts(monkeypatch):
+    import checkpoints as ck
+
+    from hf2q.runtime.drafter import DFlashConfig, DFlashDraftModel
+
+    cfg = ck.drafter_config(
+        hidden_size=256, num_target_layers=8, target_layer_ids=[1, 3, 5], vocab_size=1 << 15
+    )
+    cfg["intermediate_size"] = (1 << 22) // 256 + 64  # one weight past SMALL_WEIGHT
+    drafter = DFlashDraftModel(DFlashConfig.from_dict(cfg))  # its head: 8M elements
+    monkeypatch.setattr(select, "small_mm_enabled", lambda: True)
+    monkeypatch.setenv(select.DRAFT_MM_ROWS_ENV, "64")
+    monkeypatch.setenv(select.DRAFT_HEAD_MM_ROWS_ENV, "32")
+    assert drafter.kernel_products(64) and not drafter.kernel_products(64, head=True)
+    assert drafter.kernel_products(32, head=True) and not drafter.kernel_products(65)
 
 
 def test_linear_dispatch(emulated, monkeypatch):
@@ -487,6 +515,8 @@ def test_cuda_grouped_kernel_gives_each_product_the_single_kernels_bits(rows):
 def test_cuda_column_split_has_the_k_splits_bits(rows):
     # The MLP's gate/up grouped (Qwen3.5-4B) and a 17408-column product (136 blocks of 128),
     # with and without a residual: the column-split layout's bits are the K-split's.
+    # (100 and 128 rows: the layout forced, column_shape leaves five m-tiles and more to the
+    # K-split)
     mx.random.seed(rows)
     x = mx.random.normal((rows, 2560)).astype(mx.bfloat16)
     ws = [(mx.random.normal((9216, 2560)) * 0.02).astype(mx.bfloat16) for _ in range(2)]
@@ -495,12 +525,15 @@ def test_cuda_column_split_has_the_k_splits_bits(rows):
         assert mx.array_equal(y, cm.small_matmul_cuda(x, w))
     w = (mx.random.normal((17408, 2560)) * 0.02).astype(mx.bfloat16)
     r = mx.random.normal((rows, 17408)).astype(mx.bfloat16)
-    assert cm.column_shape(rows, 2560, 17408) is not None
-    assert mx.array_equal(cm.small_matmul_cuda(x, w, columns=True), cm.small_matmul_cuda(x, w))
+    tune = None if rows <= 64 else (2, 8, 1, cm.COLUMN_WARPS)
+    assert (cm.column_shape(rows, 2560, 17408) is None) is (tune is not None)
+    got = cm.small_matmul_cuda(x, w, columns=True, tune=tune)
+    assert mx.array_equal(got, cm.small_matmul_cuda(x, w))
     assert mx.array_equal(
-        cm.small_matmul_cuda(x, w, add=r, columns=True), cm.small_matmul_cuda(x, w, add=r)
+        cm.small_matmul_cuda(x, w, add=r, columns=True, tune=tune),
+        cm.small_matmul_cuda(x, w, add=r),
     )
-    _assert_rounded_product(cm.small_matmul_cuda(x, w, columns=True), x, w)
+    _assert_rounded_product(got, x, w)
 
 
 @cuda_only
@@ -535,16 +568,20 @@ def test_cuda_drafts_of_many_rows_run_mlx_matmul(demo_pair, monkeypatch):
     feats = (mx.random.normal((2, 3, H)) * 0.5).astype(target.dtype)
     block = mx.concatenate([mx.full((2, 1), 5), mx.full((2, 15), demo.mask_token_id)], axis=1)
     block = block.astype(mx.int32)
-    calls = []
+    calls = []  # the weights' sizes (the demo target's head, bound to both, is small: 2M)
     real = cm.small_matmul_cuda
-    monkeypatch.setattr(cm, "small_matmul_cuda", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(
+        cm, "small_matmul_cuda", lambda x, w, **k: calls.append(w.size) or real(x, w, **k)
+    )
     for drafter, kernel_above in ((big, False), (demo, True)):
         outs = []
         for rows in ("32", "31"):
             monkeypatch.setenv(select.DRAFT_MM_ROWS_ENV, rows)
             outs.append(drafter(block, feats, drafter.make_cache()).astype(mx.float32))
             mx.eval(outs[-1])
-            assert bool(calls) is (rows == "32" or kernel_above)
+            assert bool(calls) and (max(calls) > lin.SMALL_WEIGHT) is (
+                rows == "32" and not kernel_above
+            )
             calls.clear()
         scale = mx.abs(outs[0]).max()
         assert (mx.abs(outs[1] - outs[0]).max() / scale).item() < 5e-2

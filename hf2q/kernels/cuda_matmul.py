@@ -464,22 +464,26 @@ def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
 #: that leave SMs without a share of the weight stream).
 COLUMN_WARPS = 8
 COLUMN_MIN_BLOCKS = 132
-#: Fewest m-tiles the column split is used at: below, the inputs are a small share of what the
-#: K-split layout's blocks read.
-COLUMN_MIN_MT = 3
+#: M-tiles the column split is used at. Below, the inputs are a small share of what the K-split
+#: layout's blocks read; above, its 166 registers (two 8-column blocks a warp at eight m-tiles)
+#: leave one block an SM. On the H200 (session 26, ``node_cost.py --tune``, us a product, column
+#: split / K-split / cuBLAS): the 2560 x 248320 head 515 / 581 / 515 at 48 rows, 571 / 704 / 472
+#: at 64, 986 / 1007 / 452 at 128 (one 8-column block a warp: 1760); 2560 x 9216 30.5 / 32.2 /
+#: 37.0 at 48, 33.5 / 37.6 / 35.2 at 64, 50.4 / 50.2 / 36.7 at 128.
+COLUMN_MT = (3, 4)
 
 
 def column_shape(rows: int, K: int, N: int, total: int | None = None) -> tuple[int, int] | None:
     """(8-column blocks per warp, warps) of the column-split layout for this product, or None
-    where it is not used: fewer than :data:`COLUMN_MIN_MT` m-tiles, a K the K-split computes with
+    where it is not used: m-tiles other than :data:`COLUMN_MT`, a K the K-split computes with
     one warp (its bits are its accumulators, no sum; see :data:`_BODY_COLUMNS`), N not a multiple
     of a block's columns, or fewer thread blocks than :data:`COLUMN_MIN_BLOCKS` in the launch
     (``total``: the columns of the whole launch, a grouped one's weights together; default N).
     Same bits as :func:`launch_shape`'s layout wherever it is used."""
     mt, _, warps, _ = launch_shape(rows, K, N)
-    if mt < COLUMN_MIN_MT or warps == 1:
+    if mt not in COLUMN_MT or warps == 1:
         return None
-    nb = 2 if mt <= 4 else 1  # (accumulators and running sums: 2 x 4 x MT x NB registers)
+    nb = 2
     width = 8 * nb * COLUMN_WARPS
     if N % width or (total or N) // width < COLUMN_MIN_BLOCKS:
         return None

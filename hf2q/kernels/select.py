@@ -64,8 +64,8 @@ SMALL_MM_ENV = "HF2Q_SMALL_MM"
 #: faster a token on the H200 in three alternating A/Bs, sessions 16 and 19).
 GROUPED_MM_ENV = "HF2Q_GROUPED_MM"
 
-#: HF2Q_MM_COLUMNS=1: the small-M kernel's products of three m-tiles or more (48 rows and up: a
-#: verify of three slots or more) whose launch keeps enough thread blocks split the columns among
+#: HF2Q_MM_COLUMNS=1: the small-M kernel's products of three or four m-tiles (33-64 rows: a
+#: verify of three or four slots) whose launch keeps enough thread blocks split the columns among
 #: a block's warps and stage the input once a block (``cuda_matmul.column_shape``), instead of
 #: splitting K among them; the same bits either way (off by default until timed on the H200).
 MM_COLUMNS_ENV = "HF2Q_MM_COLUMNS"
@@ -84,6 +84,12 @@ SMALL_MM_ROWS_ENV = "HF2Q_SMALL_MM_ROWS"
 #: was 3.8% shorter at 4 slots and 4.8% at 8 with 32 than with 128 (session 19, run 3).
 DRAFT_MM_ROWS_ENV = "HF2Q_DRAFT_MM_ROWS"
 DRAFT_MM_ROWS = 32
+
+#: HF2Q_DRAFT_HEAD_MM_ROWS=N: the drafter's head alone follows this count instead of
+#: ``HF2Q_DRAFT_MM_ROWS`` (unset: the same count), so that its layers' products and its head
+#: can part: on the H200 at 48-128 rows cuBLAS beats the kernel on the 2560 x 248320 head but
+#: not on a 4B drafter layer's products at 48-64 rows (session 26, ``node_cost.py --tune``).
+DRAFT_HEAD_MM_ROWS_ENV = "HF2Q_DRAFT_HEAD_MM_ROWS"
 
 #: HF2Q_ROW_ATTENTION=0: the compiled attention runners keep MLX's attention instead of the
 #: row-invariant kernel of :mod:`hf2q.kernels.cuda_attention` (CUDA only; default on there).
@@ -229,13 +235,23 @@ def draft_mm_rows() -> int:
     return DRAFT_MM_ROWS if n is None else min(n, cuda_matmul.MAX_ROWS)
 
 
-def draft_mm_enabled(rows: int, largest: int) -> bool:
-    """Whether a drafter forward of ``rows`` block rows, whose largest product weight (its head)
-    has ``largest`` elements, runs its products (and head) through the small-M kernel: where
-    :func:`small_mm_enabled`, for at most :func:`draft_mm_rows` rows or small weights."""
+def draft_head_mm_rows() -> int:
+    """Block rows up to which a drafter forward's head runs the small-M kernel
+    (``HF2Q_DRAFT_HEAD_MM_ROWS``; unset: :func:`draft_mm_rows`)."""
+    n = _count(DRAFT_HEAD_MM_ROWS_ENV, f"a row count up to {cuda_matmul.MAX_ROWS}")
+    return draft_mm_rows() if n is None else min(n, cuda_matmul.MAX_ROWS)
+
+
+def draft_mm_enabled(rows: int, largest: int, head: bool = False) -> bool:
+    """Whether a drafter forward of ``rows`` block rows runs products whose largest weight has
+    ``largest`` elements (its layers', or with ``head`` its head's) through the small-M kernel:
+    where :func:`small_mm_enabled`, for small weights or at most :func:`draft_mm_rows` rows
+    (:func:`draft_head_mm_rows` for the head)."""
     if not small_mm_enabled():
         return False
-    return largest <= linear.SMALL_WEIGHT or rows <= draft_mm_rows()
+    return largest <= linear.SMALL_WEIGHT or rows <= (
+        draft_head_mm_rows() if head else draft_mm_rows()
+    )
 
 
 def mm_key() -> tuple[bool, int, bool]:
@@ -544,7 +560,7 @@ def describe(attn: object | None = None) -> dict[str, str]:
     if grouped_mm_enabled():
         info["small_mm"] += ", products sharing an input in one launch"
     if mm_columns_enabled():
-        info["small_mm"] += ", columns split from 48 rows"
+        info["small_mm"] += ", columns split at 33-64 rows"
     if small_mm_enabled() and draft_mm_rows() < cuda_matmul.MAX_ROWS:
         info["small_mm"] += (
             f"; large drafters' drafts of more than {draft_mm_rows()} rows: MLX matmul"

@@ -682,11 +682,14 @@ class DFlashDraftModel(nn.Module):
         for layer, c in zip(self.layers, cache, strict=True):
             layer.self_attn.append_context(ctx, c, mm)
 
-    def kernel_products(self, rows: int) -> bool:
-        """Whether a forward of ``rows`` block rows runs its products and head through the small-M
-        kernel (``select.draft_mm_enabled``; the head's vocab x hidden is the largest weight)."""
+    def kernel_products(self, rows: int, head: bool = False) -> bool:
+        """Whether a forward of ``rows`` block rows runs its layers' products (with ``head``: its
+        head) through the small-M kernel (``select.draft_mm_enabled``, by the largest weight)."""
         cfg = self.config
-        return draft_mm_enabled(rows, max(cfg.vocab_size, cfg.intermediate_size) * cfg.hidden_size)
+        if head:
+            return draft_mm_enabled(rows, cfg.vocab_size * cfg.hidden_size, head=True)
+        widest = max(cfg.intermediate_size, cfg.num_attention_heads * cfg.head_dim)
+        return draft_mm_enabled(rows, widest * cfg.hidden_size)
 
     @staticmethod
     def fast_enabled() -> bool:
@@ -730,10 +733,10 @@ class DFlashDraftModel(nn.Module):
 
     def __call__(self, block: mx.array, features: mx.array, cache: list[KVCache]) -> mx.array:
         """Draft logits (B, L-1, vocab) for block positions 1..L-1 (products through the small-M
-        kernel up to ``select.draft_mm_rows()`` block rows, MLX's matmul beyond)."""
-        mm = self.kernel_products(block.size)
-        h = self.hidden(block, features, cache, mm=mm)[:, 1:]
-        if self._head_takes_mm and not mm:
+        kernel up to ``select.draft_mm_rows()`` block rows, the head up to
+        ``select.draft_head_mm_rows()``, MLX's matmul beyond)."""
+        h = self.hidden(block, features, cache, mm=self.kernel_products(block.size))[:, 1:]
+        if self._head_takes_mm and not self.kernel_products(block.size, head=True):
             return self._head(h, mm=FROZEN)  # inference: the weight's transposed view kept
         return self._head(h)
 
