@@ -139,12 +139,13 @@ def test_emulated_column_split_has_the_k_splits_bits(emulated, K):
 
 
 def test_column_split_is_used_where_it_keeps_the_weight_stream_spread():
-    # Qwen3.5-4B's shapes at a 4-slot verify (64 rows): the MLP's gate and up grouped (two
-    # 9216-column weights: 144 blocks of 128 columns, 72 each alone) and the tied head take it;
-    # 2560-column products (20 blocks) and one or two m-tiles do not.
-    assert cm.column_shape(64, 2560, 9216, total=2 * 9216) == (2, cm.COLUMN_WARPS)
-    assert cm.column_shape(64, 2560, 9216) is None
+    # Qwen3.5-4B's shapes at a 4-slot verify (64 rows): the tied head (1940 blocks of 128
+    # columns) takes it; the MLP's gate and up grouped (144 blocks), 2560-column products (20)
+    # and one or two m-tiles do not, nor five and more.
+    assert cm.column_shape(64, 2560, 9216, total=2 * 9216) is None
+    assert cm.column_shape(64, 2560, 9216, total=1024 * 128) == (2, cm.COLUMN_WARPS)
     assert cm.column_shape(64, 2560, 248320) == (2, cm.COLUMN_WARPS)
+    assert cm.column_shape(48, 2560, 248320) == (2, cm.COLUMN_WARPS)
     assert cm.column_shape(128, 2560, 248320) is None  # five m-tiles and more: the K-split
     assert cm.column_shape(64, 9216, 2560) is None
     assert cm.column_shape(32, 2560, 248320) is None
@@ -356,7 +357,9 @@ def test_column_switch_is_cuda_only(monkeypatch):
 
 def test_draft_rows_setting(monkeypatch):
     monkeypatch.delenv(select.DRAFT_MM_ROWS_ENV, raising=False)
-    assert select.draft_mm_rows() == select.DRAFT_MM_ROWS == 32
+    monkeypatch.delenv(select.DRAFT_HEAD_MM_ROWS_ENV, raising=False)
+    assert select.draft_mm_rows() == select.DRAFT_MM_ROWS == 64
+    assert select.draft_head_mm_rows() == select.DRAFT_HEAD_MM_ROWS == 32
     for raw, want in [("48", 48), ("0", 0), ("500", cm.MAX_ROWS)]:
         monkeypatch.setenv(select.DRAFT_MM_ROWS_ENV, raw)
         assert select.draft_mm_rows() == want
@@ -366,9 +369,12 @@ def test_draft_rows_setting(monkeypatch):
     assert select.draft_mm_enabled(48, big) is select.small_mm_enabled()
     assert select.draft_mm_enabled(49, small) is select.small_mm_enabled()
     assert not select.draft_mm_enabled(49, big)
-    # The head follows its own count where one is set, the layers' otherwise.
-    monkeypatch.delenv(select.DRAFT_HEAD_MM_ROWS_ENV, raising=False)
-    assert select.draft_head_mm_rows() == 48
+    # The head follows its own count where one is set, else 32 or the layers' if fewer.
+    assert select.draft_head_mm_rows() == 32
+    monkeypatch.setenv(select.DRAFT_MM_ROWS_ENV, "16")
+    assert select.draft_head_mm_rows() == 16
+    monkeypatch.setenv(select.DRAFT_MM_ROWS_ENV, "48")
+    monkeypatch.setenv(select.DRAFT_HEAD_MM_ROWS_ENV, "48")
     assert select.draft_mm_enabled(48, big, head=True) is select.small_mm_enabled()
     monkeypatch.setenv(select.DRAFT_HEAD_MM_ROWS_ENV, "32")
     assert select.draft_head_mm_rows() == 32 and not select.draft_mm_enabled(48, big, head=True)
@@ -512,7 +518,8 @@ def test_cuda_grouped_kernel_gives_each_product_the_single_kernels_bits(rows):
 
 @cuda_only
 @pytest.mark.parametrize("rows", [48, 64, 100, 128])
-def test_cuda_column_split_has_the_k_splits_bits(rows):
+def test_cuda_column_split_has_the_k_splits_bits(rows, monkeypatch):
+    monkeypatch.setattr(cm, "COLUMN_MIN_BLOCKS", 128)  # (so that these shapes take it)
     # The MLP's gate/up grouped (Qwen3.5-4B) and a 17408-column product (136 blocks of 128),
     # with and without a residual: the column-split layout's bits are the K-split's.
     # (100 and 128 rows: the layout forced, column_shape leaves five m-tiles and more to the

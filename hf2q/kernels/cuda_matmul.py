@@ -460,10 +460,13 @@ def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
 
 
 #: Column-split layout (:data:`_BODY_COLUMNS`): warps of a thread block, and the fewest thread
-#: blocks a product must keep for the layout to be used (an H200 has 132 SMs: fewer blocks than
-#: that leave SMs without a share of the weight stream).
+#: blocks a launch must have for the layout to be used. In the graph of a 4-slot verify of the
+#: 4B-shaped pair on the H200 (session 26, kernel traces, medians) the tied head's launch (1940
+#: blocks of 128 columns) took 458 us against the K-split's 579, but the MLP's gate/up (one
+#: grouped launch, 144 blocks) 60.4 us against 52.4: few blocks of 256 threads do not keep the
+#: weight stream as busy as the K-split's 576. So in practice: heads.
 COLUMN_WARPS = 8
-COLUMN_MIN_BLOCKS = 132
+COLUMN_MIN_BLOCKS = 1024
 #: M-tiles the column split is used at. Below, the inputs are a small share of what the K-split
 #: layout's blocks read; above, its 166 registers (two 8-column blocks a warp at eight m-tiles)
 #: leave one block an SM. On the H200 (session 26, ``node_cost.py --tune``, us a product, column

@@ -64,10 +64,12 @@ SMALL_MM_ENV = "HF2Q_SMALL_MM"
 #: faster a token on the H200 in three alternating A/Bs, sessions 16 and 19).
 GROUPED_MM_ENV = "HF2Q_GROUPED_MM"
 
-#: HF2Q_MM_COLUMNS=1: the small-M kernel's products of three or four m-tiles (33-64 rows: a
-#: verify of three or four slots) whose launch keeps enough thread blocks split the columns among
-#: a block's warps and stage the input once a block (``cuda_matmul.column_shape``), instead of
-#: splitting K among them; the same bits either way (off by default until timed on the H200).
+#: HF2Q_MM_COLUMNS=0: the small-M kernel's products of three or four m-tiles (33-64 rows: a
+#: verify of three or four slots) with at least ``cuda_matmul.COLUMN_MIN_BLOCKS`` thread blocks
+#: (a head) split K among a block's warps as every other product does, instead of splitting the
+#: columns and staging the input once a block (``cuda_matmul.column_shape``); the same bits
+#: either way. On by default: the 4B-shaped pair's verify head at 64 rows 579 -> 458 us on the
+#: H200 (session 26).
 MM_COLUMNS_ENV = "HF2Q_MM_COLUMNS"
 
 #: HF2Q_SMALL_MM_ROWS=N: products of up to N rows run the small-M kernel whatever the weight's size;
@@ -79,17 +81,23 @@ SMALL_MM_ROWS_ENV = "HF2Q_SMALL_MM_ROWS"
 #: its largest weight (the head) has more than ``linear.SMALL_WEIGHT`` elements (small drafters'
 #: products stay on the kernel, one graph node each). Draft logits only propose tokens (the verify
 #: decides them), so they need not be row-invariant; 0: such drafters never use the kernel.
-#: Default 32 (two slots' 16-token blocks): on the H200 the tied head of Qwen3.5-4B costs the
-#: kernel 860 us at 64 rows and cuBLAS 428 (equal at 16 rows), and the 4B-shaped pair's round
-#: was 3.8% shorter at 4 slots and 4.8% at 8 with 32 than with 128 (session 19, run 3).
+#: Default 64 (four slots' 16-token blocks): the layers' products of a 4B drafter at 48-64 rows
+#: cost the kernel what they cost cuBLAS on the H200 or less (session 26, ``node_cost.py
+#: --tune``: 2560 x 9216 32.2 / 37.0 us at 48 rows, 37.6 / 35.2 at 64; 9216 x 2560 30.5 / 38.3,
+#: 34.7 / 46.1) and each cuBLAS product costs the host a descriptor and a heuristic; in a 4-slot
+#: round the drafter's device time was the same (kernel traces) and the round 12.72 -> 11.33 ms
+#: (medians of 5 alternating in one process; minimums 10.56 / 10.47) on a host-bound machine.
+#: At 128 rows cuBLAS is faster (36.7 against 50.2). Session 19 had set 32 for the head's sake
+#: (kernel 860 us at 64 rows, cuBLAS 428), which now has its own count.
 DRAFT_MM_ROWS_ENV = "HF2Q_DRAFT_MM_ROWS"
-DRAFT_MM_ROWS = 32
+DRAFT_MM_ROWS = 64
 
-#: HF2Q_DRAFT_HEAD_MM_ROWS=N: the drafter's head alone follows this count instead of
-#: ``HF2Q_DRAFT_MM_ROWS`` (unset: the same count), so that its layers' products and its head
-#: can part: on the H200 at 48-128 rows cuBLAS beats the kernel on the 2560 x 248320 head but
-#: not on a 4B drafter layer's products at 48-64 rows (session 26, ``node_cost.py --tune``).
+#: HF2Q_DRAFT_HEAD_MM_ROWS=N: the drafter's head runs the small-M kernel up to N block rows
+#: (unset: :data:`DRAFT_HEAD_MM_ROWS`, or ``HF2Q_DRAFT_MM_ROWS`` where that is fewer), MLX's
+#: matmul beyond: on the H200 cuBLAS beats the kernel on the 2560 x 248320 head from 48 rows
+#: (session 26: 515 / 581 us at 48 rows, 472 / 704 at 64, 452 / 1007 at 128).
 DRAFT_HEAD_MM_ROWS_ENV = "HF2Q_DRAFT_HEAD_MM_ROWS"
+DRAFT_HEAD_MM_ROWS = 32
 
 #: HF2Q_ROW_ATTENTION=0: the compiled attention runners keep MLX's attention instead of the
 #: row-invariant kernel of :mod:`hf2q.kernels.cuda_attention` (CUDA only; default on there).
@@ -206,8 +214,8 @@ def grouped_mm_enabled() -> bool:
 
 def mm_columns_enabled() -> bool:
     """Whether the small-M kernel uses its column-split layout where it applies
-    (``HF2Q_MM_COLUMNS``, default off; only where :func:`small_mm_enabled`; same bits)."""
-    return small_mm_enabled() and _flag(MM_COLUMNS_ENV, "0")
+    (``HF2Q_MM_COLUMNS``, default on; only where :func:`small_mm_enabled`; same bits)."""
+    return small_mm_enabled() and _flag(MM_COLUMNS_ENV, "1")
 
 
 def small_mm_rows() -> int:
@@ -237,9 +245,12 @@ def draft_mm_rows() -> int:
 
 def draft_head_mm_rows() -> int:
     """Block rows up to which a drafter forward's head runs the small-M kernel
-    (``HF2Q_DRAFT_HEAD_MM_ROWS``; unset: :func:`draft_mm_rows`)."""
+    (``HF2Q_DRAFT_HEAD_MM_ROWS``; unset: :data:`DRAFT_HEAD_MM_ROWS` or :func:`draft_mm_rows`,
+    the fewer)."""
     n = _count(DRAFT_HEAD_MM_ROWS_ENV, f"a row count up to {cuda_matmul.MAX_ROWS}")
-    return draft_mm_rows() if n is None else min(n, cuda_matmul.MAX_ROWS)
+    if n is None:
+        return min(DRAFT_HEAD_MM_ROWS, draft_mm_rows())
+    return min(n, cuda_matmul.MAX_ROWS)
 
 
 def draft_mm_enabled(rows: int, largest: int, head: bool = False) -> bool:
