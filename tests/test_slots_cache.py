@@ -17,6 +17,7 @@ import pytest
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache
 
+from hf2q.kernels import select
 from hf2q.loading import load_model
 from hf2q.runtime.cache import GDNRollbackCache, make_target_cache
 from hf2q.runtime.dflash import prefill
@@ -270,12 +271,17 @@ def test_layers_in_step_share_their_position_arithmetic(lagged, monkeypatch):
     assert alone.offset.tolist() == [6, 6, 2]
 
 
-@pytest.mark.parametrize("scatter", ["0", "1"], ids=["slice", "scatter"])
+@pytest.mark.parametrize("scatter", ["0", "1", None], ids=["slice", "scatter", "default"])
 def test_a_lagged_single_row_holds_what_a_host_counted_row_holds(scatter, monkeypatch):
     # A lagged round at one slot writes at an offset only the device knows, by a slice update or
-    # (HF2Q_KV_ROW_SCATTER=1) by the many-row caches' scatter: either way the row holds exactly
-    # what the same writes with host counts leave, through ragged appends and rollbacks.
-    monkeypatch.setenv("HF2Q_KV_ROW_SCATTER", scatter)
+    # (HF2Q_KV_ROW_SCATTER=1, the default on CUDA) by the many-row caches' scatter: either way the
+    # row holds exactly what the same writes with host counts leave, through ragged appends and
+    # rollbacks.
+    if scatter is None:
+        monkeypatch.delenv("HF2Q_KV_ROW_SCATTER", raising=False)
+        scatter = "1" if select.backend() == "cuda" else "0"
+    else:
+        monkeypatch.setenv("HF2Q_KV_ROW_SCATTER", scatter)
     lagged, host = SlotKVCache(1), SlotKVCache(1)
     for c in (lagged, host):
         c.insert(0, mx.ones((1, 2, 3, 4)), -mx.ones((1, 2, 3, 4)), 3)

@@ -159,11 +159,13 @@ ROLLBACK_KERNEL_ENV = "HF2Q_ROLLBACK_KERNEL"
 #: writing that window itself (default on; only where the fused kernel runs).
 GDN_WINDOW_ENV = "HF2Q_GDN_WINDOW"
 
-#: HF2Q_KV_ROW_SCATTER=1: a one-row slot cache whose position only the device knows (a lagged
-#: round at one slot) writes its new keys and values with the scatter the many-row caches use
-#: instead of a slice update at a device offset (off by default until timed: on the H200 the
-#: slice update is two launches, the offset and a dynamic copy of 12 us median, 36 a 1-slot round
-#: of the 4B-shaped pair; a 4-slot round's scatters took 5 us; session 25, run 1).
+#: HF2Q_KV_ROW_SCATTER=0|1: a one-row slot cache whose position only the device knows (a lagged
+#: round at one slot) writes its new keys and values with the scatter the many-row caches use (1)
+#: or with a slice update at a device offset (0: two launches, the offset and a dynamic copy).
+#: Default on CUDA: the scatter. Kernel traces of a 1-slot round of the 4B-shaped pair on the H200
+#: (session 27, run 2): 585 launches and 5.77 ms device busy against 610 and 5.88 (the 36 dynamic
+#: copies 0.37 ms and their offsets 0.09, against 36 scatters of 0.15 ms); tokens equal. Elsewhere
+#: the slice update (untimed there).
 KV_ROW_SCATTER_ENV = "HF2Q_KV_ROW_SCATTER"
 
 
@@ -288,9 +290,9 @@ def gdn_window_enabled() -> bool:
 
 
 def kv_row_scatter() -> bool:
-    """Whether a lagged one-row slot cache writes by scatter (``HF2Q_KV_ROW_SCATTER``, default
-    off) instead of a slice update at a device offset; the same values either way."""
-    return _flag(KV_ROW_SCATTER_ENV, "0")
+    """Whether a lagged one-row slot cache writes by scatter (``HF2Q_KV_ROW_SCATTER``, default on
+    CUDA only) instead of a slice update at a device offset; the same values either way."""
+    return _flag(KV_ROW_SCATTER_ENV, "1" if backend() == "cuda" else "0")
 
 
 def rollback_kernel_enabled() -> bool:
