@@ -42,9 +42,17 @@ def _target(request, name: str):
     return _loaded[name]
 
 
+# On the CPU a batched verify and a fresh run agree to 1e-6. On a GPU the fresh run's prefill (p rows)
+# and the verify (6 rows a slot) take GEMMs tiled for their row counts, so float32 sums land a few
+# ulps apart: the H200 measured at most 1.3e-6 (benchmarks/results/h200/session28/run1), the same
+# with the one-row write as a slice or a scatter. Token equality is the contract the bf16 GPU
+# tests hold bit-exact; these bounds check the state, not the GEMM's summation order.
+ATOL = 1e-6 if select.backend() == "cpu" else 1e-5
+
+
 def _close(a: mx.array, b: mx.array, what: str) -> None:
     assert a.shape == b.shape, (what, a.shape, b.shape)
-    np.testing.assert_allclose(np.array(a), np.array(b), rtol=0, atol=1e-6, err_msg=what)
+    np.testing.assert_allclose(np.array(a), np.array(b), rtol=0, atol=ATOL, err_msg=what)
 
 
 def test_slot_kv_rows_hold_what_separate_kv_caches_hold():
