@@ -7,6 +7,15 @@ el() { echo "[$(( $(date +%s) - S ))s]"; }
 # left: the seconds of ${BUDGET:-560} still free, less 5 for what follows a run.
 left() { echo $(( ${BUDGET:-560} - ($(date +%s) - S) - 5 )); }
 
+# host_speed: how fast this machine's host runs Python (a loop of 1e7 adds; 0.7-1.4 s on the
+# H200 machines lent so far), printed first: host-bound rounds follow it.
+host_speed() {
+  python3 -c "
+import time; t = time.perf_counter(); s = 0
+for i in range(10**7): s += i
+print('host: python loop of 1e7 adds %.2f s' % (time.perf_counter() - t))"
+}
+
 # node_costs NAME ROWS: benchmarks/node_cost.py on the 4B shapes at ROWS (comma-separated) into
 # $OUT/NAME.json / .log, its product rows shown.
 node_costs() {

@@ -11,10 +11,7 @@
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
-python3 -c "
-import time; t = time.perf_counter(); s = 0
-for i in range(10**7): s += i
-print('host: python loop of 1e7 adds %.2f s' % (time.perf_counter() - t))"
+host_speed
 gpu_pytest t_cols 120 tests/test_kernels_matmul.py -m "not slow" -k "column or rows_are_bit_equal or grouped_kernel"
 SHAPES=4b,head4b tune_turns cols "4,8,4;8,8,1;2,8,1,8;1,8,1,8" 48 64 128
 ab_run cols_s4 120 --synthetic 4b --slots 4 --modes dflash --tokens 32 --prompt-tokens 64 --runs 5 \

@@ -6,10 +6,7 @@
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
-python3 -c "
-import time; t = time.perf_counter(); s = 0
-for i in range(10**7): s += i
-print('host: python loop of 1e7 adds %.2f s' % (time.perf_counter() - t))"
+host_speed
 ab_run s4_new 110 --synthetic 4b --slots 4 --modes dflash --tokens 32 --prompt-tokens 64 --runs 5 \
   --values "HF2Q_MM_COLUMNS=0+HF2Q_DRAFT_MM_ROWS=32,HF2Q_MM_COLUMNS=1+HF2Q_DRAFT_MM_ROWS=64"
 gpu_pytest t_exact 80 tests/test_runtime_bf16_exact.py -m "not slow" -k "exact"

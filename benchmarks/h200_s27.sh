@@ -8,10 +8,7 @@
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
-python3 -c "
-import time; t = time.perf_counter(); s = 0
-for i in range(10**7): s += i
-print('host: python loop of 1e7 adds %.2f s' % (time.perf_counter() - t))"
+host_speed
 ab_run kv_s1 170 --synthetic 4b --slots 1 --modes dflash --tokens 32 --prompt-tokens 64 --runs 5 \
   --values HF2Q_KV_ROW_SCATTER=0,HF2Q_KV_ROW_SCATTER=1
 synthetic_run synthetic 1,2,3,4 170

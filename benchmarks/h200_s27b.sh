@@ -8,10 +8,7 @@
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
-python3 -c "
-import time; t = time.perf_counter(); s = 0
-for i in range(10**7): s += i
-print('host: python loop of 1e7 adds %.2f s' % (time.perf_counter() - t))"
+host_speed
 timeout 150 python3 benchmarks/host_profile.py --synthetic 4b --prompt-tokens 64 \
   --loops slots-dflash,slots-plain --slots 1 --tokens 48 --top 45 --out "$OUT/host_s1.json" \
   > "$OUT/host_s1.log" 2>&1

@@ -5,10 +5,7 @@
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
-python3 -c "
-import time; t = time.perf_counter(); s = 0
-for i in range(10**7): s += i
-print('host: python loop of 1e7 adds %.2f s' % (time.perf_counter() - t))"
+host_speed
 gpu_pytest t_exact 150 tests/test_slots_cache.py tests/test_runtime_bf16_exact.py -m "not slow" \
   -k "lagged_single_row or exact or lagged_rounds"
 synthetic_run synthetic 1,2,3,4 170

@@ -8,10 +8,7 @@
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
-python3 -c "
-import time; t = time.perf_counter(); s = 0
-for i in range(10**7): s += i
-print('host: python loop of 1e7 adds %.2f s' % (time.perf_counter() - t))"
+host_speed
 if [ "${PART:-tests}" = tests ]; then
   for v in 0 1; do
     HF2Q_KV_ROW_SCATTER=$v gpu_pytest "t_ragged$v" 150 tests/test_slots_cache.py -k ragged_rollback
