@@ -46,13 +46,15 @@ def _target(request, name: str):
 # and the verify (6 rows a slot) take GEMMs tiled for their row counts, so float32 sums land a few
 # ulps apart: the H200 measured at most 1.3e-6 (benchmarks/results/h200/session28/run1), the same
 # with the one-row write as a slice or a scatter. Token equality is the contract the bf16 GPU
-# tests hold bit-exact; these bounds check the state, not the GEMM's summation order.
-ATOL = 1e-6 if select.backend() == "cpu" else 1e-5
+# tests hold bit-exact; this bound checks the state, not the GEMM's summation order. Comparisons
+# of copies (cache rows against mlx-lm's caches) keep 1e-6 everywhere. (The next-logits check,
+# after the states, has not yet been reached on a GPU.)
+FRESH_ATOL = 1e-6 if select.backend() == "cpu" else 1e-5
 
 
-def _close(a: mx.array, b: mx.array, what: str) -> None:
+def _close(a: mx.array, b: mx.array, what: str, atol: float = 1e-6) -> None:
     assert a.shape == b.shape, (what, a.shape, b.shape)
-    np.testing.assert_allclose(np.array(a), np.array(b), rtol=0, atol=ATOL, err_msg=what)
+    np.testing.assert_allclose(np.array(a), np.array(b), rtol=0, atol=atol, err_msg=what)
 
 
 def test_slot_kv_rows_hold_what_separate_kv_caches_hold():
@@ -138,12 +140,12 @@ def test_ragged_rollback_restores_each_row_exactly_as_a_fresh_run(name, request)
                 k, v = b.row(r)
                 fk, fv = f.keys_and_values()
                 assert b.lengths[r] == f.offset
-                _close(k, fk, f"row {r} layer {i} keys")
-                _close(v, fv, f"row {r} layer {i} values")
+                _close(k, fk, f"row {r} layer {i} keys", FRESH_ATOL)
+                _close(v, fv, f"row {r} layer {i} values", FRESH_ATOL)
             else:
                 assert isinstance(b, GDNRollbackCache)
                 for e, (x, y) in enumerate(zip(b.cache, f.cache)):
-                    _close(x[r : r + 1], y, f"row {r} layer {i} state {e}")
+                    _close(x[r : r + 1], y, f"row {r} layer {i} state {e}", FRESH_ATOL)
     # Decoding goes on identically: one batched step equals each row's own next step.
     nxt = [ids[p] for p in pos]
     logits = target.model(mx.array(nxt)[:, None], cache=batch)
@@ -151,7 +153,7 @@ def test_ragged_rollback_restores_each_row_exactly_as_a_fresh_run(name, request)
         fresh = target.make_cache()
         target.forward(mx.array([ids[:p]]), fresh)
         want = target.model(mx.array([[nxt[r]]]), cache=fresh)
-        _close(logits[r : r + 1], want, f"row {r} next logits")
+        _close(logits[r : r + 1], want, f"row {r} next logits", FRESH_ATOL)
 
 
 def test_slot_cache_refuses_misuse(request):
