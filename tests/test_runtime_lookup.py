@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from hf2q.runtime.lookup import LookupChooser, NgramIndex
+from hf2q.runtime.lookup import LookupChooser, NgramIndex, RowsLookup
 
 
 def test_proposes_what_followed_the_longest_earlier_suffix():
@@ -53,6 +53,73 @@ def test_chooser_tries_lookup_then_lets_the_drafter_compare():
     assert c.proposal(2) == [3, 1]
     c.record("lookup", 5)
     assert c.avg["lookup"] == 2.5 and c.since_lookup == 0
+
+
+def _random_rows(rng, rows, vocab):
+    """Choosers over random sequences, some ending in a loop, one row idle (None) at times."""
+    out = []
+    for _ in range(rows):
+        toks = [rng.randrange(vocab) for _ in range(rng.randint(0, 40))]
+        if len(toks) > 5 and rng.random() < 0.5:
+            period = rng.randint(1, 6)
+            toks += [toks[-1 - i % period] for i in range(10)]
+        out.append(LookupChooser(toks) if rng.random() < 0.9 else None)
+    return out
+
+
+def test_device_proposals_equal_the_host_index_and_chooser():
+    """RowsLookup.propose (MLX ops) gives each row what LookupChooser.proposal gives: the same
+    tokens where the host proposes, no use where it does not (no recurring suffix, the
+    drafter's turn, an idle row)."""
+    import random
+
+    rng = random.Random(0)
+    for trial in range(200):
+        choosers = _random_rows(rng, rng.randint(1, 4), rng.choice([2, 3, 5, 50]))
+        width = rng.randint(1, 15)
+        tokens, use = RowsLookup(choosers, width, 20).propose()
+        tokens, use = tokens.tolist(), use.tolist()
+        for r, c in enumerate(choosers):
+            want = c.proposal(width) if c is not None else None
+            assert (tokens[r] if use[r] else None) == want, (trial, r)
+
+
+def test_device_rounds_follow_the_host_choosers_round_by_round():
+    """RowsLookup.update after each round (random drafts, accepted counts, bonus tokens, and
+    the device's own choice of source) leaves the tokens, averages and choices that the host
+    choosers' round_done gives, round after round."""
+    import random
+
+    import mlx.core as mx
+
+    rng = random.Random(1)
+    for trial in range(30):
+        rows, width, vocab = rng.randint(1, 5), rng.randint(1, 15), rng.choice([3, 7, 100])
+        choosers = [
+            LookupChooser([rng.randrange(vocab) for _ in range(rng.randint(0, 20))])
+            for _ in range(rows)
+        ]
+        rounds = rng.randint(1, 18)
+        dev = RowsLookup(choosers, width, rounds * (width + 1))
+        for k in range(rounds):
+            proposed, use = dev.propose()
+            drafted = [[rng.randrange(vocab) for _ in range(width)] for _ in range(rows)]
+            draft = mx.where(use[:, None], proposed, mx.array(drafted, dtype=mx.int32))
+            acc = [rng.randint(0, width) for _ in range(rows)]
+            bonus = [rng.randrange(vocab) for _ in range(rows)]
+            dev.update(draft, mx.array(acc), mx.array(bonus), use)
+            mx.eval(dev.state)
+            d, u = draft.tolist(), use.tolist()
+            for r, c in enumerate(choosers):
+                want = c.proposal(width)
+                assert (d[r] if u[r] else None) == want, (trial, k, r)
+                c.round_done("lookup" if u[r] else "drafter", acc[r], d[r][: acc[r]] + [bonus[r]])
+        lengths = dev.length.tolist()
+        for r, c in enumerate(choosers):
+            assert dev.hist[r, : lengths[r]].tolist() == c.index.seq
+            assert dev.avg_lookup[r].item() == (c.avg["lookup"] or 0.0)
+            assert dev.avg_drafter[r].item() == (c.avg["drafter"] or 0.0)
+            assert dev.since[r].item() == c.since_lookup
 
 
 # -- the lossless contract with lookup on, on the demo pair -----------------------------------
@@ -231,3 +298,37 @@ def test_generate_cli_reports_lookup_rounds_and_can_turn_it_off(capsys, monkeypa
         assert main(["generate", "-n", "24", flag, "--json"]) == 0
         rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert (rec["lookup_rounds"] is None) == expect_none
+
+
+@pytest.mark.parametrize("slots", [1, 2, 3])
+def test_lagged_rounds_with_lookup_on_the_device_keep_plain_greedy_tokens(demo, plain64, slots):
+    # HF2Q_LAGGED_LOOKUP=device: batched greedy rounds take the rows' proposals from the device
+    # and stay lagged while proposals are due; every request (different lengths, more
+    # requests than slots, so rows finish apart and take the next request) keeps plain greedy
+    # decoding's tokens, lookup drafts rounds, and no round is synchronous.
+    from hf2q.runtime.slots import Request, SlotRound, SlotsSummary, slots_dflash_generate
+
+    pair, prompts = demo
+    lengths = [64, 41, 64, 23]
+    for B in (16, 4) if slots != 2 else (16,):
+        reqs = [Request(p, max_tokens=m) for p, m in zip(prompts, lengths)]
+        events = list(
+            slots_dflash_generate(
+                pair.target,
+                pair.drafter,
+                reqs,
+                slots=slots,
+                block_size=B,
+                lookup=True,
+                lagged=True,
+                device_lookup=True,
+            )
+        )
+        summary = events[-1]
+        assert isinstance(summary, SlotsSummary)
+        want = [plain[:m] for plain, m in zip(plain64, lengths)]
+        assert [r.tokens for r in summary.requests] == want, f"{slots} slots, block {B}"
+        rounds = [e for e in events if isinstance(e, SlotRound)]
+        by_lookup = sum(src == "lookup" for e in rounds for src in e.sources)
+        assert by_lookup > 0 and sum(r.lookup_rounds for r in summary.requests) == by_lookup
+        assert all(e.t_rollback == 0.0 for e in rounds)  # lagged: build / wait, no rollback

@@ -128,8 +128,11 @@ LAGGED_ROUNDS_ENV = "HF2Q_LAGGED_ROUNDS"
 
 #: HF2Q_LAGGED_LOOKUP=1: with lookup drafts too (the CLI's default), rounds are lagged while
 #: every sequence drafts with the drafter and synchronous while one's lookup proposal is due
-#: (default off: slower on the H200 and on CPUs).
+#: (default off: slower on the H200 and on CPUs). ``device``: batched greedy rounds
+#: (``hf2q bench --slots``) build the lookup proposals and choices on the device
+#: (``hf2q.runtime.lookup.RowsLookup``) and stay lagged; elsewhere as ``1``.
 LAGGED_LOOKUP_ENV = "HF2Q_LAGGED_LOOKUP"
+LAGGED_LOOKUP_MODES = ("0", "1", "device")
 
 #: HF2Q_LAGGED_DRAFT_FIRST=0: a lagged round builds its whole graph before queuing any of it,
 #: instead of queuing its draft (``mx.async_eval``) before it builds the verify (default 1; see
@@ -363,7 +366,21 @@ def lagged_lookup_enabled() -> bool:
     (``LookupChooser.proposal``) and lagged again when none is. Off by default: slower on the
     H200 too (docs/BENCHMARKS.md, session 18: the demo pair's looping prompt, DFlash 0.468 ms a
     token with synchronous lookup rounds against 0.579 with this, alternating in one process)."""
-    return _flag(LAGGED_LOOKUP_ENV, "0")
+    return lagged_lookup_mode() != "0"
+
+
+def lagged_lookup_mode() -> str:
+    """``HF2Q_LAGGED_LOOKUP`` as one of :data:`LAGGED_LOOKUP_MODES` (``0``: lookup rounds are
+    synchronous; ``1``: lagged while no proposal is due; ``device``: batched greedy rounds take
+    their proposals from the device and stay lagged). Default ``0``."""
+    raw = os.environ.get(LAGGED_LOOKUP_ENV, "0").strip().lower() or "0"
+    value = {"false": "0", "off": "0", "true": "1", "on": "1"}.get(raw, raw)
+    if value not in LAGGED_LOOKUP_MODES:
+        raise UsageError(
+            f"{LAGGED_LOOKUP_ENV}={raw!r} is not one of {', '.join(LAGGED_LOOKUP_MODES)}: "
+            "unset it or pick one"
+        )
+    return value
 
 
 def lagged_draft_first() -> bool:

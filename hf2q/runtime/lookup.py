@@ -23,7 +23,10 @@ What it does not do: search anything but the sequence itself (no corpus, no othe
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import mlx.core as mx
 
 #: Shortest and longest suffix matched.
 MIN_N, MAX_N = 2, 8
@@ -110,3 +113,116 @@ class LookupChooser:
         self.avg[source] = (
             float(accepted) if old is None else self.decay * old + (1 - self.decay) * accepted
         )
+
+
+class RowsLookup:
+    """The lookup proposals and choosers of several rows, computed on the device.
+
+    What it does: holds every row's tokens (prompt and generated) and its chooser's state
+    (:class:`LookupChooser`'s averages and ``since_lookup``) as arrays, and builds, as lazy MLX
+    ops, each row's proposal (:meth:`NgramIndex.propose`: the longest recurring suffix of 2..8
+    tokens, its latest earlier occurrence, the tokens after it repeated with its period), the
+    choice between that proposal and the drafter's tokens (:meth:`LookupChooser.proposal`), and
+    after the round the update of both (:meth:`LookupChooser.round_done`).
+
+    Why: lagged rounds (``hf2q.runtime.slots``) queue round k+1 before round k's acceptance is
+    read, so a host-side proposal, which needs the row's latest tokens, turns them synchronous
+    whenever one is due, and with several rows one nearly always is. Built from arrays the
+    proposal needs nothing from the host, so with lookup on the rounds stay lagged.
+
+    The choice is the host chooser's, in float32 instead of Python's float64: the averages are
+    halvings of small integers, exact in either until about 20 rounds without a reset, after
+    which a near-tie could go the other way. Greedy tokens never depend on it (every proposal
+    is verified); only which source drafts a round. What it does not do: sampling (T > 0),
+    whose per-row keys are drawn in the synchronous order (the caller keeps host proposals).
+    """
+
+    def __init__(self, choosers: Sequence[LookupChooser | None], width: int, room: int) -> None:
+        """``choosers`` per row (None: an idle row, never proposes); ``width``: tokens per
+        proposal; ``room``: tokens any row may still gain (its capacity is its length plus
+        this plus two blocks: rounds in flight after a row finishes append too)."""
+        lens = [len(c.index.seq) if c is not None else 0 for c in choosers]
+        cap = max(lens) + room + 2 * (width + 1) + 1
+        hist = [(c.index.seq if c is not None else []) for c in choosers]
+        self.hist = mx.array([h + [-1] * (cap - len(h)) for h in hist], dtype=mx.int32)
+        self.length = mx.array(lens, dtype=mx.int32)
+        self.valid = mx.array([c is not None for c in choosers])
+
+        def avg(c: LookupChooser | None, src: str) -> float:
+            v = c.avg[src] if c is not None else None
+            return 0.0 if v is None else float(v)
+
+        def has(c: LookupChooser | None, src: str) -> bool:
+            return c is not None and c.avg[src] is not None
+
+        self.avg_lookup = mx.array([avg(c, "lookup") for c in choosers], dtype=mx.float32)
+        self.avg_drafter = mx.array([avg(c, "drafter") for c in choosers], dtype=mx.float32)
+        self.has_lookup = mx.array([has(c, "lookup") for c in choosers])
+        self.has_drafter = mx.array([has(c, "drafter") for c in choosers])
+        self.since = mx.array(
+            [c.since_lookup if c is not None else 0 for c in choosers], dtype=mx.float32
+        )
+        self.decay = choosers[0].decay if choosers and choosers[0] is not None else 0.5
+        self.width = width
+        self.min_n, self.max_n = MIN_N, MAX_N
+
+    def propose(self) -> tuple[Any, Any]:
+        """``(tokens (R, width) int32, use (R,) bool)``: each row's proposal (anything where it
+        has none) and whether its chooser drafts this round from it."""
+        hist, L = self.hist, self.length[:, None]
+        cap = hist.shape[1]
+        e = mx.arange(cap, dtype=mx.int32)[None, :, None]  # an earlier occurrence's end
+        j = mx.arange(self.max_n, dtype=mx.int32)[None, None, :]  # tokens back from the end
+        at = e - 1 - j  # (1, cap, max_n): the occurrence's tokens, last first
+        back = mx.take_along_axis(hist, mx.maximum(L - 1 - j[0], 0), axis=1)  # (R, max_n)
+        seen = mx.take_along_axis(hist, mx.maximum(at, 0).reshape(1, -1), axis=1)
+        same = (seen.reshape(-1, cap, self.max_n) == back[:, None, :]) & (at >= 0)
+        same = same & (L[:, :, None] - 1 - j >= 0)
+        run = mx.cumprod(same.astype(mx.int32), axis=-1).sum(axis=-1)  # (R, cap)
+        ok = (run >= self.min_n) & (e[..., 0] < L)
+        score = mx.where(ok, run * cap + e[..., 0], -1)  # longest suffix, then latest end
+        start = mx.argmax(score, axis=1).astype(mx.int32)
+        found = (mx.max(score, axis=1) >= 0) & self.valid
+        period = mx.maximum(self.length - start, 1)
+        i = mx.arange(self.width, dtype=mx.int32)[None, :]
+        tokens = mx.take_along_axis(hist, start[:, None] + i % period[:, None], axis=1)
+        lk, dr = self.avg_lookup, self.avg_drafter
+        turn = ~self.has_lookup | (self.has_drafter & (lk + EXPLORE * self.since >= dr))
+        return tokens, found & turn
+
+    def update(self, draft: Any, accepted: Any, bonus: Any, use: Any) -> None:
+        """After a round: each row's ``accepted`` (R,) drafts of ``draft`` (R, width) and its
+        ``bonus`` (R,) token join its tokens; ``use`` (R,) says which source drafted it."""
+        R, cap = self.hist.shape
+        k = draft.shape[1]
+        col = mx.arange(k + 1, dtype=mx.int32)[None, :]
+        a = accepted.astype(mx.int32)
+        vals = mx.concatenate([draft.astype(mx.int32), bonus.astype(mx.int32)[:, None]], axis=1)
+        vals = mx.where(col == a[:, None], bonus.astype(mx.int32)[:, None], vals)
+        where = mx.minimum(self.length[:, None] + col, cap - 1)
+        self.hist = mx.put_along_axis(self.hist, where, vals, axis=1)
+        self.length = self.length + a + 1
+        af = a.astype(mx.float32)
+        keep, new = self.decay, 1 - self.decay
+
+        def mean(avg: Any, has: Any) -> Any:
+            return mx.where(has, keep * avg + new * af, af)
+
+        self.avg_lookup = mx.where(use, mean(self.avg_lookup, self.has_lookup), self.avg_lookup)
+        self.avg_drafter = mx.where(use, self.avg_drafter, mean(self.avg_drafter, self.has_drafter))
+        self.has_lookup = self.has_lookup | use
+        self.has_drafter = self.has_drafter | ~use
+        self.since = mx.where(use, 0.0, self.since + 1)
+
+    @property
+    def state(self) -> list[Any]:
+        """The arrays to evaluate with a round."""
+        return [
+            self.hist,
+            self.length,
+            self.avg_lookup,
+            self.avg_drafter,
+            self.has_lookup,
+            self.has_drafter,
+            self.since,
+        ]

@@ -44,7 +44,12 @@ import mlx.core as mx
 
 from hf2q.errors import UsageError
 from hf2q.kernels.layers import decode_layer_fn
-from hf2q.kernels.select import lagged_draft_first, lagged_for, small_mm_enabled
+from hf2q.kernels.select import (
+    lagged_draft_first,
+    lagged_for,
+    lagged_lookup_mode,
+    small_mm_enabled,
+)
 from hf2q.runtime.cache import make_target_cache
 from hf2q.runtime.dflash import (
     PREFILL_STEP_SIZE,
@@ -55,7 +60,7 @@ from hf2q.runtime.dflash import (
     tokens_per_s,
 )
 from hf2q.runtime.drafter import DFlashDraftModel
-from hf2q.runtime.lookup import LookupChooser
+from hf2q.runtime.lookup import LookupChooser, RowsLookup
 from hf2q.runtime.sampling import (
     KeyStream,
     SamplingParams,
@@ -396,6 +401,7 @@ def slots_dflash_generate(
     prefill_step_size: int = PREFILL_STEP_SIZE,
     lookup: bool = False,
     lagged: bool | None = None,
+    device_lookup: bool | None = None,
 ) -> Iterator[SlotEvent]:
     """Decode ``requests`` with DFlash, up to ``slots`` at a time; yield events.
 
@@ -417,6 +423,9 @@ def slots_dflash_generate(
             ``hf2q.kernels.select.lagged_for(lookup)`` (``HF2Q_LAGGED_ROUNDS``, on CUDA only;
             with lookup also ``HF2Q_LAGGED_LOOKUP``, off). Same greedy tokens; sampled ones
             from the same distribution.
+        device_lookup: with ``lookup`` and ``lagged``, greedy: the rows' proposals and
+            choices are built on the device (:class:`~hf2q.runtime.lookup.RowsLookup`), so the
+            rounds stay lagged while proposals are due. None: ``HF2Q_LAGGED_LOOKUP=device``.
 
     Raises:
         UsageError: bad slot count, empty prompt, ``max_tokens < 1``, block size out of range.
@@ -442,6 +451,7 @@ def slots_dflash_generate(
         prefill_step_size,
         lookup,
         lagged_for(lookup) if lagged is None else lagged,
+        (lagged_lookup_mode() == "device") if device_lookup is None else device_lookup,
     )
 
 
@@ -457,8 +467,11 @@ def _dflash_slots(
     step_size: int,
     lookup: bool = False,
     lagged: bool = False,
+    device_lookup: bool = False,
 ) -> Iterator[SlotEvent]:
     mask_id = drafter.mask_token_id
+    # Lagged rounds keep going while lookup proposals are due: built on the device (greedy).
+    device_lookup = device_lookup and lookup and lagged and sampling.greedy
     ids = drafter.config.target_layer_ids
     mx.reset_peak_memory()
     tcache = make_slot_target_cache(target, slots)
@@ -657,6 +670,10 @@ def _dflash_slots(
         kv = [c for c in (*tcache, *dcache) if isinstance(c, SlotKVCache)]
         for c in kv:
             c.lagged = True
+        looked = None  # the rows' lookup on the device (device_lookup)
+        if device_lookup:
+            room = max((x.remaining for x in rows if x is not None), default=0)
+            looked = RowsLookup([x.chooser if x else None for x in rows], B - 1, room)
         flight: deque = deque()
         t_prev = time.perf_counter()
         stop = False
@@ -668,8 +685,12 @@ def _dflash_slots(
                     c.prepare(lengths=ctx_len)
                 block = mx.concatenate([last[:, None], masks], axis=1)  # (R, B)
                 dlogits = drafter(block, ctx, dcache)  # (R, B-1, V)
+                use = None
                 if sampling.greedy:
                     draft, q_rows = mx.argmax(dlogits, axis=-1).astype(mx.int32), []
+                    if looked is not None:  # rows whose chooser picks their proposal
+                        proposed, use = looked.propose()
+                        draft = mx.where(use[:, None], proposed, draft)
                 else:  # each row's keys in the order a synchronous round draws them
                     draft, q_rows = sample_drafts(dlogits, [B - 1] * R)
                 if draft_first:  # the device drafts while the host builds the verify
@@ -681,24 +702,32 @@ def _dflash_slots(
                 tcache.rollback(keep)
                 ctx, ctx_len = feats, keep
                 marks = [c.mark() for c in kv]
-                mx.async_eval(draft, a_arr, last, ctx, tcache.state, [c.state for c in dcache])
-                flight.append((draft, a_arr, last, marks, time.perf_counter() - tic))
+                extra = []
+                if looked is not None:
+                    looked.update(draft, a_arr, last, use)
+                    extra = [use, looked.state]
+                mx.async_eval(
+                    draft, a_arr, last, ctx, tcache.state, [c.state for c in dcache], extra
+                )
+                flight.append((draft, a_arr, last, use, marks, time.perf_counter() - tic))
                 if len(flight) < 2:
                     continue
-            draft_o, a_o, bonus_o, marks_o, t_build = flight.popleft()
+            draft_o, a_o, bonus_o, use_o, marks_o, t_build = flight.popleft()
             t1 = time.perf_counter()
             acc, bonus, draft_host = a_o.tolist(), bonus_o.tolist(), draft_o.tolist()
+            sources = ["drafter"] * R
+            if use_o is not None:  # the host choosers follow the device's choices
+                sources = ["lookup" if u else "drafter" for u in use_o.tolist()]
             for c, m in zip(kv, marks_o, strict=True):
                 c.resync(m)
             t2 = time.perf_counter()
             times = (t2 - t_prev, t_build, t2 - t1, 0.0)
             t_prev = t2
-            event, finished = commit_round(
-                acc, bonus, draft_host, [B] * R, ["drafter"] * R, times, B
-            )
+            event, finished = commit_round(acc, bonus, draft_host, [B] * R, sources, times, B)
             yield event
             yield from release(finished)
-            stop = stop or bool(finished) or all(x is None for x in rows) or lookup_due()
+            stop = stop or bool(finished) or all(x is None for x in rows)
+            stop = stop or (looked is None and lookup_due())
         for c in kv:  # every round read: the bounds are exact again
             c.lagged = False
         ctx_len = [int(v) for v in ctx_len.tolist()] if isinstance(ctx_len, mx.array) else ctx_len
@@ -753,7 +782,7 @@ def _dflash_slots(
             ctx_len = [ctx_len[r] for r in busy]
 
         # A draft already queued means the last round found a lookup proposal due (same rows).
-        if lagged and pending is None and not lookup_due():
+        if lagged and pending is None and (device_lookup or not lookup_due()):
             yield from lagged_rounds()
             continue
 
@@ -792,7 +821,9 @@ def _dflash_slots(
 
         times = (t3 - t0 + t_pre, t1 - t0 + t_pre, t2 - t1, t3 - t2)
         event, finished = commit_round(acc, bonus, draft.tolist(), bs_row, sources, times, bs)
-        if not finished and not (lagged and not lookup_due()):  # (lagged: no draft queued)
+        if not finished and not (
+            lagged and (device_lookup or not lookup_due())
+        ):  # (lagged: none queued)
             pending = submit()  # runs on the device while the event is consumed
         yield event
         yield from release(finished)
