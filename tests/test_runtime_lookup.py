@@ -332,24 +332,3 @@ def test_lagged_rounds_with_lookup_on_the_device_keep_plain_greedy_tokens(demo, 
         by_lookup = sum(src == "lookup" for e in rounds for src in e.sources)
         assert by_lookup > 0 and sum(r.lookup_rounds for r in summary.requests) == by_lookup
         assert all(e.t_rollback == 0.0 for e in rounds)  # lagged: build / wait, no rollback
-
-
-def test_synchronous_rounds_that_queue_the_verify_first_keep_plain_greedy_tokens(
-    demo, plain64, monkeypatch
-):
-    # HF2Q_QUEUE_VERIFY=1: a synchronous round queues its verify before it waits for its draft
-    # (single sequence and slots, lookup rounds); the tokens stay plain decoding's.
-    from hf2q.kernels.select import queue_verify
-    from hf2q.runtime.dflash import dflash_generate, run
-    from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
-
-    monkeypatch.setenv("HF2Q_QUEUE_VERIFY", "1")
-    assert queue_verify()
-    pair, prompts = demo
-    t, d = pair.target, pair.drafter
-    for i, (p, plain) in enumerate(zip(prompts[:2], plain64)):
-        s = run(dflash_generate(t, d, p, max_tokens=64, lookup=True, lagged=False))
-        assert s.tokens == plain, f"prompt {i}"
-    reqs = [Request(p, max_tokens=64) for p in prompts]
-    batched = run_slots(slots_dflash_generate(t, d, reqs, slots=3, lookup=True, lagged=False))
-    assert [r.tokens for r in batched.requests] == plain64

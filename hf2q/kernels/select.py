@@ -139,11 +139,6 @@ LAGGED_LOOKUP_MODES = ("0", "1", "device")
 #: :func:`lagged_draft_first`).
 LAGGED_DRAFT_FIRST_ENV = "HF2Q_LAGGED_DRAFT_FIRST"
 
-#: HF2Q_QUEUE_VERIFY=0|1: a synchronous round (lookup drafts, or lagged rounds off) queues its
-#: verify (``mx.async_eval``) as soon as it is built, before it waits for its draft, so the
-#: device goes from the draft to the verify without waiting for the host to encode the verify.
-QUEUE_VERIFY_ENV = "HF2Q_QUEUE_VERIFY"
-
 #: HF2Q_GDN_RECORD=states|final: what a verify through the compiled runners (CUDA) keeps of each
 #: Gated-DeltaNet layer for the rollback, every step's state or the final state (its rollback
 #: replays each row's kept steps). Unset: ``final`` where a layer's per-step record would take
@@ -386,18 +381,6 @@ def lagged_lookup_mode() -> str:
             "unset it or pick one"
         )
     return value
-
-
-def queue_verify() -> bool:
-    """Whether a synchronous DFlash round queues its verify before it waits for its draft
-    (``HF2Q_QUEUE_VERIFY``, default off; the values are the same either way).
-
-    Why: a synchronous round waited for its draft (``mx.eval``) and only then evaluated the
-    verify, so on a GPU the verify's kernels were encoded after the draft had finished and the
-    device waited for the host meanwhile; queued first, the verify is encoded while the device
-    drafts.
-    """
-    return _flag(QUEUE_VERIFY_ENV, "0")
 
 
 def lagged_draft_first() -> bool:

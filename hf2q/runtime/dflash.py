@@ -39,7 +39,6 @@ from hf2q.kernels.select import (
     compile_forward_enabled,
     fuse_proj_enabled,
     lagged_for,
-    queue_verify,
     row_attention_enabled,
     small_mm_enabled,
 )
@@ -430,8 +429,6 @@ def _dflash(
             if source == "lookup":  # a deterministic proposal: all of q's mass on each token
                 q = point_masses(draft, vlogits.shape[-1])
             a_arr, bonus_arr = accept_rejection(draft, q, probs(vlogits[0], sampling), keys.next())
-        if queue_verify():  # encoded while the device drafts (same values)
-            mx.async_eval(a_arr, bonus_arr)
         mx.eval(draft)
         t1 = time.perf_counter()
         mx.eval(a_arr, bonus_arr)

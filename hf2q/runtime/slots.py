@@ -48,7 +48,6 @@ from hf2q.kernels.select import (
     lagged_draft_first,
     lagged_for,
     lagged_lookup_mode,
-    queue_verify,
     small_mm_enabled,
 )
 from hf2q.runtime.cache import make_target_cache
@@ -803,8 +802,6 @@ def _dflash_slots(
         vin = mx.concatenate([mx.array(last, dtype=mx.int32)[:, None], draft], axis=1)  # (R, bs)
         vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
         a_arr, bonus_arr = accept(draft, q_rows, vlogits, [b - 1 for b in bs_row])
-        if queue_verify():  # encoded while the device drafts (same values)
-            mx.async_eval(a_arr, bonus_arr)
         mx.eval(draft)
         t1 = time.perf_counter()
         mx.eval(a_arr, bonus_arr)
