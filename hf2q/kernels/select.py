@@ -372,7 +372,10 @@ def lagged_lookup_enabled() -> bool:
 def lagged_lookup_mode() -> str:
     """``HF2Q_LAGGED_LOOKUP`` as one of :data:`LAGGED_LOOKUP_MODES` (``0``: lookup rounds are
     synchronous; ``1``: lagged while no proposal is due; ``device``: batched greedy rounds take
-    their proposals from the device and stay lagged). Default ``0``."""
+    their proposals from the device and stay lagged). Default ``0``: on an H200 the demo pair's
+    ``device`` rounds were 14-18% longer at 1 and 8 slots, same rounds and tokens
+    (docs/BENCHMARKS.md, session 29: the drafter runs in every lagged round, and the host, which
+    lagging does not relieve, bounds the round)."""
     raw = os.environ.get(LAGGED_LOOKUP_ENV, "0").strip().lower() or "0"
     value = {"false": "0", "off": "0", "true": "1", "on": "1"}.get(raw, raw)
     if value not in LAGGED_LOOKUP_MODES:

@@ -646,6 +646,11 @@ def _dflash_slots(
             for x in rows
         )
 
+    def next_lagged() -> bool:
+        """Whether the next round is a lagged one: lagged rounds are on, and no row's lookup
+        proposal is due (or the proposals are built on the device)."""
+        return lagged and (device_lookup or not lookup_due())
+
     def lagged_rounds() -> Iterator[SlotEvent]:
         """Rounds over the current rows, each queued before the previous one's acceptance is
         read, until a row finishes (or, with lookup, a row's lookup proposal is due); then the
@@ -782,7 +787,7 @@ def _dflash_slots(
             ctx_len = [ctx_len[r] for r in busy]
 
         # A draft already queued means the last round found a lookup proposal due (same rows).
-        if lagged and pending is None and (device_lookup or not lookup_due()):
+        if pending is None and next_lagged():
             yield from lagged_rounds()
             continue
 
@@ -821,9 +826,7 @@ def _dflash_slots(
 
         times = (t3 - t0 + t_pre, t1 - t0 + t_pre, t2 - t1, t3 - t2)
         event, finished = commit_round(acc, bonus, draft.tolist(), bs_row, sources, times, bs)
-        if not finished and not (
-            lagged and (device_lookup or not lookup_due())
-        ):  # (lagged: none queued)
+        if not finished and not next_lagged():  # (a lagged round queues its own draft)
             pending = submit()  # runs on the device while the event is consumed
         yield event
         yield from release(finished)
