@@ -5,7 +5,10 @@
 # session 26, so the stream is cut into three equal pieces (about 25 MB), one stage each, and the GPU calls become
 #   run "bash .device/s1/keep.sh"  carry [".device/s1"]     (then s1b, s1c: one call each)
 #   run "bash .device/s2/install.sh >/dev/null && ..." carry [".device/s2"]
-# one right after the other (the machine keeps the stash while warm, 30 s). Idempotent.
+# one right after the other (the machine keeps the stash while warm, 30 s). Send the first stage
+# alone and the rest only once it ran: a refused start costs about 90 s of device time and each
+# call in the refusal window after it 15 s (session 29). Write the measuring script before the
+# stages, so that no pause lets the machine go. Idempotent.
 set -euo pipefail
 d=.device
 [[ -f $d/s2/install.sh ]] || { echo "no $d/s2/install.sh: run bash ../shared/device/prepare.sh first"; exit 2; }
