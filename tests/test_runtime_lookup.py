@@ -312,18 +312,11 @@ def test_lagged_rounds_with_lookup_on_the_device_keep_plain_greedy_tokens(demo, 
     lengths = [64, 41, 64, 23]
     for B in (16, 4) if slots != 2 else (16,):
         reqs = [Request(p, max_tokens=m) for p, m in zip(prompts, lengths)]
-        events = list(
-            slots_dflash_generate(
-                pair.target,
-                pair.drafter,
-                reqs,
-                slots=slots,
-                block_size=B,
-                lookup=True,
-                lagged=True,
-                device_lookup=True,
-            )
+        on = {"lookup": True, "lagged": True, "device_lookup": True}
+        gen = slots_dflash_generate(
+            pair.target, pair.drafter, reqs, slots=slots, block_size=B, **on
         )
+        events = list(gen)
         summary = events[-1]
         assert isinstance(summary, SlotsSummary)
         want = [plain[:m] for plain, m in zip(plain64, lengths)]
