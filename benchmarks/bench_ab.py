@@ -23,12 +23,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--slots", default="1,8")
-    ap.add_argument("--values", default="HF2Q_LAGGED_LOOKUP=0,HF2Q_LAGGED_LOOKUP=device")
+    ap.add_argument("--env", default="HF2Q_LAGGED_LOOKUP", help="the setting of bare values")
+    ap.add_argument(
+        "--values", default="0,device", help="VALUE or NAME=V[+NAME2=V2], comma-separated"
+    )
     ap.add_argument("--requests-per-slot", type=int, default=4)
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3, help="timed runs per value (after a warm-up)")
@@ -37,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import mlx.core as mx
+    from plain_ab import _setting
 
     from hf2q.runtime.bench import BenchConfig, _run_slots_mode, make_prompts, parse_slots
     from hf2q.runtime.pair import load_pair
@@ -52,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     eos = frozenset(int(e) for e in pair.eos_token_ids)
     avoid = sorted(set(pair.eos_token_ids) | {d.mask_token_id})
     values = args.values.split(",")
-    settings = {v: dict(p.split("=", 1) for p in v.split("+")) for v in values}
+    settings = {v: _setting(args.env, v) for v in values}
     names = sorted({n for st in settings.values() for n in st})
     report: dict = {"values": settings, "runs": args.runs, "config": vars(args) | {"out": None}}
     rows = []

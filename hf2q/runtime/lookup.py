@@ -145,8 +145,7 @@ class RowsLookup:
         cap = max(lens) + room + 2 * (width + 1) + 1
         hist = [(c.index.seq if c is not None else []) for c in choosers]
         self.hist = mx.array([h + [-1] * (cap - len(h)) for h in hist], dtype=mx.int32)
-        self.length = mx.array(lens, dtype=mx.int32)
-        self.valid = mx.array([c is not None for c in choosers])
+        self.length = mx.array(lens, dtype=mx.int32)  # an idle row's 0 never matches
 
         def avg(c: LookupChooser | None, src: str) -> float:
             v = c.avg[src] if c is not None else None
@@ -162,30 +161,32 @@ class RowsLookup:
         self.since = mx.array(
             [c.since_lookup if c is not None else 0 for c in choosers], dtype=mx.float32
         )
-        self.decay = choosers[0].decay if choosers and choosers[0] is not None else 0.5
-        self.width = width
-        self.min_n, self.max_n = MIN_N, MAX_N
+        self.decay = next((c.decay for c in choosers if c is not None), 0.5)
+        # What every round's search reads, built once: an earlier occurrence's end e, the
+        # tokens j back from an end, the occurrence's positions e - 1 - j (last first).
+        self._end = mx.arange(cap, dtype=mx.int32)[None, :]
+        self._back = mx.arange(MAX_N, dtype=mx.int32)[None, :]
+        at = self._end[:, :, None] - 1 - self._back[:, None, :]  # (1, cap, MAX_N)
+        self._at = mx.maximum(at, 0).reshape(1, -1)
+        self._inside = at >= 0
+        self._ahead = mx.arange(width, dtype=mx.int32)[None, :]
 
     def propose(self) -> tuple[Any, Any]:
         """``(tokens (R, width) int32, use (R,) bool)``: each row's proposal (anything where it
         has none) and whether its chooser drafts this round from it."""
         hist, L = self.hist, self.length[:, None]
         cap = hist.shape[1]
-        e = mx.arange(cap, dtype=mx.int32)[None, :, None]  # an earlier occurrence's end
-        j = mx.arange(self.max_n, dtype=mx.int32)[None, None, :]  # tokens back from the end
-        at = e - 1 - j  # (1, cap, max_n): the occurrence's tokens, last first
-        back = mx.take_along_axis(hist, mx.maximum(L - 1 - j[0], 0), axis=1)  # (R, max_n)
-        seen = mx.take_along_axis(hist, mx.maximum(at, 0).reshape(1, -1), axis=1)
-        same = (seen.reshape(-1, cap, self.max_n) == back[:, None, :]) & (at >= 0)
-        same = same & (L[:, :, None] - 1 - j >= 0)
+        suffix = L - 1 - self._back  # (R, MAX_N): the sequence's last tokens, last first
+        back = mx.take_along_axis(hist, mx.maximum(suffix, 0), axis=1)
+        seen = mx.take_along_axis(hist, self._at, axis=1).reshape(-1, cap, MAX_N)
+        same = (seen == back[:, None, :]) & self._inside & (suffix >= 0)[:, None, :]
         run = mx.cumprod(same.astype(mx.int32), axis=-1).sum(axis=-1)  # (R, cap)
-        ok = (run >= self.min_n) & (e[..., 0] < L)
-        score = mx.where(ok, run * cap + e[..., 0], -1)  # longest suffix, then latest end
+        ok = (run >= MIN_N) & (self._end < L)
+        score = mx.where(ok, run * cap + self._end, -1)  # longest suffix, then latest end
         start = mx.argmax(score, axis=1).astype(mx.int32)
-        found = (mx.max(score, axis=1) >= 0) & self.valid
+        found = mx.max(score, axis=1) >= 0
         period = mx.maximum(self.length - start, 1)
-        i = mx.arange(self.width, dtype=mx.int32)[None, :]
-        tokens = mx.take_along_axis(hist, start[:, None] + i % period[:, None], axis=1)
+        tokens = mx.take_along_axis(hist, start[:, None] + self._ahead % period[:, None], axis=1)
         lk, dr = self.avg_lookup, self.avg_drafter
         turn = ~self.has_lookup | (self.has_drafter & (lk + EXPLORE * self.since >= dr))
         return tokens, found & turn
@@ -193,12 +194,11 @@ class RowsLookup:
     def update(self, draft: Any, accepted: Any, bonus: Any, use: Any) -> None:
         """After a round: each row's ``accepted`` (R,) drafts of ``draft`` (R, width) and its
         ``bonus`` (R,) token join its tokens; ``use`` (R,) says which source drafted it."""
-        R, cap = self.hist.shape
-        k = draft.shape[1]
-        col = mx.arange(k + 1, dtype=mx.int32)[None, :]
+        cap = self.hist.shape[1]
+        col = mx.arange(draft.shape[1] + 1, dtype=mx.int32)[None, :]
         a = accepted.astype(mx.int32)
-        vals = mx.concatenate([draft.astype(mx.int32), bonus.astype(mx.int32)[:, None]], axis=1)
-        vals = mx.where(col == a[:, None], bonus.astype(mx.int32)[:, None], vals)
+        b = bonus.astype(mx.int32)[:, None]
+        vals = mx.where(col == a[:, None], b, mx.concatenate([draft.astype(mx.int32), b], axis=1))
         where = mx.minimum(self.length[:, None] + col, cap - 1)
         self.hist = mx.put_along_axis(self.hist, where, vals, axis=1)
         self.length = self.length + a + 1
