@@ -37,6 +37,15 @@ from hf2q.kernels.linear import linear, linears, swiglu_mlp
 AttentionRunner = Callable[[mx.array, Any, Any], mx.array]
 
 
+def positions(first: int | mx.array) -> mx.array:
+    """A cache offset as the int32 array compiled pieces take: an int becomes a constant; a slot
+    cache's (B,) int32 offsets are passed as they are (``mx.array(a, dtype=...)`` of an array is
+    an ``AsType`` node, a copy kernel on a GPU, for every layer of every step)."""
+    if isinstance(first, mx.array):
+        return first if first.dtype == mx.int32 else first.astype(mx.int32)
+    return mx.array(first, dtype=mx.int32)
+
+
 def reads_buffer_in_place(cache: Any) -> bool:
     """Whether the row-invariant kernel may attend over ``cache.keys`` / ``cache.values`` whole:
     mlx-lm's plain ``KVCache`` and caches declaring ``positions_are_indices`` (hf2q's bucketed
@@ -133,7 +142,7 @@ def compile_attention_layer(
         if cache is None or hasattr(cache, "bits"):
             return _alive(ref)(x, mask=mask, cache=cache)
         first = cache.offset  # positions before the new rows: int, or (B,) per slot row
-        queries, keys, values, gate = cpre(x, mx.array(first, dtype=mx.int32))
+        queries, keys, values, gate = cpre(x, positions(first))
         if (
             rows
             and reads_buffer_in_place(cache)

@@ -27,7 +27,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from hf2q.errors import DrafterError
 from hf2q.kernels import cuda_attention
-from hf2q.kernels.attention import reads_buffer_in_place
+from hf2q.kernels.attention import positions, reads_buffer_in_place
 from hf2q.kernels.gdn import concat_linears, mlp_fused
 from hf2q.kernels.linear import FROZEN, Frozen, kept, linear, swiglu_mlp
 from hf2q.kernels.select import (
@@ -322,10 +322,12 @@ class _CompiledLayer:
 
         def post(x: mx.array, o: mx.array) -> mx.array:
             # o: (B, L, heads, d) attention output in row order.
+            # The residuals join the products' launches where the kernel allows it (same bits
+            # as the separate adds: hf2q.kernels.linear.linear).
             lay = ref()
             B, L, _ = x.shape
-            h = x + linear(lay.self_attn.o_proj, o.reshape(B, L, -1), mm)
-            return h + swiglu_mlp(lay.mlp, lay.post_attention_layernorm(h), mm)
+            h = linear(lay.self_attn.o_proj, o.reshape(B, L, -1), mm, add=x)
+            return swiglu_mlp(lay.mlp, lay.post_attention_layernorm(h), mm, add=h)
 
         self.context, self.block, self.joint, self.post = (
             mx.compile(context),
@@ -579,17 +581,17 @@ class DFlashDecoderLayer(nn.Module):
         L = x.shape[1]
         if ctx.shape[1] > 0 and type(cache) is KVCache:
             # One sequence: context and block keys/values in one trace and one cache write.
-            q, k, v = hit.joint(x, ctx, mx.array(cache.offset, dtype=mx.int32))
+            q, k, v = hit.joint(x, ctx, positions(cache.offset))
             cache.update_and_fetch(k, v)
             first = cache.offset - L
         else:
             if ctx.shape[1] > 0:  # slot rows: each row's context lands at its own length
-                k, v = hit.context(ctx, mx.array(cache.offset, dtype=mx.int32))
+                k, v = hit.context(ctx, positions(cache.offset))
                 cache.update_and_fetch(k, v)
             elif hasattr(cache, "prepare"):
                 cache.prepare(lengths=None)  # no context rows: the block write advances every row
             first = cache.offset  # the block's first position, per row (int or (B,))
-            q, k, v = hit.block(x, mx.array(first, dtype=mx.int32))
+            q, k, v = hit.block(x, positions(first))
             cache.update_and_fetch(k, v)
         o = cuda_attention.row_attention_cuda(
             q,
