@@ -334,20 +334,35 @@ def test_drafter_fast_layers_equal_the_layer_call(emulated, overrides):
     assert mx.allclose(ref[0], got[0], rtol=3e-2, atol=3e-2), float(mx.abs(ref[0] - got[0]).max())
 
 
-def test_drafter_fast_layers_with_ragged_slot_rows(emulated):
-    """Two slots appending different numbers of context rows per round (ragged offsets)."""
+@pytest.mark.parametrize(
+    "joint, lagged",
+    [("1", False), ("0", False), ("1", True)],
+    ids=["one-write", "two-writes", "one-write-lagged"],
+)
+def test_drafter_fast_layers_with_ragged_slot_rows(emulated, monkeypatch, joint, lagged):
+    """Two slots appending different numbers of context rows per round (ragged offsets): the
+    hidden states of the layers' own calls, and every row's kept context keys/values at their
+    positions, whether a layer writes the context and the block in one write (HF2Q_DRAFT_JOINT,
+    the default) or two, and with the counts only on the device (lagged rounds)."""
     from hf2q.runtime.slot_cache import make_slot_draft_cache
 
+    monkeypatch.setenv("HF2Q_DRAFT_JOINT", joint)
     drafter = _drafter()
     lengths = [[5, 2], [3, 3], [1, 4]]
     ref_cache = make_slot_draft_cache(drafter, 2)
     fast_cache = make_slot_draft_cache(drafter, 2)
+    for c in fast_cache:
+        c.lagged = lagged
+    counts = [mx.array(n, dtype=mx.int32) for n in lengths] if lagged else lengths
     ref = _draft_rounds(drafter, ref_cache, False, [5, 4, 4], rows=2, prepare=lengths)
-    got = _draft_rounds(drafter, fast_cache, True, [5, 4, 4], rows=2, prepare=lengths)
+    got = _draft_rounds(drafter, fast_cache, True, [5, 4, 4], rows=2, prepare=counts)
     for a, b in zip(ref, got):
         assert mx.allclose(a, b, rtol=3e-2, atol=3e-2), float(mx.abs(a - b).max())
     for rc, fc in zip(ref_cache, fast_cache):
-        assert rc.lengths == fc.lengths == [9, 9]
+        assert rc.lengths == [9, 9] and fc.offset.tolist() == [9, 9]
+        for ref_buf, buf in ((rc.keys, fc.keys), (rc.values, fc.values)):
+            a, b = ref_buf[..., :9, :].astype(mx.float32), buf[..., :9, :].astype(mx.float32)
+            assert mx.allclose(a, b, rtol=2e-2, atol=2e-2), float(mx.abs(a - b).max())
 
 
 def test_drafter_fast_path_is_chosen_where_it_applies():
