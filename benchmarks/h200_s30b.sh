@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Session 30, second call: fewer drafter nodes a round (commits after 04e8a9f: slot offsets passed
+# to the compiled pieces without an AsType copy, the drafter's residuals in its products' launches,
+# and HF2Q_DRAFT_JOINT: a slot row's context and block in one trace and one write a layer).
+# (1) hf2q bench's workload (demo pair, built-in prompts, 4 requests a slot, 128 tokens, lookup)
+# with HF2Q_DRAFT_JOINT=0,1 alternating in one process at 8 and 1 slots; (2) the 8-slot kernel
+# trace again (run 1 before these commits: DFlash 241.1 kernels a round, plain 127.2); (3) the
+# drafter fast-path tests on the real kernels.
+set -uo pipefail
+# shellcheck source=benchmarks/h200_common.sh
+. benchmarks/h200_common.sh
+host_speed
+timeout 240 python3 benchmarks/bench_ab.py --slots 8,1 --runs 3 \
+  --values HF2Q_DRAFT_JOINT=0,HF2Q_DRAFT_JOINT=1 --out "$OUT/ab_joint.json" > "$OUT/ab_joint.log" 2>&1
+echo "ab_joint exit $? $(el)"; grep '^{"slots' "$OUT/ab_joint.log" | cut -c1-400
+t=$(left)
+[ "$t" -gt 60 ] && timeout $(( t < 110 ? t : 110 )) python3 benchmarks/gpu_timeline.py --slots 8 \
+  --loops slots-dflash,slots-plain --lookup --tokens 128 --top 40 --out "$OUT/tl_demo8.json" \
+  > "$OUT/tl_demo8.log" 2>&1
+echo "tl_demo8 exit $? $(el)"; grep -A12 '^==' "$OUT/tl_demo8.log" | cut -c1-150
+t=$(left)
+[ "$t" -gt 30 ] && gpu_pytest gpu_drafter "$t" tests/test_kernels_row_attention.py -k "drafter or cuda_kernel"
+pack_logs
