@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 30, second call: fewer drafter nodes a round (commits after 04e8a9f: slot offsets passed
+# Session 30, second call: fewer drafter nodes a round (commits 64b88ca and 31edc89: slot offsets passed
 # to the compiled pieces without an AsType copy, the drafter's residuals in its products' launches,
 # and HF2Q_DRAFT_JOINT: a slot row's context and block in one trace and one write a layer).
 # (1) hf2q bench's workload (demo pair, built-in prompts, 4 requests a slot, 128 tokens, lookup)
