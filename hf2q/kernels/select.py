@@ -170,10 +170,6 @@ GDN_WINDOW_ENV = "HF2Q_GDN_WINDOW"
 #: copies 0.37 ms and their offsets 0.09, against 36 scatters of 0.15 ms); tokens equal. Elsewhere
 #: the slice update (untimed there).
 KV_ROW_SCATTER_ENV = "HF2Q_KV_ROW_SCATTER"
-#: HF2Q_DRAFT_JOINT=0 drafts slot rows with their new context rows and their block through separate
-#: key/value products and cache writes (two traces, four writes a layer); default: one trace and
-#: one write of each row's kept context, its block and its unkept context rows, in that order.
-DRAFT_JOINT_ENV = "HF2Q_DRAFT_JOINT"
 
 
 def _flag(env: str, default: str) -> bool:
@@ -300,13 +296,6 @@ def kv_row_scatter() -> bool:
     """Whether a lagged one-row slot cache writes by scatter (``HF2Q_KV_ROW_SCATTER``, default on
     CUDA only) instead of a slice update at a device offset; the same values either way."""
     return _flag(KV_ROW_SCATTER_ENV, "1" if backend() == "cuda" else "0")
-
-
-def draft_joint_enabled() -> bool:
-    """Whether the drafter's fast layers write a slot row's new context and its block in one
-    trace and one cache write (``HF2Q_DRAFT_JOINT``, default on; same keys, values and drafts:
-    the rows' products are row-invariant)."""
-    return _flag(DRAFT_JOINT_ENV, "1")
 
 
 def rollback_kernel_enabled() -> bool:

@@ -33,7 +33,6 @@ from hf2q.kernels.linear import FROZEN, Frozen, kept, linear, swiglu_mlp
 from hf2q.kernels.select import (
     bucketed,
     compile_enabled,
-    draft_joint_enabled,
     draft_mm_enabled,
     fuse_proj_enabled,
     row_attention_enabled,
@@ -321,19 +320,6 @@ class _CompiledLayer:
             k, v = lay.self_attn.keys_values(mx.concatenate([ctx, h], axis=1), offset, mm)
             return lay.self_attn.queries(h, offset + ctx.shape[1], mm), k, v
 
-        def joint_rows(
-            x: mx.array, ctx: mx.array, order: mx.array, offset: mx.array, n: mx.array
-        ) -> tuple[mx.array, mx.array, mx.array]:
-            # Slot rows: each row's new context rows and its block through one k and one v
-            # product, in the order of SlotKVCache.joint_order (kept context, block, unkept
-            # context), so that the keys of every row are contiguous from its offset: one RoPE
-            # and one cache write. The block's queries start after the row's kept context.
-            lay = ref()
-            h = lay.input_layernorm(x)
-            rows = mx.take_along_axis(mx.concatenate([ctx, h], axis=1), order[..., None], axis=1)
-            k, v = lay.self_attn.keys_values(rows, offset, mm)
-            return lay.self_attn.queries(h, offset + n, mm), k, v
-
         def post(x: mx.array, o: mx.array) -> mx.array:
             # o: (B, L, heads, d) attention output in row order.
             # The residuals join the products' launches where the kernel allows it (same bits
@@ -349,7 +335,6 @@ class _CompiledLayer:
             mx.compile(joint),
             mx.compile(post),
         )
-        self.joint_rows = mx.compile(joint_rows)
 
 
 def _concatenated(owner: nn.Module, name: str, mods: list[nn.Module]) -> nn.Module | None:
@@ -594,19 +579,11 @@ class DFlashDecoderLayer(nn.Module):
         hit = kept(self, name, _layer_weights(self), lambda: _CompiledLayer(self, mm))
         a = self.self_attn
         L = x.shape[1]
-        trimmed = False
         if ctx.shape[1] > 0 and type(cache) is KVCache:
             # One sequence: context and block keys/values in one trace and one cache write.
             q, k, v = hit.joint(x, ctx, positions(cache.offset))
             cache.update_and_fetch(k, v)
             first = cache.offset - L
-        elif ctx.shape[1] > 0 and hasattr(cache, "joint_order") and draft_joint_enabled():
-            # Slot rows: context and block keys/values in one trace and one cache write.
-            order, n = cache.joint_order(ctx.shape[1], L)
-            q, k, v = hit.joint_rows(x, ctx, order, positions(cache.offset), n)
-            cache.update_and_fetch(k, v)
-            cache.trim(L)  # the row keeps its context; the block's keys stay in the buffer
-            first, trimmed = cache.offset, True
         else:
             if ctx.shape[1] > 0:  # slot rows: each row's context lands at its own length
                 k, v = hit.context(ctx, positions(cache.offset))
@@ -625,8 +602,7 @@ class DFlashDecoderLayer(nn.Module):
             window=a.sliding_window,
             causal=a.is_causal,
         )
-        if not trimmed:
-            cache.trim(L)
+        cache.trim(L)
         return hit.post(x, o)
 
     def __call__(

@@ -188,50 +188,6 @@ class SlotKVCache(_BaseCache):
             return
         self._advance = None if lengths is None else _per_row(lengths, self.rows, "lengths")
 
-    def joint_order(self, S: int, L: int) -> tuple[mx.array, mx.array]:
-        """Plan one write of S new context rows and L block rows (a drafter layer's, see
-        :meth:`hf2q.runtime.drafter.DFlashDecoderLayer.fast`) after :meth:`prepare` gave each
-        row's kept context count n[i] (at most S).
-
-        Returns ``(order, n)``: ``order`` (N, S + L) int32 indexes the rows ``[context; block]``
-        so that row i reads its n[i] kept context rows, then its block, then its unkept context
-        rows; written contiguously at the row's offset, the kept context and the block sit at
-        their positions and the unkept rows after the block (past the row's end once the block
-        is trimmed: masked, then overwritten). ``n`` (N,) int32. The next
-        :meth:`update_and_fetch` (of the S + L rows) advances row i by n[i] + L. Both arrays
-        are shared by the layers of one model (host counts: one constant; lagged, counts only
-        the device holds: a few nodes built once).
-        """
-        adv = self._advance
-        if adv is None:
-            adv = [S] * self.rows
-        if isinstance(adv, mx.array):
-            n = adv if adv.dtype == mx.int32 else adv.astype(mx.int32)
-
-            def build() -> mx.array:
-                j = mx.arange(S + L, dtype=mx.int32)[None]
-                m = n[:, None]
-                return mx.where(j < m, j, mx.where(j < m + L, S + j - m, j - L))
-
-            order = _SHARED.get(("joint", n, S, L), build)
-            self._advance = _SHARED.get(("joint+", n, L), lambda: n + L)
-            return order, n
-        vals = tuple(int(v) for v in adv)
-        if any(not 0 <= v <= S for v in vals):
-            raise ValueError(f"prepared lengths must be in 0..{S}, got {list(vals)}")
-        order = _SHARED.get(
-            ("joint", vals, S, L),
-            lambda: mx.array(
-                [
-                    [j if j < v else (S + j - v if j < v + L else j - L) for j in range(S + L)]
-                    for v in vals
-                ],
-                dtype=mx.int32,
-            ),
-        )
-        self._advance = [v + L for v in vals]
-        return order, _offsets(vals)
-
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Write ``keys``/``values`` (N, H, L, D) at each row's offset; return the used buffer.
 
