@@ -109,15 +109,20 @@ class _Counter:
         self._timed(mx.async_eval, args)
 
 
-def _run(mode: str, pair: Any, prompts: list[list[int]], slots: int, tokens: int) -> Any:
+def _run(
+    mode: str, pair: Any, prompts: list[list[int]], slots: int, tokens: int, lookup: bool = False
+) -> Any:
     if mode in ("dflash", "plain") and slots == 0:
-        fn = single.dflash_generate if mode == "dflash" else single.plain_generate
-        args = (pair.target, pair.drafter) if mode == "dflash" else (pair.target,)
-        events = list(fn(*args, prompts[0], max_tokens=tokens))
-        return events[-1]
+        if mode == "dflash":
+            gen = single.dflash_generate(
+                pair.target, pair.drafter, prompts[0], max_tokens=tokens, lookup=lookup
+            )
+        else:
+            gen = single.plain_generate(pair.target, prompts[0], max_tokens=tokens)
+        return list(gen)[-1]
     reqs = [batched.Request(p, max_tokens=tokens) for p in prompts]
     gen = (
-        batched.slots_dflash_generate(pair.target, pair.drafter, reqs, slots=slots)
+        batched.slots_dflash_generate(pair.target, pair.drafter, reqs, slots=slots, lookup=lookup)
         if mode == "dflash"
         else batched.slots_plain_generate(pair.target, reqs, slots=slots)
     )
@@ -131,6 +136,12 @@ def main() -> None:
     ap.add_argument("--modes", default="plain,dflash")
     ap.add_argument("--gen-tokens", type=int, default=32)
     ap.add_argument("--top", type=int, default=12, help="operations listed per call site")
+    ap.add_argument(
+        "--lookup",
+        action="store_true",
+        help="DFlash loops draft by n-gram lookup too (the CLI's default): batched rounds then "
+        "run synchronously whenever a proposal is due",
+    )
     ap.add_argument(
         "--time",
         action="store_true",
@@ -148,14 +159,15 @@ def main() -> None:
         "dtype": dtype,
         "slots": args.slots,
         "gen_tokens": args.gen_tokens,
+        "lookup": args.lookup,
         "modes": {},
     }
     for mode in args.modes.split(","):
-        _run(mode, pair, prompts, args.slots, args.gen_tokens)  # warm-up
+        _run(mode, pair, prompts, args.slots, args.gen_tokens, args.lookup)  # warm-up
         counter.calls.clear(), counter.nodes.clear(), counter.ops.clear()
         counter.on = True
         tic = time.perf_counter()
-        s = _run(mode, pair, prompts, args.slots, args.gen_tokens)
+        s = _run(mode, pair, prompts, args.slots, args.gen_tokens, args.lookup)
         wall = time.perf_counter() - tic
         counter.on = False
         rounds = max(int(s.rounds or 0), 1) if mode == "dflash" else None
@@ -188,7 +200,7 @@ def main() -> None:
             counter.calls.clear(), counter.seconds.clear()
             counter.on = counter.timing = True
             tic = time.perf_counter()
-            _run(mode, pair, prompts, args.slots, args.gen_tokens)
+            _run(mode, pair, prompts, args.slots, args.gen_tokens, args.lookup)
             wall = time.perf_counter() - tic
             counter.on = counter.timing = False
             timed = [
