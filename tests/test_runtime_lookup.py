@@ -325,3 +325,33 @@ def test_lagged_rounds_with_lookup_on_the_device_keep_plain_greedy_tokens(demo, 
         by_lookup = sum(src == "lookup" for e in rounds for src in e.sources)
         assert by_lookup > 0 and sum(r.lookup_rounds for r in summary.requests) == by_lookup
         assert all(e.t_rollback == 0.0 for e in rounds)  # lagged: build / wait, no rollback
+
+
+@pytest.mark.parametrize("slots", [1, 3])
+def test_drafts_queued_ahead_keep_plain_greedy_tokens(demo, plain64, slots):
+    # HF2Q_DRAFT_AHEAD: a synchronous round queues the next round's drafter from its own
+    # results on the device before reading them; the next round verifies those drafts (or a
+    # row's lookup proposal). Every request (different lengths, a queue, so rows finish apart
+    # and rows change) keeps plain greedy decoding's tokens, with lookup and drafter rounds;
+    # and the drafts are as good as drafting after the read (a drafter given the wrong
+    # context accepts a third as much and needs more rounds).
+    from hf2q.runtime.slots import Request, SlotRound, SlotsSummary, slots_dflash_generate
+
+    pair, prompts = demo
+    lengths = [64, 41, 64, 23]
+    want = [plain[:m] for plain, m in zip(plain64, lengths)]
+    row_rounds = {}
+    for ahead, B in [(True, 16), (False, 16)] + ([(True, 4)] if slots == 1 else []):
+        reqs = [Request(p, max_tokens=m) for p, m in zip(prompts, lengths)]
+        on = {"lookup": True, "lagged": False, "draft_ahead": ahead}
+        gen = slots_dflash_generate(
+            pair.target, pair.drafter, reqs, slots=slots, block_size=B, **on
+        )
+        events = list(gen)
+        summary = events[-1]
+        assert isinstance(summary, SlotsSummary)
+        assert [r.tokens for r in summary.requests] == want, f"{slots} slots, block {B}"
+        rounds = [e for e in events if isinstance(e, SlotRound)]
+        assert {src for e in rounds for src in e.sources} == {"lookup", "drafter"}
+        row_rounds[ahead, B] = sum(len(e.slots) for e in rounds)
+    assert row_rounds[True, 16] <= row_rounds[False, 16]

@@ -170,6 +170,10 @@ GDN_WINDOW_ENV = "HF2Q_GDN_WINDOW"
 #: copies 0.37 ms and their offsets 0.09, against 36 scatters of 0.15 ms); tokens equal. Elsewhere
 #: the slice update (untimed there).
 KV_ROW_SCATTER_ENV = "HF2Q_KV_ROW_SCATTER"
+#: HF2Q_DRAFT_AHEAD=1: a synchronous batched round (lookup proposals due) queues the next round's
+#: drafter from this round's results on the device before reading them, so the device drafts
+#: while the host reads, commits and picks proposals (greedy, every row busy). Off by default.
+DRAFT_AHEAD_ENV = "HF2Q_DRAFT_AHEAD"
 
 
 def _flag(env: str, default: str) -> bool:
@@ -296,6 +300,13 @@ def kv_row_scatter() -> bool:
     """Whether a lagged one-row slot cache writes by scatter (``HF2Q_KV_ROW_SCATTER``, default on
     CUDA only) instead of a slice update at a device offset; the same values either way."""
     return _flag(KV_ROW_SCATTER_ENV, "1" if backend() == "cuda" else "0")
+
+
+def draft_ahead_enabled() -> bool:
+    """Whether synchronous batched greedy rounds queue the next round's drafter before reading
+    their own acceptance (``HF2Q_DRAFT_AHEAD``, default off: not yet timed on a GPU; same
+    tokens)."""
+    return _flag(DRAFT_AHEAD_ENV, "0")
 
 
 def rollback_kernel_enabled() -> bool:

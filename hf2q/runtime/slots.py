@@ -45,6 +45,7 @@ import mlx.core as mx
 from hf2q.errors import UsageError
 from hf2q.kernels.layers import decode_layer_fn
 from hf2q.kernels.select import (
+    draft_ahead_enabled,
     lagged_draft_first,
     lagged_for,
     lagged_lookup_mode,
@@ -402,6 +403,7 @@ def slots_dflash_generate(
     lookup: bool = False,
     lagged: bool | None = None,
     device_lookup: bool | None = None,
+    draft_ahead: bool | None = None,
 ) -> Iterator[SlotEvent]:
     """Decode ``requests`` with DFlash, up to ``slots`` at a time; yield events.
 
@@ -426,6 +428,10 @@ def slots_dflash_generate(
         device_lookup: with ``lookup`` and ``lagged``, greedy: the rows' proposals and
             choices are built on the device (:class:`~hf2q.runtime.lookup.RowsLookup`), so the
             rounds stay lagged while proposals are due. None: ``HF2Q_LAGGED_LOOKUP=device``.
+        draft_ahead: greedy, every row busy: a synchronous round queues the next round's
+            drafter (this round's features with its kept counts as context, its bonus tokens
+            as blocks) before reading its own acceptance, and the next round verifies those
+            drafts where a row does not pick its lookup proposal. None: ``HF2Q_DRAFT_AHEAD``.
 
     Raises:
         UsageError: bad slot count, empty prompt, ``max_tokens < 1``, block size out of range.
@@ -452,6 +458,7 @@ def slots_dflash_generate(
         lookup,
         lagged_for(lookup) if lagged is None else lagged,
         (lagged_lookup_mode() == "device") if device_lookup is None else device_lookup,
+        draft_ahead_enabled() if draft_ahead is None else draft_ahead,
     )
 
 
@@ -468,8 +475,10 @@ def _dflash_slots(
     lookup: bool = False,
     lagged: bool = False,
     device_lookup: bool = False,
+    draft_ahead: bool = False,
 ) -> Iterator[SlotEvent]:
     mask_id = drafter.mask_token_id
+    draft_ahead = draft_ahead and sampling.greedy
     # Lagged rounds keep going while lookup proposals are due: built on the device (greedy).
     device_lookup = device_lookup and lookup and lagged and sampling.greedy
     ids = drafter.config.target_layer_ids
@@ -532,14 +541,15 @@ def _dflash_slots(
             b_l.append(b.astype(mx.int32))
         return mx.stack(a_l), mx.stack(b_l)
 
-    def submit() -> tuple[
-        mx.array, list[mx.array | None], list[int], list[int], list[str], bool, float
-    ]:
+    def submit(
+        ahead: mx.array | None = None,
+    ) -> tuple[mx.array, list[mx.array | None], list[int], list[int], list[str], bool, float]:
         """Queue the drafter forward for every row; return (draft (R, B_r-1), q per row (T > 0),
         drafts each row may accept + 1, last tokens, who drafted each row, whether the drafter
         was skipped, host seconds). When every busy row verifies its lookup proposal the
         drafter does not run: it is given this round's context rows with the next round's
-        (:func:`join_rows`), as the single-sequence loop does."""
+        (:func:`join_rows`), as the single-sequence loop does. ``ahead``: the drafter's tokens
+        (R, B-1), already queued by the last round (greedy; see ``draft_ahead``)."""
         tic = time.perf_counter()
         bs_row = [min(B, x.remaining + 1) if x is not None else 2 for x in rows]
         bs = max(bs_row)
@@ -549,16 +559,19 @@ def _dflash_slots(
             for r, x in enumerate(rows)
         ]
         sources = ["lookup" if pr is not None else "drafter" for pr in picked]
-        skip = all(pr is not None for x, pr in zip(rows, picked) if x is not None)
+        skip = ahead is None and all(pr is not None for x, pr in zip(rows, picked) if x is not None)
         dlogits = None
-        if not skip:
+        if ahead is None and not skip:
             for c in dcache:
                 c.prepare(lengths=ctx_len)
             block = mx.array([[t] + [mask_id] * (bs - 1) for t in last], dtype=mx.int32)
             dlogits = drafter(block, ctx, dcache)  # (R, bs-1, V)
         q_rows: list[mx.array | None] = []
         if sampling.greedy:
-            draft = None if dlogits is None else mx.argmax(dlogits, axis=-1).astype(mx.int32)
+            if ahead is not None:
+                draft = ahead[:, : bs - 1]
+            else:
+                draft = None if dlogits is None else mx.argmax(dlogits, axis=-1).astype(mx.int32)
             if any(pr is not None for pr in picked):  # always so when the drafter was skipped
                 pad = [mask_id] * (bs - 1)
                 lk = mx.array([(pr or []) + pad[len(pr or []) :] for pr in picked], dtype=mx.int32)
@@ -807,6 +820,22 @@ def _dflash_slots(
         vin = mx.concatenate([mx.array(last, dtype=mx.int32)[:, None], draft], axis=1)  # (R, bs)
         vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
         a_arr, bonus_arr = accept(draft, q_rows, vlogits, [b - 1 for b in bs_row])
+        ahead = marks = None
+        if draft_ahead and not skipped and all(x is not None for x in rows):
+            # The next round's drafter, queued before this round is read: the device drafts
+            # while the host reads, commits and picks the rows' proposals. Its context is this
+            # round's features with the kept counts (on the device: the drafter's caches are
+            # lagged until they are read back), its blocks start with the bonus tokens.
+            keep_arr = a_arr + 1
+            for c in dcache:
+                c.lagged = True
+                c.prepare(lengths=keep_arr)
+            nxt = mx.concatenate(
+                [bonus_arr[:, None], mx.full((len(rows), B - 1), mask_id, dtype=mx.int32)], axis=1
+            )
+            ahead = mx.argmax(drafter(nxt, feats, dcache), axis=-1).astype(mx.int32)
+            marks = [c.mark() for c in dcache]
+            mx.async_eval(ahead)
         mx.eval(draft)
         t1 = time.perf_counter()
         mx.eval(a_arr, bonus_arr)
@@ -815,7 +844,13 @@ def _dflash_slots(
 
         keep = [acc[r] + 1 if x is not None else 1 for r, x in enumerate(rows)]
         tcache.rollback(keep)
-        if skipped:  # the drafter has not seen ``ctx`` yet: these rows follow it, per row
+        if marks is not None:  # the drafter's caches exact again
+            for c, m in zip(dcache, marks, strict=True):
+                c.resync(m)
+                c.lagged = False
+        if ahead is not None:  # the drafter has this round's rows already: no new context
+            ctx, ctx_len = feats[:, :1], [0] * len(rows)
+        elif skipped:  # the drafter has not seen ``ctx`` yet: these rows follow it, per row
             ctx, ctx_len = join_rows(ctx, ctx_len, feats, keep)
         else:
             ctx = feats[:, : max(keep)]
@@ -826,7 +861,9 @@ def _dflash_slots(
 
         times = (t3 - t0 + t_pre, t1 - t0 + t_pre, t2 - t1, t3 - t2)
         event, finished = commit_round(acc, bonus, draft.tolist(), bs_row, sources, times, bs)
-        if not finished and not next_lagged():  # (a lagged round queues its own draft)
+        if not finished and ahead is not None:  # the same rows: their drafts are queued
+            pending = submit(ahead)
+        elif not finished and not next_lagged():  # (a lagged round queues its own draft)
             pending = submit()  # runs on the device while the event is consumed
         yield event
         yield from release(finished)
