@@ -355,3 +355,8 @@ def test_drafts_queued_ahead_keep_plain_greedy_tokens(demo, plain64, slots):
         assert {src for e in rounds for src in e.sources} == {"lookup", "drafter"}
         row_rounds[ahead, B] = sum(len(e.slots) for e in rounds)
     assert row_rounds[True, 16] <= row_rounds[False, 16]
+    if slots == 3:  # without lookup every round is synchronous here, and drafts ahead
+        reqs = [Request(p, max_tokens=m) for p, m in zip(prompts, lengths)]
+        off = {"lookup": False, "lagged": False, "draft_ahead": True}
+        summary = list(slots_dflash_generate(pair.target, pair.drafter, reqs, slots=3, **off))[-1]
+        assert [r.tokens for r in summary.requests] == want
