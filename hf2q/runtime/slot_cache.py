@@ -312,6 +312,14 @@ class SlotKVCache(_BaseCache):
         exact = [int(v) for v in offset.tolist()]
         self.lengths = [e + now - t for e, now, t in zip(exact, self._grown, then)]
 
+    def settle(self, lengths: Sequence[int]) -> None:
+        """End a lagged stretch whose exact lengths the host knows already (it read the counts
+        the offsets moved by): ``lengths`` exact, offsets host constants again, so nothing waits
+        for the device's own copy of them."""
+        self.lagged = False
+        self.lengths = [int(v) for v in lengths]
+        self.offset = _offsets(self.lengths)
+
     # -- rows ------------------------------------------------------------------------------------
     def insert(self, row: int, keys: mx.array | None, values: mx.array | None, length: int) -> None:
         """Make row ``row`` hold exactly ``keys``/``values`` (1, H, >= length, D)[..., :length, :]."""

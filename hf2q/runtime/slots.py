@@ -799,7 +799,8 @@ def _dflash_slots(
             ctx = ctx[mx.array(busy, dtype=mx.int32)]
             ctx_len = [ctx_len[r] for r in busy]
 
-        # A draft already queued means the last round found a lookup proposal due (same rows).
+        # A draft already queued means the last round found a lookup proposal due, or drafted
+        # ahead (same rows).
         if pending is None and next_lagged():
             yield from lagged_rounds()
             continue
@@ -820,12 +821,15 @@ def _dflash_slots(
         vin = mx.concatenate([mx.array(last, dtype=mx.int32)[:, None], draft], axis=1)  # (R, bs)
         vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
         a_arr, bonus_arr = accept(draft, q_rows, vlogits, [b - 1 for b in bs_row])
-        ahead = marks = None
+        ahead = held = None
         if draft_ahead and not skipped and all(x is not None for x in rows):
             # The next round's drafter, queued before this round is read: the device drafts
             # while the host reads, commits and picks the rows' proposals. Its context is this
             # round's features with the kept counts (on the device: the drafter's caches are
-            # lagged until they are read back), its blocks start with the bonus tokens.
+            # lagged until the counts are read), its blocks start with the bonus tokens. The
+            # verify is queued first, on its own: reading it does not wait for the drafter.
+            mx.async_eval(draft, a_arr, bonus_arr, feats)
+            held = [list(c.lengths) for c in dcache]
             keep_arr = a_arr + 1
             for c in dcache:
                 c.lagged = True
@@ -834,8 +838,7 @@ def _dflash_slots(
                 [bonus_arr[:, None], mx.full((len(rows), B - 1), mask_id, dtype=mx.int32)], axis=1
             )
             ahead = mx.argmax(drafter(nxt, feats, dcache), axis=-1).astype(mx.int32)
-            marks = [c.mark() for c in dcache]
-            mx.async_eval(ahead)
+            mx.async_eval(ahead, [c.state for c in dcache])
         mx.eval(draft)
         t1 = time.perf_counter()
         mx.eval(a_arr, bonus_arr)
@@ -844,10 +847,9 @@ def _dflash_slots(
 
         keep = [acc[r] + 1 if x is not None else 1 for r, x in enumerate(rows)]
         tcache.rollback(keep)
-        if marks is not None:  # the drafter's caches exact again
-            for c, m in zip(dcache, marks, strict=True):
-                c.resync(m)
-                c.lagged = False
+        if held is not None:  # the drafter's caches hold this round's kept rows: exact again
+            for c, n in zip(dcache, held, strict=True):
+                c.settle([a + k for a, k in zip(n, keep)])
         if ahead is not None:  # the drafter has this round's rows already: no new context
             ctx, ctx_len = feats[:, :1], [0] * len(rows)
         elif skipped:  # the drafter has not seen ``ctx`` yet: these rows follow it, per row
