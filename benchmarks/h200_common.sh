@@ -86,6 +86,15 @@ demo_queue_bench() {
   echo "$1 exit $? $(el)"; python3 benchmarks/bench_rows.py "$OUT/$1.json" || tail -c 400 "$OUT/$1.log"
 }
 
+# bench_values NAME SLOTS VALUES: benchmarks/bench_ab.py (hf2q bench's workload, the settings
+# VALUES alternating in one process, 3 runs) at SLOTS (comma-separated), at most 240 s, into
+# $OUT/NAME.json / .log, its rows shown.
+bench_values() {
+  timeout 240 python3 benchmarks/bench_ab.py --slots "$2" --runs 3 --values "$3" \
+    --out "$OUT/$1.json" > "$OUT/$1.log" 2>&1
+  echo "$1 exit $? $(el)"; grep '^{"slots' "$OUT/$1.log" | cut -c1-400
+}
+
 # gpu_pytest NAME TIMEOUT ARGS...: pytest ARGS into $OUT/NAME.log in one process (the GPU is one
 # device: pyproject's `-n auto` workers would share it, and the device's install may lack
 # pytest-xdist), its summary shown. Verbose, so that a run cut by TIMEOUT still says which tests

@@ -10,9 +10,7 @@ set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
 host_speed
-timeout 240 python3 benchmarks/bench_ab.py --slots 8,1 --runs 3 \
-  --values HF2Q_DRAFT_JOINT=0,HF2Q_DRAFT_JOINT=1 --out "$OUT/ab_joint.json" > "$OUT/ab_joint.log" 2>&1
-echo "ab_joint exit $? $(el)"; grep '^{"slots' "$OUT/ab_joint.log" | cut -c1-400
+bench_values ab_joint 8,1 HF2Q_DRAFT_JOINT=0,HF2Q_DRAFT_JOINT=1
 t=$(left)
 [ "$t" -gt 60 ] && timeout $(( t < 110 ? t : 110 )) python3 benchmarks/gpu_timeline.py --slots 8 \
   --loops slots-dflash,slots-plain --lookup --tokens 128 --top 40 --out "$OUT/tl_demo8.json" \

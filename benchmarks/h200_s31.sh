@@ -14,9 +14,7 @@ set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
 host_speed
-timeout 240 python3 benchmarks/bench_ab.py --slots 8,1 --runs 3 \
-  --values HF2Q_DRAFT_AHEAD=0,HF2Q_DRAFT_AHEAD=1 --out "$OUT/ab_ahead.json" > "$OUT/ab_ahead.log" 2>&1
-echo "ab_ahead exit $? $(el)"; grep '^{"slots' "$OUT/ab_ahead.log" | cut -c1-400
+bench_values ab_ahead 8,1 HF2Q_DRAFT_AHEAD=0,HF2Q_DRAFT_AHEAD=1
 nodes() {  # NAME SLOTS [env assignments]: graph_nodes.py --lookup --time into $OUT/NAME.*
   local name=$1 slots=$2 t
   shift 2

@@ -300,28 +300,35 @@ def test_generate_cli_reports_lookup_rounds_and_can_turn_it_off(capsys, monkeypa
         assert (rec["lookup_rounds"] is None) == expect_none
 
 
+def _queued_run(demo, plain64, slots, B, **options):
+    """Four requests of different lengths (more than the slots: rows finish apart and take the
+    next request) through the batched DFlash loop with ``options``; every request's tokens
+    must be plain greedy decoding's. Returns the summary and the rounds."""
+    from hf2q.runtime.slots import Request, SlotRound, SlotsSummary, slots_dflash_generate
+
+    pair, prompts = demo
+    lengths = [64, 41, 64, 23]
+    reqs = [Request(p, max_tokens=m) for p, m in zip(prompts, lengths)]
+    gen = slots_dflash_generate(
+        pair.target, pair.drafter, reqs, slots=slots, block_size=B, **options
+    )
+    events = list(gen)
+    summary = events[-1]
+    assert isinstance(summary, SlotsSummary)
+    want = [plain[:m] for plain, m in zip(plain64, lengths)]
+    assert [r.tokens for r in summary.requests] == want, f"{slots} slots, block {B}, {options}"
+    return summary, [e for e in events if isinstance(e, SlotRound)]
+
+
 @pytest.mark.parametrize("slots", [1, 2, 3])
 def test_lagged_rounds_with_lookup_on_the_device_keep_plain_greedy_tokens(demo, plain64, slots):
     # HF2Q_LAGGED_LOOKUP=device: batched greedy rounds take the rows' proposals from the device
     # and stay lagged while proposals are due; every request (different lengths, more
     # requests than slots, so rows finish apart and take the next request) keeps plain greedy
     # decoding's tokens, lookup drafts rounds, and no round is synchronous.
-    from hf2q.runtime.slots import Request, SlotRound, SlotsSummary, slots_dflash_generate
-
-    pair, prompts = demo
-    lengths = [64, 41, 64, 23]
     for B in (16, 4) if slots != 2 else (16,):
-        reqs = [Request(p, max_tokens=m) for p, m in zip(prompts, lengths)]
         on = {"lookup": True, "lagged": True, "device_lookup": True}
-        gen = slots_dflash_generate(
-            pair.target, pair.drafter, reqs, slots=slots, block_size=B, **on
-        )
-        events = list(gen)
-        summary = events[-1]
-        assert isinstance(summary, SlotsSummary)
-        want = [plain[:m] for plain, m in zip(plain64, lengths)]
-        assert [r.tokens for r in summary.requests] == want, f"{slots} slots, block {B}"
-        rounds = [e for e in events if isinstance(e, SlotRound)]
+        summary, rounds = _queued_run(demo, plain64, slots, B, **on)
         by_lookup = sum(src == "lookup" for e in rounds for src in e.sources)
         assert by_lookup > 0 and sum(r.lookup_rounds for r in summary.requests) == by_lookup
         assert all(e.t_rollback == 0.0 for e in rounds)  # lagged: build / wait, no rollback
@@ -335,28 +342,12 @@ def test_drafts_queued_ahead_keep_plain_greedy_tokens(demo, plain64, slots):
     # and rows change) keeps plain greedy decoding's tokens, with lookup and drafter rounds;
     # and the drafts are as good as drafting after the read (a drafter given the wrong
     # context accepts a third as much and needs more rounds).
-    from hf2q.runtime.slots import Request, SlotRound, SlotsSummary, slots_dflash_generate
-
-    pair, prompts = demo
-    lengths = [64, 41, 64, 23]
-    want = [plain[:m] for plain, m in zip(plain64, lengths)]
     row_rounds = {}
     for ahead, B in [(True, 16), (False, 16)] + ([(True, 4)] if slots == 1 else []):
-        reqs = [Request(p, max_tokens=m) for p, m in zip(prompts, lengths)]
         on = {"lookup": True, "lagged": False, "draft_ahead": ahead}
-        gen = slots_dflash_generate(
-            pair.target, pair.drafter, reqs, slots=slots, block_size=B, **on
-        )
-        events = list(gen)
-        summary = events[-1]
-        assert isinstance(summary, SlotsSummary)
-        assert [r.tokens for r in summary.requests] == want, f"{slots} slots, block {B}"
-        rounds = [e for e in events if isinstance(e, SlotRound)]
+        _, rounds = _queued_run(demo, plain64, slots, B, **on)
         assert {src for e in rounds for src in e.sources} == {"lookup", "drafter"}
         row_rounds[ahead, B] = sum(len(e.slots) for e in rounds)
     assert row_rounds[True, 16] <= row_rounds[False, 16]
     if slots == 3:  # without lookup every round is synchronous here, and drafts ahead
-        reqs = [Request(p, max_tokens=m) for p, m in zip(prompts, lengths)]
-        off = {"lookup": False, "lagged": False, "draft_ahead": True}
-        summary = list(slots_dflash_generate(pair.target, pair.drafter, reqs, slots=3, **off))[-1]
-        assert [r.tokens for r in summary.requests] == want
+        _queued_run(demo, plain64, 3, 16, lookup=False, lagged=False, draft_ahead=True)
