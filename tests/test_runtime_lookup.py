@@ -350,5 +350,3 @@ def test_drafts_queued_ahead_keep_plain_greedy_tokens(demo, plain64, slots):
         row_rounds[ahead, B] = sum(len(e.slots) for e in rounds)
     if slots == 3:
         assert row_rounds[True, 16] <= row_rounds[False, 16]
-        # Without lookup every round is synchronous here, and drafts ahead.
-        _queued_run(demo, plain64, 3, 16, lookup=False, lagged=False, draft_ahead=True)
