@@ -170,6 +170,7 @@ class RowsLookup:
         self._at = mx.maximum(at, 0).reshape(1, -1)
         self._inside = at >= 0
         self._ahead = mx.arange(width, dtype=mx.int32)[None, :]
+        self._col = mx.arange(width + 1, dtype=mx.int32)[None, :]  # a round's drafts + bonus
 
     def propose(self) -> tuple[Any, Any]:
         """``(tokens (R, width) int32, use (R,) bool)``: each row's proposal (anything where it
@@ -194,8 +195,7 @@ class RowsLookup:
     def update(self, draft: Any, accepted: Any, bonus: Any, use: Any) -> None:
         """After a round: each row's ``accepted`` (R,) drafts of ``draft`` (R, width) and its
         ``bonus`` (R,) token join its tokens; ``use`` (R,) says which source drafted it."""
-        cap = self.hist.shape[1]
-        col = mx.arange(draft.shape[1] + 1, dtype=mx.int32)[None, :]
+        cap, col = self.hist.shape[1], self._col
         a = accepted.astype(mx.int32)
         b = bonus.astype(mx.int32)[:, None]
         vals = mx.where(col == a[:, None], b, mx.concatenate([draft.astype(mx.int32), b], axis=1))

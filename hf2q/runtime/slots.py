@@ -651,6 +651,16 @@ def _dflash_slots(
             free_slots.append(x.slot)
             yield SlotFinished(x.slot, x.index, st.finish(x, "dflash", B))
 
+    def block_logits(
+        first: mx.array, context: mx.array, counts: list[int] | mx.array, masks: mx.array
+    ) -> mx.array:
+        """The drafter's logits (R, B-1, V) for full blocks (each row's ``first`` token, then
+        ``masks``) after each row appends its ``counts`` rows of ``context`` (a list, or an
+        array only the device has read: lagged caches)."""
+        for c in dcache:
+            c.prepare(lengths=counts)
+        return drafter(mx.concatenate([first[:, None], masks], axis=1), context, dcache)
+
     def lookup_due() -> bool:
         """Whether a row would draft its next round from its lookup proposal (``lookup=True``):
         such a round needs the row's latest tokens, so it runs synchronously."""
@@ -699,10 +709,7 @@ def _dflash_slots(
         while flight or not stop:
             if not stop:
                 tic = time.perf_counter()
-                for c in dcache:
-                    c.prepare(lengths=ctx_len)
-                block = mx.concatenate([last[:, None], masks], axis=1)  # (R, B)
-                dlogits = drafter(block, ctx, dcache)  # (R, B-1, V)
+                dlogits = block_logits(last, ctx, ctx_len, masks)  # (R, B-1, V)
                 use = None
                 if sampling.greedy:
                     draft, q_rows = mx.argmax(dlogits, axis=-1).astype(mx.int32), []
@@ -830,14 +837,11 @@ def _dflash_slots(
             # verify is queued first, on its own: reading it does not wait for the drafter.
             mx.async_eval(draft, a_arr, bonus_arr, feats)
             held = [list(c.lengths) for c in dcache]
-            keep_arr = a_arr + 1
             for c in dcache:
                 c.lagged = True
-                c.prepare(lengths=keep_arr)
-            nxt = mx.concatenate(
-                [bonus_arr[:, None], mx.full((len(rows), B - 1), mask_id, dtype=mx.int32)], axis=1
-            )
-            ahead = mx.argmax(drafter(nxt, feats, dcache), axis=-1).astype(mx.int32)
+            masks = mx.full((len(rows), B - 1), mask_id, dtype=mx.int32)
+            dlogits = block_logits(bonus_arr, feats, a_arr + 1, masks)
+            ahead = mx.argmax(dlogits, axis=-1).astype(mx.int32)
             mx.async_eval(ahead, [c.state for c in dcache])
         mx.eval(draft)
         t1 = time.perf_counter()
@@ -847,10 +851,9 @@ def _dflash_slots(
 
         keep = [acc[r] + 1 if x is not None else 1 for r, x in enumerate(rows)]
         tcache.rollback(keep)
-        if held is not None:  # the drafter's caches hold this round's kept rows: exact again
-            for c, n in zip(dcache, held, strict=True):
+        if ahead is not None:  # the drafter has this round's kept rows: no new context
+            for c, n in zip(dcache, held, strict=True):  # its caches exact again
                 c.settle([a + k for a, k in zip(n, keep)])
-        if ahead is not None:  # the drafter has this round's rows already: no new context
             ctx, ctx_len = feats[:, :1], [0] * len(rows)
         elif skipped:  # the drafter has not seen ``ctx`` yet: these rows follow it, per row
             ctx, ctx_len = join_rows(ctx, ctx_len, feats, keep)
