@@ -180,6 +180,23 @@ def test_lagged_rounds_switch_reads_the_environment(monkeypatch):
         select.lagged_draft_first()
 
 
+def test_draft_ahead_switch_reads_the_environment(monkeypatch):
+    from hf2q.kernels import select
+
+    monkeypatch.delenv(select.DRAFT_AHEAD_ENV, raising=False)
+    # On where async_eval returns once the graph is encoded (CUDA), off elsewhere.
+    on = select.backend() == "cuda"
+    assert select.draft_ahead_enabled() is on
+    assert ("next draft queued ahead" in select.summary()) is on
+    for value, on in (("0", False), ("1", True), ("off", False)):
+        monkeypatch.setenv(select.DRAFT_AHEAD_ENV, value)
+        assert select.draft_ahead_enabled() is on
+        assert ("next draft queued ahead" in select.summary()) is on
+    monkeypatch.setenv(select.DRAFT_AHEAD_ENV, "later")
+    with pytest.raises(UsageError, match="HF2Q_DRAFT_AHEAD='later' must be 0 or 1"):
+        select.draft_ahead_enabled()
+
+
 @pytest.mark.parametrize(
     ("N", "idle", "draft_first"),
     [(1, "compact", "0"), (3, "compact", "0"), (8, "keep", "0"), (3, "compact", "1")],
