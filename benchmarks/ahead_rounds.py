@@ -48,6 +48,18 @@ def main() -> None:
             row_rounds = sum(len(e.slots) for e in rounds)
             accepted = sum(sum(e.accepted) for e in rounds)
             drafted = [a for e in rounds for a, s in zip(e.accepted, e.sources) if s == "drafter"]
+            # Rounds whose next round verified drafts queued ahead (every row busy, not every
+            # row on its lookup proposal, none finished), and how many of those drafts the next
+            # round did not use because its row picked its lookup proposal instead; "all": every
+            # row did, a drafter pass that drafting after the read would have skipped.
+            queued = [
+                (e, n)
+                for e, n in zip(rounds, rounds[1:])
+                if ahead
+                and len(e.slots) == e.rows
+                and not e.finished
+                and any(s == "drafter" for s in e.sources)
+            ]
             row = {
                 "slots": slots,
                 "draft_ahead": ahead,
@@ -56,6 +68,9 @@ def main() -> None:
                 "tau": round((accepted + row_rounds) / row_rounds, 3),
                 "drafter_rows": len(drafted),
                 "drafter_accepted_mean": round(sum(drafted) / max(len(drafted), 1), 3),
+                "ahead_drafts": len(queued),
+                "ahead_rows_unused": sum(s == "lookup" for _, n in queued for s in n.sources),
+                "ahead_all_unused": sum(all(s == "lookup" for s in n.sources) for _, n in queued),
                 "tokens_equal_drafting_after_read": tokens[slots, ahead] == tokens[slots, False],
             }
             rows.append(row)
