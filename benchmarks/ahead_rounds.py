@@ -4,7 +4,9 @@ after each round is read, on the embedded demo pair (synchronous lookup rounds, 
 Why: a draft queued before the round is read is built from the round's results on the device
 (its features with the kept counts, its bonus tokens); if that context were wrong the drafts
 would still be verified losslessly but accept less, and the loop would need more rounds. Any
-device: rounds and acceptance do not depend on speed.
+device: rounds and acceptance do not depend on speed. It also counts the drafter's forwards:
+drafting ahead runs the drafter before it is known whether the next round uses it, where drafting
+after the read skips it for rounds whose rows all verify their lookup proposals.
 
 Usage:
     python benchmarks/ahead_rounds.py --slots 1,3,8 --tokens 64 --out ahead.json
@@ -20,6 +22,20 @@ from hf2q.runtime.pair import encode_prompt, load_pair
 from hf2q.runtime.slots import Request, SlotRound, slots_dflash_generate
 
 
+class Counted:
+    """The drafter, counting its forwards (every other attribute is the drafter's own)."""
+
+    def __init__(self, drafter):
+        self.drafter, self.forwards = drafter, 0
+
+    def __getattr__(self, name):
+        return getattr(self.drafter, name)
+
+    def __call__(self, *args, **kwargs):
+        self.forwards += 1
+        return self.drafter(*args, **kwargs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--slots", default="1,3,8")
@@ -32,10 +48,11 @@ def main() -> None:
     for slots in (int(s) for s in args.slots.split(",")):
         for ahead in (False, True):
             reqs = [Request(p, max_tokens=args.tokens) for p in prompts]
+            drafter = Counted(pair.drafter)
             events = list(
                 slots_dflash_generate(
                     pair.target,
-                    pair.drafter,
+                    drafter,
                     reqs,
                     slots=slots,
                     lookup=True,
@@ -68,6 +85,7 @@ def main() -> None:
                 "tau": round((accepted + row_rounds) / row_rounds, 3),
                 "drafter_rows": len(drafted),
                 "drafter_accepted_mean": round(sum(drafted) / max(len(drafted), 1), 3),
+                "drafter_forwards": drafter.forwards,
                 "ahead_drafts": len(queued),
                 "ahead_rows_unused": sum(s == "lookup" for _, n in queued for s in n.sources),
                 "ahead_all_unused": sum(all(s == "lookup" for s in n.sources) for _, n in queued),

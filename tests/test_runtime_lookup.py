@@ -209,10 +209,14 @@ def test_sampling_with_lookup_reproduces_per_seed_and_drafts_by_lookup(demo):
     assert sum(r.lookup_rounds for r in batched.requests) > 0
 
 
-@pytest.mark.parametrize("n", [1, 2])
-def test_batched_rounds_drafted_only_by_lookup_skip_the_drafter(demo, plain64, n, monkeypatch):
+@pytest.mark.parametrize(("n", "ahead"), [(1, False), (2, False), (1, True), (2, True)])
+def test_batched_rounds_drafted_only_by_lookup_skip_the_drafter(
+    demo, plain64, n, ahead, monkeypatch
+):
     # As the single-sequence loop does: no drafter forward when every busy row verifies its
     # lookup proposal; its context rows reach the drafter with the next round's (ragged join).
+    # Drafting ahead (the default on CUDA) runs the drafter before the round that uses it, so
+    # it also runs for a round that then verifies only lookup proposals, but never after one.
     from hf2q.runtime.drafter import DFlashDraftModel
     from hf2q.runtime.slots import Request, SlotRound, SlotsSummary, slots_dflash_generate
 
@@ -227,14 +231,29 @@ def test_batched_rounds_drafted_only_by_lookup_skip_the_drafter(demo, plain64, n
     monkeypatch.setattr(DFlashDraftModel, "__call__", counted)
     reqs = [Request(p, max_tokens=64) for p in prompts[:n]]
     events = list(
-        slots_dflash_generate(pair.target, pair.drafter, reqs, slots=n, lookup=True, lagged=False)
+        slots_dflash_generate(
+            pair.target,
+            pair.drafter,
+            reqs,
+            slots=n,
+            lookup=True,
+            lagged=False,
+            draft_ahead=ahead,
+        )
     )
     summary = events[-1]
     assert isinstance(summary, SlotsSummary)
     assert [r.tokens for r in summary.requests] == plain64[:n]
     rounds = [e for e in events if isinstance(e, SlotRound)]
-    by_lookup = sum(all(src == "lookup" for src in e.sources) for e in rounds)
-    assert by_lookup > 0 and len(calls) == len(rounds) - by_lookup
+    only = [all(src == "lookup" for src in e.sources) for e in rounds]
+    assert sum(only) > 0
+    if not ahead:
+        assert len(calls) == len(rounds) - sum(only)
+    else:  # one forward a drafted round, plus one ahead of each run of lookup-only rounds
+        # and one for each round a row finished in (the rows change: its drafts are not used)
+        runs = sum(o and (i == 0 or not only[i - 1]) for i, o in enumerate(only))
+        ends = sum(bool(e.finished) for e in rounds)
+        assert sum(only) > runs and len(calls) <= len(rounds) - sum(only) + runs + ends
 
 
 def test_lagged_rounds_with_lookup_keep_plain_greedy_tokens(demo, plain64):
