@@ -66,7 +66,8 @@ def main() -> None:
             accepted = sum(sum(e.accepted) for e in rounds)
             drafted = [a for e in rounds for a, s in zip(e.accepted, e.sources) if s == "drafter"]
             # Rounds whose next round verified drafts queued ahead (every row busy, not every
-            # row on its lookup proposal, none finished), and how many of those drafts the next
+            # row on its lookup proposal, no finished row's place taken by a queued request:
+            # rows that finish leave the others' drafts), and how many of those drafts the next
             # round did not use because its row picked its lookup proposal instead; "all": every
             # row did, a drafter pass that drafting after the read would have skipped.
             queued = [
@@ -74,7 +75,7 @@ def main() -> None:
                 for e, n in zip(rounds, rounds[1:])
                 if ahead
                 and len(e.slots) == e.rows
-                and not e.finished
+                and (not e.finished or n.rows < e.rows)
                 and any(s == "drafter" for s in e.sources)
             ]
             row = {

@@ -250,10 +250,10 @@ def test_batched_rounds_drafted_only_by_lookup_skip_the_drafter(
     if not ahead:
         assert len(calls) == len(rounds) - sum(only)
     else:  # one forward a drafted round, plus one ahead of each run of lookup-only rounds
-        # and one for each round a row finished in (the rows change: its drafts are not used)
+        # and one ahead of the last round (a row that finishes leaves the others' drafts
+        # queued ahead: no request waits)
         runs = sum(o and (i == 0 or not only[i - 1]) for i, o in enumerate(only))
-        ends = sum(bool(e.finished) for e in rounds)
-        assert sum(only) > runs and len(calls) <= len(rounds) - sum(only) + runs + ends
+        assert sum(only) > runs and len(calls) <= len(rounds) - sum(only) + runs + 1
 
 
 def test_lagged_rounds_with_lookup_keep_plain_greedy_tokens(demo, plain64):
@@ -354,18 +354,37 @@ def test_lagged_rounds_with_lookup_on_the_device_keep_plain_greedy_tokens(demo, 
 
 
 @pytest.mark.parametrize("slots", [1, 3])
-def test_drafts_queued_ahead_keep_plain_greedy_tokens(demo, plain64, slots):
+def test_drafts_queued_ahead_keep_plain_greedy_tokens(demo, plain64, slots, monkeypatch):
     # HF2Q_DRAFT_AHEAD: a synchronous round queues the next round's drafter from its own
     # results on the device before reading them; the next round verifies those drafts (or a
     # row's lookup proposal). Every request (different lengths, a queue, so rows finish apart
     # and rows change) keeps plain greedy decoding's tokens, with lookup and drafter rounds;
     # and the drafts are as good as drafting after the read (a drafter given the wrong
-    # context accepts a third as much and needs more rounds).
+    # context accepts a third as much and needs more rounds). The drafter runs at most once a
+    # round that some row drafts with it, plus once ahead of each run of lookup-only rounds,
+    # once ahead of the last round, and once for each request that takes a finished row's
+    # place (rows that finish with no request waiting leave the others' drafts queued ahead).
+    from hf2q.runtime.drafter import DFlashDraftModel
+
+    calls = []
+    forward = DFlashDraftModel.__call__
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(DFlashDraftModel, "__call__", counted)
     row_rounds = {}
     for ahead, B in [(True, 4)] if slots == 1 else [(True, 16), (False, 16)]:
         on = {"lookup": True, "lagged": False, "draft_ahead": ahead}
+        calls.clear()
         _, rounds = _queued_run(demo, plain64, slots, B, **on)
         assert {src for e in rounds for src in e.sources} == {"lookup", "drafter"}
         row_rounds[ahead, B] = sum(len(e.slots) for e in rounds)
+        only = [all(src == "lookup" for src in e.sources) for e in rounds]
+        runs = sum(o and (i == 0 or not only[i - 1]) for i, o in enumerate(only))
+        refills = 4 - slots  # _queued_run's four requests
+        if ahead:
+            assert len(calls) <= len(rounds) - sum(only) + runs + 1 + refills
     if slots == 3:
         assert row_rounds[True, 16] <= row_rounds[False, 16]

@@ -758,11 +758,12 @@ def _dflash_slots(
         ctx_len = [int(v) for v in ctx_len.tolist()] if isinstance(ctx_len, mx.array) else ctx_len
 
     pending = None  # the next round's queued draft (same rows), or None
+    carried = None  # drafts queued ahead by a round some rows finished in (compact: see below)
     while True:
         # -- fill idle rows from the queue (each request prefilled alone) ----------------------
         for r in range(len(rows)):
             while rows[r] is None and queue:
-                pending = None  # the rows change: the next draft is queued afresh
+                pending = carried = None  # the rows change: the next draft is queued afresh
                 index, req = queue.popleft()
                 slot = free_slots.popleft()
                 tic = time.perf_counter()
@@ -805,6 +806,9 @@ def _dflash_slots(
             rows = [rows[r] for r in busy]
             ctx = ctx[mx.array(busy, dtype=mx.int32)]
             ctx_len = [ctx_len[r] for r in busy]
+            if carried is not None:  # the rows left keep the drafts queued ahead for them
+                pending = submit(carried[mx.array(busy, dtype=mx.int32)])
+        carried = None
 
         # A draft already queued means the last round found a lookup proposal due, or drafted
         # ahead (same rows).
@@ -873,6 +877,8 @@ def _dflash_slots(
         event, finished = commit_round(acc, bonus, draft.tolist(), bs_row, sources, times, bs)
         if not finished and ahead is not None:  # the same rows: their drafts are queued
             pending = submit(ahead)
+        elif ahead is not None and idle == "compact":  # valid for the rows that go on, unless
+            carried = ahead  # a queued request takes a finished row's place
         elif not finished and not next_lagged():  # (a lagged round queues its own draft)
             pending = submit()  # runs on the device while the event is consumed
         yield event
