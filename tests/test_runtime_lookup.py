@@ -388,3 +388,35 @@ def test_drafts_queued_ahead_keep_plain_greedy_tokens(demo, plain64, slots, monk
             assert len(calls) <= len(rounds) - sum(only) + runs + 1 + refills
     if slots == 3:
         assert row_rounds[True, 16] <= row_rounds[False, 16]
+
+
+def test_sampled_drafts_queued_ahead_draw_what_drafting_after_the_read_draws(demo):
+    # T > 0: a draft queued ahead is drawn with the key the row's next drafted round takes,
+    # and a row that picks its lookup proposal takes no key, as when drafting after the read.
+    # With whole blocks (size 2) every key goes to the same draw: the same tokens, with a
+    # queue, rows finishing apart, and rounds drafted by lookup and by the drafter.
+    from hf2q.runtime.sampling import SamplingParams
+    from hf2q.runtime.slots import Request, SlotRound, slots_dflash_generate
+
+    pair, prompts = demo
+    sp = SamplingParams(temperature=0.7, seed=5)
+    out = {}
+    for ahead in (False, True):
+        reqs = [Request(p, max_tokens=m) for p, m in zip(prompts, [40, 29, 40, 17])]
+        events = list(
+            slots_dflash_generate(
+                pair.target,
+                pair.drafter,
+                reqs,
+                slots=3,
+                block_size=2,
+                sampling=sp,
+                lookup=True,
+                lagged=False,
+                draft_ahead=ahead,
+            )
+        )
+        rounds = [e for e in events if isinstance(e, SlotRound)]
+        assert {src for e in rounds for src in e.sources} == {"lookup", "drafter"}
+        out[ahead] = [r.tokens for r in events[-1].requests]
+    assert out[True] == out[False]

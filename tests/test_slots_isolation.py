@@ -260,13 +260,15 @@ def test_each_slot_decodes_exactly_its_single_run_with_random_drafter(
 
 
 @pytest.mark.parametrize(
-    ("lagged", "draft_first"),
-    [(False, "0"), (True, "0"), (True, "1")],
-    ids=["synchronous", "lagged", "lagged-draft-first"],
+    ("lagged", "draft_first", "ahead"),
+    [(False, "0", False), (False, "0", True), (True, "0", False), (True, "1", False)],
+    ids=["synchronous", "synchronous-drafts-ahead", "lagged", "lagged-draft-first"],
 )
 def test_sampling_per_slot_equals_single_runs_with_the_same_seeds(
-    fitted_pairs, lagged, draft_first, monkeypatch
+    fitted_pairs, lagged, draft_first, ahead, monkeypatch
 ):
+    # Drafts queued ahead are drawn with the key the next drafted round takes: with whole
+    # blocks (size 2) each key goes to the same draw as in a single synchronous run.
     monkeypatch.setenv("HF2Q_LAGGED_DRAFT_FIRST", draft_first)
     monkeypatch.setenv("HF2Q_FLUSH_LAYERS", draft_first)
     tok, target, drafter = _pair(*fitted_pairs["qwen35"])
@@ -283,6 +285,7 @@ def test_sampling_per_slot_equals_single_runs_with_the_same_seeds(
             block_size=2,
             eos_token_ids=eos,
             lagged=lagged,
+            draft_ahead=ahead,
         )
     )
     plain = run_slots(

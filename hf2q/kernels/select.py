@@ -172,7 +172,8 @@ GDN_WINDOW_ENV = "HF2Q_GDN_WINDOW"
 KV_ROW_SCATTER_ENV = "HF2Q_KV_ROW_SCATTER"
 #: HF2Q_DRAFT_AHEAD=1: a synchronous batched round (lookup proposals due) queues the next round's
 #: drafter from this round's results on the device before reading them, so the device drafts
-#: while the host reads, commits and picks proposals (greedy, every row busy). Default on CUDA.
+#: while the host reads, commits and picks proposals (every row busy; sampled rounds draw each
+#: draft with the key the row's next drafted round takes). Default on CUDA.
 DRAFT_AHEAD_ENV = "HF2Q_DRAFT_AHEAD"
 
 
@@ -303,14 +304,16 @@ def kv_row_scatter() -> bool:
 
 
 def draft_ahead_enabled() -> bool:
-    """Whether synchronous batched greedy rounds queue the next round's drafter before reading
+    """Whether synchronous batched rounds queue the next round's drafter before reading
     their own acceptance (``HF2Q_DRAFT_AHEAD``).
 
     Default on CUDA: on an H200 (docs/BENCHMARKS.md, session 31, run 1) ``hf2q bench``'s demo
     workload alternating in one process gave 8185 against 7120 tok/s at 8 slots (rounds 4.21
     against 4.84 ms; 1.65x against 1.44x plain batched decoding) and 1627 against 1601 at one
     slot, same tokens and acceptance. Off elsewhere: MLX's CPU ``async_eval`` computes before it
-    returns, so there is nothing to overlap (here 30.0 against 30.7 tok/s at one slot).
+    returns, so there is nothing to overlap (here 30.0 against 30.7 tok/s at one slot). Timed
+    on greedy rounds only; sampled rounds (session 31) move the same drafter work before the
+    read, plus drawing each row's draft, which a synchronous round does after it.
     """
     return _flag(DRAFT_AHEAD_ENV, "1" if backend() == "cuda" else "0")
 
@@ -632,9 +635,7 @@ def describe(attn: object | None = None) -> dict[str, str]:
         if lagged_draft_first():
             info["rounds"] += ", draft queued first"
     if draft_ahead_enabled():
-        info["draft_ahead"] = (
-            "synchronous batched greedy rounds queue the next draft before the read"
-        )
+        info["draft_ahead"] = "synchronous batched rounds queue the next draft before the read"
     flush = flush_layers(lagged_rounds_enabled())  # (lagged rounds queue their verify early)
     info["verify_queue"] = f"every {flush} layers" if flush else "at the acceptance"
     bucket = sdpa_bucket()
@@ -666,7 +667,7 @@ def summary(model: object | None = None) -> str:
     if "rounds" in info:
         parts.append(f"rounds {info['rounds']}")
     if "draft_ahead" in info:
-        parts.append("next draft queued ahead (synchronous batched greedy rounds)")
+        parts.append("next draft queued ahead (synchronous batched rounds)")
     if info["mode"] != "auto":
         parts.append(f"{ENV}={info['mode']}")
     return "; ".join(parts)

@@ -68,6 +68,10 @@ class KeyStream:
         self._key, sub = mx.random.split(self._key)
         return sub
 
+    def peek(self) -> mx.array:
+        """The key :meth:`next` returns next, without taking it."""
+        return mx.random.split(self._key)[1]
+
 
 def probs(logits: mx.array, params: SamplingParams) -> mx.array:
     """The sampling distribution (float32, rows sum to 1) of ``logits`` (..., V) for T > 0.

@@ -428,10 +428,13 @@ def slots_dflash_generate(
         device_lookup: with ``lookup`` and ``lagged``, greedy: the rows' proposals and
             choices are built on the device (:class:`~hf2q.runtime.lookup.RowsLookup`), so the
             rounds stay lagged while proposals are due. None: ``HF2Q_LAGGED_LOOKUP=device``.
-        draft_ahead: greedy, every row busy: a synchronous round queues the next round's
-            drafter (this round's features with its kept counts as context, its bonus tokens
-            as blocks) before reading its own acceptance, and the next round verifies those
-            drafts where a row does not pick its lookup proposal. None: ``HF2Q_DRAFT_AHEAD``.
+        draft_ahead: every row busy: a synchronous round queues the next round's drafter
+            (this round's features with its kept counts as context, its bonus tokens as
+            blocks) before reading its own acceptance, and the next round verifies those
+            drafts where a row does not pick its lookup proposal. Sampled, each row's draft is
+            drawn with the key its next drafted round takes, so a seed gives the tokens of a
+            synchronous run wherever the row's block is whole (a row's last, shorter blocks
+            keep the first positions of a whole block's draw). None: ``HF2Q_DRAFT_AHEAD``.
 
     Raises:
         UsageError: bad slot count, empty prompt, ``max_tokens < 1``, block size out of range.
@@ -478,7 +481,6 @@ def _dflash_slots(
     draft_ahead: bool = False,
 ) -> Iterator[SlotEvent]:
     mask_id = drafter.mask_token_id
-    draft_ahead = draft_ahead and sampling.greedy
     # Lagged rounds keep going while lookup proposals are due: built on the device (greedy).
     device_lookup = device_lookup and lookup and lagged and sampling.greedy
     ids = drafter.config.target_layer_ids
@@ -493,12 +495,17 @@ def _dflash_slots(
     st = _Stats(slots, B)
 
     def sample_drafts(
-        dlogits: mx.array | None, n_row: list[int], picked: list | None = None, width: int = 0
+        dlogits: mx.array | None,
+        n_row: list[int],
+        picked: list | None = None,
+        width: int = 0,
+        ahead: tuple[mx.array, list[mx.array] | None] | None = None,
     ) -> tuple[mx.array, list[mx.array | None]]:
         """Sampled drafts (R, width) of each busy row's first ``n_row[r]`` positions (padded with
         the mask token), or its lookup proposal ``picked[r]``, and each row's q (None for idle
         rows and for proposals: :func:`accept` puts all of q's mass on a proposal's tokens),
-        with the row's own keys. ``dlogits`` None: every busy row has a proposal (``width``)."""
+        with the row's own keys. ``dlogits`` None: every busy row has a proposal, or its
+        draft queued ahead (``ahead``: drafts and q per row, drawn with the key taken here)."""
         width = dlogits.shape[1] if dlogits is not None else width
         drafts, q_rows = [], []
         for r, x in enumerate(rows):
@@ -509,6 +516,9 @@ def _dflash_slots(
             n = n_row[r]
             if picked is not None and picked[r] is not None:  # a lookup proposal
                 d, q = mx.array(picked[r], dtype=mx.int32), None
+            elif ahead is not None:
+                x.keys.next()  # the key the draft queued ahead was drawn with
+                d, q = ahead[0][r, :n], ahead[1][r][:n]
             else:
                 q = probs(dlogits[r, :n], sampling)
                 d = mx.random.categorical(mx.log(q), axis=-1, key=x.keys.next())
@@ -542,14 +552,15 @@ def _dflash_slots(
         return mx.stack(a_l), mx.stack(b_l)
 
     def submit(
-        ahead: mx.array | None = None,
+        ahead: tuple[mx.array, list[mx.array] | None] | None = None,
     ) -> tuple[mx.array, list[mx.array | None], list[int], list[int], list[str], bool, float]:
         """Queue the drafter forward for every row; return (draft (R, B_r-1), q per row (T > 0),
         drafts each row may accept + 1, last tokens, who drafted each row, whether the drafter
         was skipped, host seconds). When every busy row verifies its lookup proposal the
         drafter does not run: it is given this round's context rows with the next round's
         (:func:`join_rows`), as the single-sequence loop does. ``ahead``: the drafter's tokens
-        (R, B-1), already queued by the last round (greedy; see ``draft_ahead``)."""
+        (R, B-1) and (sampled) each row's q, already queued by the last round (see
+        ``draft_ahead``)."""
         tic = time.perf_counter()
         bs_row = [min(B, x.remaining + 1) if x is not None else 2 for x in rows]
         bs = max(bs_row)
@@ -569,7 +580,7 @@ def _dflash_slots(
         q_rows: list[mx.array | None] = []
         if sampling.greedy:
             if ahead is not None:
-                draft = ahead[:, : bs - 1]
+                draft = ahead[0][:, : bs - 1]
             else:
                 draft = None if dlogits is None else mx.argmax(dlogits, axis=-1).astype(mx.int32)
             if any(pr is not None for pr in picked):  # always so when the drafter was skipped
@@ -578,7 +589,8 @@ def _dflash_slots(
                 use = mx.array([pr is not None for pr in picked])
                 draft = lk if draft is None else mx.where(use[:, None], lk, draft)
         else:
-            draft, q_rows = sample_drafts(dlogits, [b - 1 for b in bs_row], picked, bs - 1)
+            n_row = [b - 1 for b in bs_row]
+            draft, q_rows = sample_drafts(dlogits, n_row, picked, bs - 1, ahead)
         mx.async_eval(draft)
         return draft, q_rows, bs_row, last, sources, skip, time.perf_counter() - tic
 
@@ -807,7 +819,9 @@ def _dflash_slots(
             ctx = ctx[mx.array(busy, dtype=mx.int32)]
             ctx_len = [ctx_len[r] for r in busy]
             if carried is not None:  # the rows left keep the drafts queued ahead for them
-                pending = submit(carried[mx.array(busy, dtype=mx.int32)])
+                drafts, q = carried
+                kept = drafts[mx.array(busy, dtype=mx.int32)]
+                pending = submit((kept, None if q is None else [q[r] for r in busy]))
         carried = None
 
         # A draft already queued means the last round found a lookup proposal due, or drafted
@@ -850,8 +864,17 @@ def _dflash_slots(
                 c.lagged = True
             masks = mx.full((len(rows), B - 1), mask_id, dtype=mx.int32)
             dlogits = block_logits(bonus_arr, feats, a_arr + 1, masks)
-            ahead = mx.argmax(dlogits, axis=-1).astype(mx.int32)
-            mx.async_eval(ahead, [c.state for c in dcache])
+            if sampling.greedy:
+                ahead = (mx.argmax(dlogits, axis=-1).astype(mx.int32), None)
+            else:  # each row's draft with the key its next drafted round takes (none if the
+                # row picks its lookup proposal then, as in a synchronous round)
+                q_ahead = [probs(dlogits[r], sampling) for r in range(len(rows))]
+                d_ahead = [
+                    mx.random.categorical(mx.log(q), axis=-1, key=x.keys.peek())
+                    for q, x in zip(q_ahead, rows, strict=True)
+                ]
+                ahead = (mx.stack(d_ahead).astype(mx.int32), q_ahead)
+            mx.async_eval(ahead[0], ahead[1] or [], [c.state for c in dcache])
         mx.eval(draft)
         t1 = time.perf_counter()
         mx.eval(a_arr, bonus_arr)
