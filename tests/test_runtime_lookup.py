@@ -209,18 +209,11 @@ def test_sampling_with_lookup_reproduces_per_seed_and_drafts_by_lookup(demo):
     assert sum(r.lookup_rounds for r in batched.requests) > 0
 
 
-@pytest.mark.parametrize(("n", "ahead"), [(1, False), (2, False), (1, True), (2, True)])
-def test_batched_rounds_drafted_only_by_lookup_skip_the_drafter(
-    demo, plain64, n, ahead, monkeypatch
-):
-    # As the single-sequence loop does: no drafter forward when every busy row verifies its
-    # lookup proposal; its context rows reach the drafter with the next round's (ragged join).
-    # Drafting ahead (the default on CUDA) runs the drafter before the round that uses it, so
-    # it also runs for a round that then verifies only lookup proposals, but never after one.
+@pytest.fixture
+def drafter_calls(monkeypatch):
+    """A list that grows by one at each drafter forward (the test's own counting wrapper)."""
     from hf2q.runtime.drafter import DFlashDraftModel
-    from hf2q.runtime.slots import Request, SlotRound, SlotsSummary, slots_dflash_generate
 
-    pair, prompts = demo
     calls = []
     forward = DFlashDraftModel.__call__
 
@@ -229,6 +222,30 @@ def test_batched_rounds_drafted_only_by_lookup_skip_the_drafter(
         return forward(self, *args, **kwargs)
 
     monkeypatch.setattr(DFlashDraftModel, "__call__", counted)
+    return calls
+
+
+def _drafter_forwards_bound(rounds, extra: int = 0) -> tuple[int, int]:
+    """(lookup-only rounds, the most drafter forwards drafts queued ahead may take): one a
+    round some row drafts with the drafter, plus one ahead of each run of lookup-only rounds
+    and one ahead of the last round (a row that finishes with no request waiting leaves the
+    others' drafts queued ahead), plus ``extra`` (requests that take a finished row's place)."""
+    only = [all(src == "lookup" for src in e.sources) for e in rounds]
+    runs = sum(o and (i == 0 or not only[i - 1]) for i, o in enumerate(only))
+    return sum(only), len(rounds) - sum(only) + runs + 1 + extra
+
+
+@pytest.mark.parametrize(("n", "ahead"), [(1, False), (2, False), (1, True), (2, True)])
+def test_batched_rounds_drafted_only_by_lookup_skip_the_drafter(
+    demo, plain64, n, ahead, drafter_calls
+):
+    # As the single-sequence loop does: no drafter forward when every busy row verifies its
+    # lookup proposal; its context rows reach the drafter with the next round's (ragged join).
+    # Drafting ahead (the default on CUDA) runs the drafter before the round that uses it, so
+    # it also runs for a round that then verifies only lookup proposals, but never after one.
+    from hf2q.runtime.slots import Request, SlotRound, SlotsSummary, slots_dflash_generate
+
+    pair, prompts = demo
     reqs = [Request(p, max_tokens=64) for p in prompts[:n]]
     events = list(
         slots_dflash_generate(
@@ -245,15 +262,12 @@ def test_batched_rounds_drafted_only_by_lookup_skip_the_drafter(
     assert isinstance(summary, SlotsSummary)
     assert [r.tokens for r in summary.requests] == plain64[:n]
     rounds = [e for e in events if isinstance(e, SlotRound)]
-    only = [all(src == "lookup" for src in e.sources) for e in rounds]
-    assert sum(only) > 0
+    only, most = _drafter_forwards_bound(rounds)
+    assert only > 0
     if not ahead:
-        assert len(calls) == len(rounds) - sum(only)
-    else:  # one forward a drafted round, plus one ahead of each run of lookup-only rounds
-        # and one ahead of the last round (a row that finishes leaves the others' drafts
-        # queued ahead: no request waits)
-        runs = sum(o and (i == 0 or not only[i - 1]) for i, o in enumerate(only))
-        assert sum(only) > runs and len(calls) <= len(rounds) - sum(only) + runs + 1
+        assert len(drafter_calls) == len(rounds) - only
+    else:  # (no request waits here)
+        assert len(drafter_calls) <= most < len(rounds)
 
 
 def test_lagged_rounds_with_lookup_keep_plain_greedy_tokens(demo, plain64):
@@ -354,38 +368,24 @@ def test_lagged_rounds_with_lookup_on_the_device_keep_plain_greedy_tokens(demo, 
 
 
 @pytest.mark.parametrize("slots", [1, 3])
-def test_drafts_queued_ahead_keep_plain_greedy_tokens(demo, plain64, slots, monkeypatch):
+def test_drafts_queued_ahead_keep_plain_greedy_tokens(demo, plain64, slots, drafter_calls):
     # HF2Q_DRAFT_AHEAD: a synchronous round queues the next round's drafter from its own
     # results on the device before reading them; the next round verifies those drafts (or a
     # row's lookup proposal). Every request (different lengths, a queue, so rows finish apart
     # and rows change) keeps plain greedy decoding's tokens, with lookup and drafter rounds;
     # and the drafts are as good as drafting after the read (a drafter given the wrong
-    # context accepts a third as much and needs more rounds). The drafter runs at most once a
-    # round that some row drafts with it, plus once ahead of each run of lookup-only rounds,
-    # once ahead of the last round, and once for each request that takes a finished row's
-    # place (rows that finish with no request waiting leave the others' drafts queued ahead).
-    from hf2q.runtime.drafter import DFlashDraftModel
-
-    calls = []
-    forward = DFlashDraftModel.__call__
-
-    def counted(self, *args, **kwargs):
-        calls.append(1)
-        return forward(self, *args, **kwargs)
-
-    monkeypatch.setattr(DFlashDraftModel, "__call__", counted)
+    # context accepts a third as much and needs more rounds). The drafter's forwards stay
+    # within :func:`_drafter_forwards_bound`, one more for each request that takes a
+    # finished row's place.
     row_rounds = {}
     for ahead, B in [(True, 4)] if slots == 1 else [(True, 16), (False, 16)]:
         on = {"lookup": True, "lagged": False, "draft_ahead": ahead}
-        calls.clear()
+        drafter_calls.clear()
         _, rounds = _queued_run(demo, plain64, slots, B, **on)
         assert {src for e in rounds for src in e.sources} == {"lookup", "drafter"}
         row_rounds[ahead, B] = sum(len(e.slots) for e in rounds)
-        only = [all(src == "lookup" for src in e.sources) for e in rounds]
-        runs = sum(o and (i == 0 or not only[i - 1]) for i, o in enumerate(only))
-        refills = 4 - slots  # _queued_run's four requests
-        if ahead:
-            assert len(calls) <= len(rounds) - sum(only) + runs + 1 + refills
+        if ahead:  # _queued_run's four requests: 4 - slots take a finished row's place
+            assert len(drafter_calls) <= _drafter_forwards_bound(rounds, 4 - slots)[1]
     if slots == 3:
         assert row_rounds[True, 16] <= row_rounds[False, 16]
 
