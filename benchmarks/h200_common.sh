@@ -86,6 +86,27 @@ demo_queue_bench() {
   echo "$1 exit $? $(el)"; python3 benchmarks/bench_rows.py "$OUT/$1.json" || tail -c 400 "$OUT/$1.log"
 }
 
+# issue_runs: issue 5's and 6's runs: demo_queue_bench demo_queue, then the random 4B-shaped pair
+# at 1 and 4 slots (synthetic_run syn4b) in what remains of ${BUDGET:-560} s.
+issue_runs() {
+  local t
+  demo_queue_bench demo_queue
+  t=$(left)
+  [ "$t" -gt 60 ] && synthetic_run syn4b 1,4 "$t"
+}
+
+# demo_timeline NAME LINES: gpu_timeline.py on the demo pair's 8-slot rounds with lookup (128
+# tokens, DFlash and plain loops) in at most 110 s of what remains, into $OUT/NAME.json / .log,
+# LINES lines of each summary shown.
+demo_timeline() {
+  local t
+  t=$(left)
+  [ "$t" -gt 60 ] && timeout $(( t < 110 ? t : 110 )) python3 benchmarks/gpu_timeline.py --slots 8 \
+    --loops slots-dflash,slots-plain --lookup --tokens 128 --top 40 --out "$OUT/$1.json" \
+    > "$OUT/$1.log" 2>&1
+  echo "$1 exit $? $(el)"; grep -A"$2" '^==' "$OUT/$1.log" | cut -c1-150
+}
+
 # bench_values NAME SLOTS VALUES: benchmarks/bench_ab.py (hf2q bench's workload, the settings
 # VALUES alternating in one process, 3 runs) at SLOTS (comma-separated), at most 240 s, into
 # $OUT/NAME.json / .log, its rows shown.

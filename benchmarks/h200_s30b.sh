@@ -11,11 +11,7 @@ set -uo pipefail
 . benchmarks/h200_common.sh
 host_speed
 bench_values ab_joint 8,1 HF2Q_DRAFT_JOINT=0,HF2Q_DRAFT_JOINT=1
-t=$(left)
-[ "$t" -gt 60 ] && timeout $(( t < 110 ? t : 110 )) python3 benchmarks/gpu_timeline.py --slots 8 \
-  --loops slots-dflash,slots-plain --lookup --tokens 128 --top 40 --out "$OUT/tl_demo8.json" \
-  > "$OUT/tl_demo8.log" 2>&1
-echo "tl_demo8 exit $? $(el)"; grep -A12 '^==' "$OUT/tl_demo8.log" | cut -c1-150
+demo_timeline tl_demo8 12
 t=$(left)
 [ "$t" -gt 30 ] && gpu_pytest gpu_drafter "$t" tests/test_kernels_row_attention.py -k "drafter or cuda_kernel"
 pack_logs

@@ -9,8 +9,6 @@ set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
 host_speed
-demo_queue_bench demo_queue
-t=$(left)
-[ "$t" -gt 60 ] && synthetic_run syn4b 1,4 "$t"
+issue_runs
 host_speed
 pack_logs

@@ -9,9 +9,7 @@ set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
 host_speed
-demo_queue_bench demo_queue
-t=$(left)
-[ "$t" -gt 60 ] && synthetic_run syn4b 1,4 "$t"
+issue_runs
 t=$(left)
 [ "$t" -gt 40 ] && gpu_pytest gpu_ahead "$t" tests/test_runtime_lookup.py -k ahead
 host_speed

@@ -9,11 +9,7 @@ set -uo pipefail
 . benchmarks/h200_common.sh
 host_speed
 demo_queue_bench demo_queue
-t=$(left)
-[ "$t" -gt 60 ] && timeout $(( t < 110 ? t : 110 )) python3 benchmarks/gpu_timeline.py --slots 8 \
-  --loops slots-dflash,slots-plain --lookup --tokens 128 --top 40 --out "$OUT/tl_demo8.json" \
-  > "$OUT/tl_demo8.log" 2>&1
-echo "tl_demo8 exit $? $(el)"; grep -A45 '^==' "$OUT/tl_demo8.log" | cut -c1-150
+demo_timeline tl_demo8 45
 t=$(left)
 [ "$t" -gt 40 ] && gpu_pytest gpu_lookup "$t" tests/test_runtime_lookup.py
 host_speed

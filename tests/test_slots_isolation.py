@@ -168,33 +168,40 @@ def test_lagged_rounds_switch_reads_the_environment(monkeypatch):
     assert not select.lagged_for(lookup=True) and not select.lagged_for(lookup=False)
     # A lagged round's draft is queued before its verify unless HF2Q_LAGGED_DRAFT_FIRST=0.
     monkeypatch.setenv(select.LAGGED_ROUNDS_ENV, "1")
-    for value, on in ((None, True), ("0", False), ("1", True)):
+    first = select.LAGGED_DRAFT_FIRST_ENV
+    _check_switch(monkeypatch, first, select.lagged_draft_first, True, "draft queued first")
+
+
+def _check_switch(monkeypatch, env: str, enabled, default: bool, shown: str = "") -> None:
+    """``enabled()`` follows ``env`` (unset: ``default``; 0/off, 1), ``shown`` is in
+    ``--stats``'s summary exactly when it is on, and a bad value is refused naming ``env``."""
+    from hf2q.kernels import select
+
+    for value, on in ((None, default), ("0", False), ("1", True), ("off", False)):
         if value is None:
-            monkeypatch.delenv(select.LAGGED_DRAFT_FIRST_ENV, raising=False)
+            monkeypatch.delenv(env, raising=False)
         else:
-            monkeypatch.setenv(select.LAGGED_DRAFT_FIRST_ENV, value)
-        assert select.lagged_draft_first() is on
-        assert ("draft queued first" in select.summary()) is on
-    monkeypatch.setenv(select.LAGGED_DRAFT_FIRST_ENV, "early")
-    with pytest.raises(UsageError, match="HF2Q_LAGGED_DRAFT_FIRST='early' must be 0 or 1"):
-        select.lagged_draft_first()
+            monkeypatch.setenv(env, value)
+        assert enabled() is on, (env, value)
+        assert not shown or (shown in select.summary()) is on
+    monkeypatch.setenv(env, "later")
+    with pytest.raises(UsageError, match=f"{env}='later' must be 0 or 1"):
+        enabled()
+    monkeypatch.delenv(env)
 
 
 def test_draft_ahead_switch_reads_the_environment(monkeypatch):
     from hf2q.kernels import select
 
-    monkeypatch.delenv(select.DRAFT_AHEAD_ENV, raising=False)
     # On where async_eval returns once the graph is encoded (CUDA), off elsewhere.
     on = select.backend() == "cuda"
-    assert select.draft_ahead_enabled() is on
-    assert ("next draft queued ahead" in select.summary()) is on
-    for value, on in (("0", False), ("1", True), ("off", False)):
-        monkeypatch.setenv(select.DRAFT_AHEAD_ENV, value)
-        assert select.draft_ahead_enabled() is on
-        assert ("next draft queued ahead" in select.summary()) is on
-    monkeypatch.setenv(select.DRAFT_AHEAD_ENV, "later")
-    with pytest.raises(UsageError, match="HF2Q_DRAFT_AHEAD='later' must be 0 or 1"):
-        select.draft_ahead_enabled()
+    _check_switch(
+        monkeypatch,
+        select.DRAFT_AHEAD_ENV,
+        select.draft_ahead_enabled,
+        on,
+        "next draft queued ahead",
+    )
 
 
 @pytest.mark.parametrize(
