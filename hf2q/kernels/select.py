@@ -635,7 +635,7 @@ def describe(attn: object | None = None) -> dict[str, str]:
         if lagged_draft_first():
             info["rounds"] += ", draft queued first"
     if draft_ahead_enabled():
-        info["draft_ahead"] = "synchronous batched rounds queue the next draft before the read"
+        info["draft_ahead"] = "synchronous batched rounds"
     flush = flush_layers(lagged_rounds_enabled())  # (lagged rounds queue their verify early)
     info["verify_queue"] = f"every {flush} layers" if flush else "at the acceptance"
     bucket = sdpa_bucket()
@@ -667,7 +667,7 @@ def summary(model: object | None = None) -> str:
     if "rounds" in info:
         parts.append(f"rounds {info['rounds']}")
     if "draft_ahead" in info:
-        parts.append("next draft queued ahead (synchronous batched rounds)")
+        parts.append(f"next draft queued ahead ({info['draft_ahead']})")
     if info["mode"] != "auto":
         parts.append(f"{ENV}={info['mode']}")
     return "; ".join(parts)

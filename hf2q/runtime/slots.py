@@ -500,12 +500,14 @@ def _dflash_slots(
         picked: list | None = None,
         width: int = 0,
         ahead: tuple[mx.array, list[mx.array] | None] | None = None,
+        peek: bool = False,
     ) -> tuple[mx.array, list[mx.array | None]]:
         """Sampled drafts (R, width) of each busy row's first ``n_row[r]`` positions (padded with
         the mask token), or its lookup proposal ``picked[r]``, and each row's q (None for idle
         rows and for proposals: :func:`accept` puts all of q's mass on a proposal's tokens),
         with the row's own keys. ``dlogits`` None: every busy row has a proposal, or its
-        draft queued ahead (``ahead``: drafts and q per row, drawn with the key taken here)."""
+        draft queued ahead (``ahead``: drafts and q per row, drawn with the key taken here).
+        ``peek``: drawn with each row's next key without taking it (a draft queued ahead)."""
         width = dlogits.shape[1] if dlogits is not None else width
         drafts, q_rows = [], []
         for r, x in enumerate(rows):
@@ -521,7 +523,8 @@ def _dflash_slots(
                 d, q = ahead[0][r, :n], ahead[1][r][:n]
             else:
                 q = probs(dlogits[r, :n], sampling)
-                d = mx.random.categorical(mx.log(q), axis=-1, key=x.keys.next())
+                key = x.keys.peek() if peek else x.keys.next()
+                d = mx.random.categorical(mx.log(q), axis=-1, key=key)
             pad = mx.full((width - n,), mask_id, dtype=mx.int32)
             drafts.append(mx.concatenate([d.astype(mx.int32), pad]))
             q_rows.append(q)
@@ -663,6 +666,15 @@ def _dflash_slots(
             free_slots.append(x.slot)
             yield SlotFinished(x.slot, x.index, st.finish(x, "dflash", B))
 
+    blocks_of_masks: dict[int, mx.array] = {}
+
+    def mask_rows(R: int) -> mx.array:
+        """(R, B-1) mask tokens, a full block after its first token: made once per row count
+        (not a new array, and a kernel on a GPU, every round)."""
+        if R not in blocks_of_masks:
+            blocks_of_masks[R] = mx.full((R, B - 1), mask_id, dtype=mx.int32)
+        return blocks_of_masks[R]
+
     def block_logits(
         first: mx.array, context: mx.array, counts: list[int] | mx.array, masks: mx.array
     ) -> mx.array:
@@ -706,7 +718,7 @@ def _dflash_slots(
         nonlocal ctx, ctx_len
         R = len(rows)
         last = mx.array([x.tokens[-1] if x else mask_id for x in rows], dtype=mx.int32)
-        masks = mx.full((R, B - 1), mask_id, dtype=mx.int32)
+        masks = mask_rows(R)
         kv = [c for c in (*tcache, *dcache) if isinstance(c, SlotKVCache)]
         for c in kv:
             c.lagged = True
@@ -816,11 +828,12 @@ def _dflash_slots(
             for c in dcache:
                 c.filter(busy)
             rows = [rows[r] for r in busy]
-            ctx = ctx[mx.array(busy, dtype=mx.int32)]
+            idx = mx.array(busy, dtype=mx.int32)
+            ctx = ctx[idx]
             ctx_len = [ctx_len[r] for r in busy]
             if carried is not None:  # the rows left keep the drafts queued ahead for them
                 drafts, q = carried
-                kept = drafts[mx.array(busy, dtype=mx.int32)]
+                kept = drafts[idx]
                 pending = submit((kept, None if q is None else [q[r] for r in busy]))
         carried = None
 
@@ -862,18 +875,12 @@ def _dflash_slots(
             held = [list(c.lengths) for c in dcache]
             for c in dcache:
                 c.lagged = True
-            masks = mx.full((len(rows), B - 1), mask_id, dtype=mx.int32)
-            dlogits = block_logits(bonus_arr, feats, a_arr + 1, masks)
+            dlogits = block_logits(bonus_arr, feats, a_arr + 1, mask_rows(len(rows)))
             if sampling.greedy:
                 ahead = (mx.argmax(dlogits, axis=-1).astype(mx.int32), None)
             else:  # each row's draft with the key its next drafted round takes (none if the
                 # row picks its lookup proposal then, as in a synchronous round)
-                q_ahead = [probs(dlogits[r], sampling) for r in range(len(rows))]
-                d_ahead = [
-                    mx.random.categorical(mx.log(q), axis=-1, key=x.keys.peek())
-                    for q, x in zip(q_ahead, rows, strict=True)
-                ]
-                ahead = (mx.stack(d_ahead).astype(mx.int32), q_ahead)
+                ahead = sample_drafts(dlogits, [B - 1] * len(rows), peek=True)
             mx.async_eval(ahead[0], ahead[1] or [], [c.state for c in dcache])
         mx.eval(draft)
         t1 = time.perf_counter()
