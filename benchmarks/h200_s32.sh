@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# Written in session 31 for the next GPU call (not run yet). Drafts queued ahead are on by
-# default on CUDA since session 31; after its runs they (a) no longer run the drafter ahead of
-# a round that follows a lookup-only round (at one slot the batched loop's rounds had been
-# 0.7-1.1 ms longer than the single-sequence loop's), (b) survive rows that finish with no
-# request waiting, (c) also run in sampled rounds. (1) The A/B at 1 and 8 slots again, alternating
-# in one process (session 31 run 1: 1627 / 1601 tok/s at 1 slot, 8186 / 7120 at 8, before (a)
-# and (b)); (2) hf2q bench for issue 5; (3) the GPU tests of drafts ahead, greedy and sampled.
-# A fresh machine first spends 80-110 s compiling MLX's kernels: the first process has 240 s.
+# Session 32, first GPU call: the decode loops' graphs encoded on a worker thread
+# (HF2Q_ENCODE_THREAD=1, hf2q/evaluation.py) against on the calling thread, alternating in one
+# process. (1) The random 4B-shaped pair, one sequence: plain step, DFlash round (lagged) and E
+# for each value (issue 6). (2) The same at 4 slots (DFlash rounds). (3) The demo pair's hf2q
+# bench workload at 8 and 1 slots (issue 5). (4) The GPU's exactness and lagged/ahead tests with
+# the switch on. A fresh machine first spends 80-110 s compiling MLX's kernels.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
 host_speed
-bench_values ab_ahead 1,8 HF2Q_DRAFT_AHEAD=0,HF2Q_DRAFT_AHEAD=1
-demo_queue_bench demo_queue
+V=HF2Q_ENCODE_THREAD=0,HF2Q_ENCODE_THREAD=1
+ab_run enc4b 240 --synthetic 4b --modes plain,dflash --tokens 64 --prompt-tokens 64 --runs 5 --values "$V"
+ab_slots enc4b_s "4" "$V" 150
 t=$(left)
-[ "$t" -gt 40 ] && gpu_pytest gpu_ahead "$t" tests/test_runtime_lookup.py \
-  tests/test_slots_isolation.py -k "ahead or skip_the_drafter or sampling_per_slot"
+[ "$t" -gt 180 ] && bench_values enc_demo 8,1 "$V"
+t=$(left)
+[ "$t" -gt 40 ] && HF2Q_ENCODE_THREAD=1 gpu_pytest gpu_enc "$t" tests/test_runtime_bf16_exact.py \
+  tests/test_slots_isolation.py tests/test_runtime_lookup.py -k "bf16 or lagged or ahead or skip_the_drafter"
 host_speed
 pack_logs

@@ -25,6 +25,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from hf2q.evaluation import evaluate
 from hf2q.kernels import cuda_matmul
 
 
@@ -67,7 +68,7 @@ def kept_view(mod: nn.Module, name: str, make: Callable[[mx.array], mx.array]) -
 
     def build() -> mx.array:
         view = make(mod.weight)
-        mx.eval(view)
+        evaluate(view)
         return view
 
     return kept(mod, name, [mod.weight], build)

@@ -33,6 +33,7 @@ from typing import Any
 import mlx.core as mx
 
 from hf2q.errors import UsageError
+from hf2q.evaluation import clear_cache, encoded, enqueue, evaluate, wait
 from hf2q.kernels.forward import CompiledDecode
 from hf2q.kernels.layers import decode_layer_fn, prefill_layer_fn
 from hf2q.kernels.select import (
@@ -186,9 +187,9 @@ def prefill(
         if drafter is not None:
             drafter.add_context(feats, draft_cache)
             state.append([c.state for c in draft_cache])
-        mx.eval(state)
+        evaluate(state)
         start = end
-        mx.clear_cache()
+        clear_cache()
     logits, feats = target.forward(toks[None, n - 1 :], cache, capture=ids, layer_fn=last_fn)
     return logits[:, -1], feats
 
@@ -282,7 +283,7 @@ def dflash_generate(
     eos, step = frozenset(eos_token_ids), prefill_step_size
     if lagged_for(lookup) if lagged is None else lagged:
         return _dflash_lagged(*run, eos, step, lookup)
-    return _dflash(*run, eos, step, lookup)
+    return encoded(_dflash(*run, eos, step, lookup))
 
 
 def _dflash_lagged(
@@ -376,7 +377,7 @@ def _dflash(
         target, prompt, tcache, drafter=drafter, draft_cache=dcache, step_size=step_size
     )
     first = choose(logits, sampling, keys)
-    mx.eval(first, ctx)
+    evaluate(first, ctx)
     token = int(first.item())
     t_first = time.perf_counter()
     prefill_time = t_first - tic
@@ -404,7 +405,7 @@ def _dflash(
         else:
             q = probs(dlogits, sampling)
             draft = mx.random.categorical(mx.log(q), axis=-1, key=keys.next()).astype(mx.int32)
-        mx.async_eval(draft)
+        enqueue(draft)
         return draft, q, bs, "drafter"
 
     hist = [0] * B
@@ -429,9 +430,9 @@ def _dflash(
             if source == "lookup":  # a deterministic proposal: all of q's mass on each token
                 q = point_masses(draft, vlogits.shape[-1])
             a_arr, bonus_arr = accept_rejection(draft, q, probs(vlogits[0], sampling), keys.next())
-        mx.eval(draft)
+        evaluate(draft)
         t1 = time.perf_counter()
-        mx.eval(a_arr, bonus_arr)
+        evaluate(a_arr, bonus_arr)
         a, bonus = int(a_arr.item()), int(bonus_arr.item())
         t2 = time.perf_counter()
 
@@ -439,7 +440,7 @@ def _dflash(
         ctx = feats[:, : a + 1]  # the verified positions become drafter context
         t3 = time.perf_counter()
 
-        committed = draft[:a].tolist() + [bonus]
+        committed = draft.tolist()[:a] + [bonus]
         kept: list[int] = []
         for tok in committed:
             kept.append(tok)
@@ -456,7 +457,7 @@ def _dflash(
             tq = time.perf_counter()
             pending = submit_draft(bonus, ctx)
             t_queue = time.perf_counter() - tq
-            mx.async_eval(tcache.state)
+            enqueue(tcache.state)
             t_roll += time.perf_counter() - tq - t_queue
 
         n_rounds += 1
@@ -582,8 +583,10 @@ def plain_generate(
     """
     sampling = sampling or SamplingParams()
     _check_common(prompt, max_tokens, sampling)
-    return _plain(
-        target, list(prompt), max_tokens, sampling, frozenset(eos_token_ids), prefill_step_size
+    return encoded(
+        _plain(
+            target, list(prompt), max_tokens, sampling, frozenset(eos_token_ids), prefill_step_size
+        )
     )
 
 
@@ -624,7 +627,7 @@ def _plain(
         logits, _ = target.forward(y[None], cache, layer_fn=layer_fn, mm=mm)
         return choose(logits[:, -1], sampling, keys)
 
-    mx.async_eval(y)
+    evaluate(y)
     token = int(y.item())
     t_first = t_prev = time.perf_counter()
     prefill_time = t_first - tic
@@ -633,12 +636,13 @@ def _plain(
     yield PrefillDone(len(prompt), prefill_time, len(prompt) / prefill_time, token, finish)
     if finish is None:
         nxt = step(y)
-        mx.async_eval(nxt)
+        ticket = enqueue(nxt)
     while finish is None:
-        y = nxt
+        y, y_ticket = nxt, ticket
         if len(tokens) + 1 < max_tokens:
             nxt = step(y)  # queue the following step before reading this one
-            mx.async_eval(nxt)
+            ticket = enqueue(nxt)
+        wait(y_ticket)
         token = int(y.item())
         tokens.append(token)
         finish = _finish(token, len(tokens), max_tokens, eos)
@@ -646,7 +650,7 @@ def _plain(
         yield StepDone(len(tokens) - 1, token, now - t_prev, len(tokens), now - t_first, finish)
         t_prev = now
         if len(tokens) % 256 == 0:
-            mx.clear_cache()
+            clear_cache()
 
     decode_time = time.perf_counter() - t_first
     yield _summary("plain", tokens, finish, len(prompt), prefill_time, decode_time, keys)
