@@ -5,6 +5,8 @@
 # for each value (issue 6). (2) The same at 4 slots (DFlash rounds). (3) The demo pair's hf2q
 # bench workload at 8 and 1 slots (issue 5). (4) The GPU's exactness and lagged/ahead tests with
 # the switch on. A fresh machine first spends 80-110 s compiling MLX's kernels.
+# Ran once, at commit c8ae7af (session 32 run 1): the switch was slower and crashed a GPU test,
+# and was taken out again (docs/BENCHMARKS.md, "H200, session 32"); kept as the record of that run.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh

@@ -47,7 +47,6 @@ from typing import Any
 
 import mlx.core as mx
 
-from hf2q.evaluation import evaluate
 from hf2q.kernels import select
 
 #: Warps per thread block where the merge buffer fits (see :func:`warps`).
@@ -384,7 +383,7 @@ def warps(group: int, head_dim: int) -> int:
 def _scale(value: float) -> mx.array:
     # One constant per scale: a new array per call would be one more transfer per layer.
     out = mx.array([value], dtype=mx.float32)
-    evaluate(out)
+    mx.eval(out)
     return out
 
 

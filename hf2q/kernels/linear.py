@@ -25,7 +25,6 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from hf2q.evaluation import evaluate
 from hf2q.kernels import cuda_matmul
 
 
@@ -68,7 +67,7 @@ def kept_view(mod: nn.Module, name: str, make: Callable[[mx.array], mx.array]) -
 
     def build() -> mx.array:
         view = make(mod.weight)
-        evaluate(view)
+        mx.eval(view)
         return view
 
     return kept(mod, name, [mod.weight], build)

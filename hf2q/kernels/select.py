@@ -175,9 +175,6 @@ KV_ROW_SCATTER_ENV = "HF2Q_KV_ROW_SCATTER"
 #: while the host reads, commits and picks proposals (every row busy; sampled rounds draw each
 #: draft with the key the row's next drafted round takes). Default on CUDA.
 DRAFT_AHEAD_ENV = "HF2Q_DRAFT_AHEAD"
-#: HF2Q_ENCODE_THREAD=1: the decode loops' graphs are encoded by MLX on a worker thread while the
-#: calling thread builds the next one (:mod:`hf2q.evaluation`); the same graphs and values.
-ENCODE_THREAD_ENV = "HF2Q_ENCODE_THREAD"
 
 
 def _flag(env: str, default: str) -> bool:
@@ -319,12 +316,6 @@ def draft_ahead_enabled() -> bool:
     read, plus drawing each row's draft, which a synchronous round does after it.
     """
     return _flag(DRAFT_AHEAD_ENV, "1" if backend() == "cuda" else "0")
-
-
-def encode_thread_enabled() -> bool:
-    """Whether the decode loops encode their graphs on a worker thread (``HF2Q_ENCODE_THREAD``,
-    :mod:`hf2q.evaluation`): off by default until timed on a GPU."""
-    return _flag(ENCODE_THREAD_ENV, "0")
 
 
 def rollback_kernel_enabled() -> bool:
@@ -645,8 +636,6 @@ def describe(attn: object | None = None) -> dict[str, str]:
             info["rounds"] += ", draft queued first"
     if draft_ahead_enabled():
         info["draft_ahead"] = "synchronous batched rounds"
-    if encode_thread_enabled():
-        info["encode"] = "on a worker thread"
     flush = flush_layers(lagged_rounds_enabled())  # (lagged rounds queue their verify early)
     info["verify_queue"] = f"every {flush} layers" if flush else "at the acceptance"
     bucket = sdpa_bucket()
@@ -679,8 +668,6 @@ def summary(model: object | None = None) -> str:
         parts.append(f"rounds {info['rounds']}")
     if "draft_ahead" in info:
         parts.append(f"next draft queued ahead ({info['draft_ahead']})")
-    if "encode" in info:
-        parts.append(f"graphs encoded {info['encode']}")
     if info["mode"] != "auto":
         parts.append(f"{ENV}={info['mode']}")
     return "; ".join(parts)

@@ -32,7 +32,6 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-from hf2q.evaluation import evaluate
 from hf2q.kernels import cuda_rollback
 from hf2q.kernels.select import bucketed, rollback_kernel_enabled, sdpa_bucket
 
@@ -133,10 +132,7 @@ class GDNRollbackCache(ArraysCache):
             conv = mx.contiguous(rec.conv_input[:, n_keep : n_keep + K1])
             self.restore(conv, rec.after(n_keep), T - n_keep)
             return
-        if isinstance(n_keep, mx.array):
-            evaluate(n_keep)
-            n_keep = n_keep.tolist()
-        keep_list = [int(x) for x in n_keep]
+        keep_list = [int(x) for x in (n_keep.tolist() if isinstance(n_keep, mx.array) else n_keep)]
         if not all(1 <= x <= T for x in keep_list):
             raise ValueError(f"n_keep values must be in 1..{T}, got {keep_list}")
         self.rollback_rows(mx.array(keep_list, dtype=mx.int32), keep_list)

@@ -33,7 +33,6 @@ from typing import Any
 import mlx.core as mx
 
 from hf2q.errors import UsageError
-from hf2q.evaluation import clear_cache, encoded, enqueue, evaluate, wait
 from hf2q.kernels.forward import CompiledDecode
 from hf2q.kernels.layers import decode_layer_fn, prefill_layer_fn
 from hf2q.kernels.select import (
@@ -187,9 +186,9 @@ def prefill(
         if drafter is not None:
             drafter.add_context(feats, draft_cache)
             state.append([c.state for c in draft_cache])
-        evaluate(state)
+        mx.eval(state)
         start = end
-        clear_cache()
+        mx.clear_cache()
     logits, feats = target.forward(toks[None, n - 1 :], cache, capture=ids, layer_fn=last_fn)
     return logits[:, -1], feats
 
@@ -283,7 +282,7 @@ def dflash_generate(
     eos, step = frozenset(eos_token_ids), prefill_step_size
     if lagged_for(lookup) if lagged is None else lagged:
         return _dflash_lagged(*run, eos, step, lookup)
-    return encoded(_dflash(*run, eos, step, lookup))
+    return _dflash(*run, eos, step, lookup)
 
 
 def _dflash_lagged(
@@ -377,7 +376,7 @@ def _dflash(
         target, prompt, tcache, drafter=drafter, draft_cache=dcache, step_size=step_size
     )
     first = choose(logits, sampling, keys)
-    evaluate(first, ctx)
+    mx.eval(first, ctx)
     token = int(first.item())
     t_first = time.perf_counter()
     prefill_time = t_first - tic
@@ -405,7 +404,7 @@ def _dflash(
         else:
             q = probs(dlogits, sampling)
             draft = mx.random.categorical(mx.log(q), axis=-1, key=keys.next()).astype(mx.int32)
-        enqueue(draft)
+        mx.async_eval(draft)
         return draft, q, bs, "drafter"
 
     hist = [0] * B
@@ -430,9 +429,9 @@ def _dflash(
             if source == "lookup":  # a deterministic proposal: all of q's mass on each token
                 q = point_masses(draft, vlogits.shape[-1])
             a_arr, bonus_arr = accept_rejection(draft, q, probs(vlogits[0], sampling), keys.next())
-        evaluate(draft)
+        mx.eval(draft)
         t1 = time.perf_counter()
-        evaluate(a_arr, bonus_arr)
+        mx.eval(a_arr, bonus_arr)
         a, bonus = int(a_arr.item()), int(bonus_arr.item())
         t2 = time.perf_counter()
 
@@ -440,7 +439,7 @@ def _dflash(
         ctx = feats[:, : a + 1]  # the verified positions become drafter context
         t3 = time.perf_counter()
 
-        committed = draft.tolist()[:a] + [bonus]
+        committed = draft[:a].tolist() + [bonus]
         kept: list[int] = []
         for tok in committed:
             kept.append(tok)
@@ -457,7 +456,7 @@ def _dflash(
             tq = time.perf_counter()
             pending = submit_draft(bonus, ctx)
             t_queue = time.perf_counter() - tq
-            enqueue(tcache.state)
+            mx.async_eval(tcache.state)
             t_roll += time.perf_counter() - tq - t_queue
 
         n_rounds += 1
@@ -583,10 +582,8 @@ def plain_generate(
     """
     sampling = sampling or SamplingParams()
     _check_common(prompt, max_tokens, sampling)
-    return encoded(
-        _plain(
-            target, list(prompt), max_tokens, sampling, frozenset(eos_token_ids), prefill_step_size
-        )
+    return _plain(
+        target, list(prompt), max_tokens, sampling, frozenset(eos_token_ids), prefill_step_size
     )
 
 
@@ -627,7 +624,7 @@ def _plain(
         logits, _ = target.forward(y[None], cache, layer_fn=layer_fn, mm=mm)
         return choose(logits[:, -1], sampling, keys)
 
-    evaluate(y)
+    mx.async_eval(y)
     token = int(y.item())
     t_first = t_prev = time.perf_counter()
     prefill_time = t_first - tic
@@ -636,13 +633,12 @@ def _plain(
     yield PrefillDone(len(prompt), prefill_time, len(prompt) / prefill_time, token, finish)
     if finish is None:
         nxt = step(y)
-        ticket = enqueue(nxt)
+        mx.async_eval(nxt)
     while finish is None:
-        y, y_ticket = nxt, ticket
+        y = nxt
         if len(tokens) + 1 < max_tokens:
             nxt = step(y)  # queue the following step before reading this one
-            ticket = enqueue(nxt)
-        wait(y_ticket)
+            mx.async_eval(nxt)
         token = int(y.item())
         tokens.append(token)
         finish = _finish(token, len(tokens), max_tokens, eos)
@@ -650,7 +646,7 @@ def _plain(
         yield StepDone(len(tokens) - 1, token, now - t_prev, len(tokens), now - t_first, finish)
         t_prev = now
         if len(tokens) % 256 == 0:
-            clear_cache()
+            mx.clear_cache()
 
     decode_time = time.perf_counter() - t_first
     yield _summary("plain", tokens, finish, len(prompt), prefill_time, decode_time, keys)

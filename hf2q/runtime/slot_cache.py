@@ -35,7 +35,6 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, _BaseCache
 
-from hf2q.evaluation import evaluate
 from hf2q.kernels.select import bucketed, kv_row_scatter, sdpa_bucket
 from hf2q.runtime.cache import GDNRollbackCache, TargetCache, key_mask, rollback_in_one_launch
 
@@ -101,13 +100,10 @@ def _per_row(value: int | Sequence[int] | mx.array, rows: int, what: str) -> lis
     """``value`` as one int per row (an int applies to every row)."""
     if isinstance(value, int):
         return [int(value)] * rows
-    if isinstance(value, mx.array):
-        evaluate(value)
-        value = value.tolist()
-    vals = [int(v) for v in value]
+    vals = value.tolist() if isinstance(value, mx.array) else [int(v) for v in value]
     if len(vals) != rows:
         raise ValueError(f"{what} needs one value per row ({rows}), got {len(vals)}")
-    return vals
+    return [int(v) for v in vals]
 
 
 class SlotKVCache(_BaseCache):

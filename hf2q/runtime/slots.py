@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from hf2q.errors import UsageError
-from hf2q.evaluation import encoded, enqueue, evaluate, wait
 from hf2q.kernels.layers import decode_layer_fn
 from hf2q.kernels.select import (
     draft_ahead_enabled,
@@ -449,22 +448,20 @@ def slots_dflash_generate(
         )
     if not drafter.is_bound:
         drafter.bind(target.embed, target.head)
-    return encoded(
-        _dflash_slots(
-            target,
-            drafter,
-            reqs,
-            slots,
-            sampling,
-            B,
-            frozenset(eos_token_ids),
-            idle,
-            prefill_step_size,
-            lookup,
-            lagged_for(lookup) if lagged is None else lagged,
-            (lagged_lookup_mode() == "device") if device_lookup is None else device_lookup,
-            draft_ahead_enabled() if draft_ahead is None else draft_ahead,
-        )
+    return _dflash_slots(
+        target,
+        drafter,
+        reqs,
+        slots,
+        sampling,
+        B,
+        frozenset(eos_token_ids),
+        idle,
+        prefill_step_size,
+        lookup,
+        lagged_for(lookup) if lagged is None else lagged,
+        (lagged_lookup_mode() == "device") if device_lookup is None else device_lookup,
+        draft_ahead_enabled() if draft_ahead is None else draft_ahead,
     )
 
 
@@ -597,7 +594,7 @@ def _dflash_slots(
         else:
             n_row = [b - 1 for b in bs_row]
             draft, q_rows = sample_drafts(dlogits, n_row, picked, bs - 1, ahead)
-        enqueue(draft)
+        mx.async_eval(draft)
         return draft, q_rows, bs_row, last, sources, skip, time.perf_counter() - tic
 
     def commit_round(
@@ -746,7 +743,7 @@ def _dflash_slots(
                 else:  # each row's keys in the order a synchronous round draws them
                     draft, q_rows = sample_drafts(dlogits, [B - 1] * R)
                 if draft_first:  # the device drafts while the host builds the verify
-                    enqueue(draft, [q for q in q_rows if q is not None])
+                    mx.async_eval(draft, [q for q in q_rows if q is not None])
                 vin = mx.concatenate([last[:, None], draft], axis=1)
                 vlogits, feats = verify_forward(target, vin, tcache, capture=ids, lagged=True)
                 a_arr, last = accept(draft, q_rows, vlogits, [B - 1] * R)
@@ -758,15 +755,14 @@ def _dflash_slots(
                 if looked is not None:
                     looked.update(draft, a_arr, last, use)
                     extra = [use, looked.state]
-                ticket = enqueue(
+                mx.async_eval(
                     draft, a_arr, last, ctx, tcache.state, [c.state for c in dcache], extra
                 )
-                flight.append((draft, a_arr, last, use, marks, ticket, time.perf_counter() - tic))
+                flight.append((draft, a_arr, last, use, marks, time.perf_counter() - tic))
                 if len(flight) < 2:
                     continue
-            draft_o, a_o, bonus_o, use_o, marks_o, ticket_o, t_build = flight.popleft()
+            draft_o, a_o, bonus_o, use_o, marks_o, t_build = flight.popleft()
             t1 = time.perf_counter()
-            wait(ticket_o)  # encoded: reading it only waits for the device
             acc, bonus, draft_host = a_o.tolist(), bonus_o.tolist(), draft_o.tolist()
             sources = ["drafter"] * R
             if use_o is not None:  # the host choosers follow the device's choices
@@ -783,9 +779,7 @@ def _dflash_slots(
             stop = stop or (looked is None and lookup_due())
         for c in kv:  # every round read: the bounds are exact again
             c.lagged = False
-        if isinstance(ctx_len, mx.array):
-            evaluate(ctx_len)
-            ctx_len = [int(v) for v in ctx_len.tolist()]
+        ctx_len = [int(v) for v in ctx_len.tolist()] if isinstance(ctx_len, mx.array) else ctx_len
 
     pending = None  # the next round's queued draft (same rows), or None
     carried = None  # drafts queued ahead by a round some rows finished in (compact: see below)
@@ -809,7 +803,7 @@ def _dflash_slots(
                     step_size=step_size,
                 )
                 first = choose(logits, sampling, keys)
-                evaluate(first, feat)
+                mx.eval(first, feat)
                 live = _Live(index, slot, len(req.prompt), req.max_tokens, keys, 0.0, [])
                 live.hist = [0] * B
                 live.commit([int(first.item())], eos)
@@ -822,7 +816,7 @@ def _dflash_slots(
                         ctx = mx.zeros((len(rows), 1, feat.shape[-1]), dtype=feat.dtype)
                     ctx[r : r + 1, :1] = feat
                     ctx_len[r] = 1
-                    evaluate(tcache.state, [c.state for c in dcache], ctx)
+                    mx.eval(tcache.state, [c.state for c in dcache], ctx)
                     rows[r] = live
                 yield from st.started(live, tic, free_slots, "dflash", B)
         busy = [r for r, live in enumerate(rows) if live is not None]
@@ -877,7 +871,7 @@ def _dflash_slots(
             # ahead after every round, the demo pair's 1-slot rounds in hf2q bench were 0.7-1.1
             # ms longer on an H200; over the built-in prompts the drafter ran 204 times in 196
             # rounds against 126 drafting after the read, and 151 with this condition.)
-            enqueue(draft, a_arr, bonus_arr, feats)
+            mx.async_eval(draft, a_arr, bonus_arr, feats)
             held = [list(c.lengths) for c in dcache]
             for c in dcache:
                 c.lagged = True
@@ -887,10 +881,10 @@ def _dflash_slots(
             else:  # each row's draft with the key its next drafted round takes (none if the
                 # row picks its lookup proposal then, as in a synchronous round)
                 ahead = sample_drafts(dlogits, [B - 1] * len(rows), peek=True)
-            enqueue(ahead[0], ahead[1] or [], [c.state for c in dcache])
-        evaluate(draft)
+            mx.async_eval(ahead[0], ahead[1] or [], [c.state for c in dcache])
+        mx.eval(draft)
         t1 = time.perf_counter()
-        evaluate(a_arr, bonus_arr)
+        mx.eval(a_arr, bonus_arr)
         acc, bonus = a_arr.tolist(), bonus_arr.tolist()
         t2 = time.perf_counter()
 
@@ -906,7 +900,7 @@ def _dflash_slots(
             ctx = feats[:, : max(keep)]
             ctx_len = keep
         # Materialise the restored states while the host goes on to build the next draft.
-        enqueue(ctx, tcache.state)
+        mx.async_eval(ctx, tcache.state)
         t3 = time.perf_counter()
 
         times = (t3 - t0 + t_pre, t1 - t0 + t_pre, t2 - t1, t3 - t2)
@@ -962,10 +956,8 @@ def slots_plain_generate(
     """
     sampling = sampling or SamplingParams()
     reqs = _check(list(requests), slots, sampling, idle)
-    return encoded(
-        _plain_slots(
-            target, reqs, slots, sampling, frozenset(eos_token_ids), idle, prefill_step_size
-        )
+    return _plain_slots(
+        target, reqs, slots, sampling, frozenset(eos_token_ids), idle, prefill_step_size
     )
 
 
@@ -988,7 +980,6 @@ def _plain_slots(
     # ``cur[r]`` is read each iteration: the token row r's last step generated, except for rows
     # in ``fresh``, where it is the row's first token (already committed), fed in as input.
     cur: mx.array | None = None
-    cur_ticket = 0  # the queue ticket of ``cur`` as it was queued (0: changed since, or none)
     fresh: set[int] = set()
 
     layer_fn = decode_layer_fn()  # hf2q's compiled layers on CUDA, as single-sequence decoding
@@ -1010,7 +1001,7 @@ def _plain_slots(
         return mx.concatenate(picks)
 
     def fill() -> Iterator[SlotEvent]:
-        nonlocal cur, cur_ticket
+        nonlocal cur
         for r in range(len(rows)):
             while rows[r] is None and queue:
                 index, req = queue.popleft()
@@ -1020,7 +1011,7 @@ def _plain_slots(
                 one = make_target_cache(target)
                 logits, _ = prefill(target, req.prompt, one, step_size=step_size)
                 first = choose(logits, sampling, keys)
-                evaluate(first)
+                mx.eval(first)
                 live = _Live(index, slot, len(req.prompt), req.max_tokens, keys, 0.0, [])
                 live.commit([int(first.item())], eos)
                 if live.finish is None:
@@ -1030,7 +1021,6 @@ def _plain_slots(
                     tcache.insert(r, one)
                     if cur is not None:
                         cur[r] = live.tokens[0]
-                        cur_ticket = 0
                     fresh.add(r)
                     rows[r] = live
                 yield from st.started(live, tic, free_slots, "plain", None)
@@ -1047,18 +1037,15 @@ def _plain_slots(
         if idle == "compact" and len(busy) < len(rows):
             tcache.filter(busy)
             rows = [rows[r] for r in busy]
-            cur, cur_ticket = cur[mx.array(busy, dtype=mx.int32)], 0
+            cur = cur[mx.array(busy, dtype=mx.int32)]
             fresh = {busy.index(r) for r in fresh}
         # Queue the following step before reading ``cur`` if some row can still use it.
         go_on = any(
             x is not None and x.remaining >= (1 if r in fresh else 2) for r, x in enumerate(rows)
         )
         nxt = step(cur) if go_on else None
-        ticket = enqueue(nxt) if nxt is not None else 0
-        if cur_ticket:  # ``cur`` as queued: reading it only waits for the device
-            wait(cur_ticket)
-        else:  # a new array, or rows changed since it was queued
-            evaluate(cur)
+        if nxt is not None:
+            mx.async_eval(nxt)
         toks = cur.tolist()
         now = time.perf_counter()
         dt = now - t_prev
@@ -1076,7 +1063,7 @@ def _plain_slots(
             if x.finish is not None:
                 finished.append(r)
         fresh = set()
-        cur, cur_ticket = nxt, ticket
+        cur = nxt
         if busy_slots:
             st.rounds += 1
             st.round_times.append(dt)

@@ -21,7 +21,6 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 
 from hf2q.errors import ModelError
-from hf2q.evaluation import enqueue
 from hf2q.kernels import linear as small_mm
 from hf2q.kernels.select import small_mm_enabled
 
@@ -164,7 +163,7 @@ class TargetModel:
             mm: the head's product through the small-M kernel (:meth:`head`); None: as hf2q's
                 paths do (``select.small_mm_enabled()``) when a ``layer_fn`` is given, and
                 mlx-lm's own product without one (the model's own calls stay stock).
-            flush_every: queue the graph built so far (:func:`hf2q.evaluation.enqueue`) after every this many
+            flush_every: queue the graph built so far (``mx.async_eval``) after every this many
                 layers, so the device starts on them while the rest is built (0: never; the
                 values are the same either way).
 
@@ -184,7 +183,7 @@ class TargetModel:
             if i in want:
                 captured[want[i]] = h
             if flush_every and (i + 1) % flush_every == 0 and i + 1 < n:
-                enqueue(h)
+                mx.async_eval(h)
         if last_only:
             h = h[:, -1:]
         features = mx.concatenate(captured, axis=-1) if capture else None
