@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,30 @@ def keep_float32_exact(environ: dict[str, str] | None = None) -> None:
     """
     env = os.environ if environ is None else environ
     env.setdefault("MLX_ENABLE_TF32", "0")
+
+
+#: Additions in :func:`host_loop_ms`'s loop.
+HOST_LOOP_ADDS = 10**6
+
+
+def host_loop_ms(adds: int = HOST_LOOP_ADDS) -> float:
+    """Milliseconds this Python takes for a loop of ``adds`` integer additions, best of three.
+
+    Why it goes in benchmark records: small models' decode steps and DFlash rounds are bound by
+    the host (Python building MLX graphs, MLX encoding them), so their speed follows the CPU the
+    run had. On the lent H200 machines a loop of 10**7 additions took 0.68-1.56 s, and the same
+    code gave the demo pair 1.57x plain batched decoding at 8 slots on the fastest host and 1.40x
+    on a slow one (docs/BENCHMARKS.md, sessions 27-32). With this figure two records can be told
+    apart by their host rather than their code.
+    """
+    best = float("inf")
+    for _ in range(3):
+        tic = time.perf_counter()
+        s = 0
+        for i in range(adds):
+            s += i
+        best = min(best, time.perf_counter() - tic)
+    return round(best * 1e3, 2)
 
 
 def loaded_blas() -> str | None:

@@ -70,6 +70,10 @@ def test_bench_runs_end_to_end_and_reports_documented_json(fitted_pairs, tmp_pat
     assert report["config"]["lookup"] is True
     assert report["dtype"] == "float32" and report["model"] == str(target)
     assert report["platform"]["backend"] == "cpu"
+    # How fast this host ran Python, before and after (host-bound rounds follow it).
+    host = report["host"]
+    assert host["python_loop_adds"] == 10**6
+    assert 0 < host["python_loop_ms_before"] < 10_000 and 0 < host["python_loop_ms_after"] < 10_000
     rows = report["results"]
     assert [(r["slots"], r["mode"]) for r in rows] == [
         (n, m) for n in (1, 2) for m in ("plain", "dflash-seq", "dflash")
@@ -126,6 +130,7 @@ def test_bench_random_workload_generates_every_token_and_renders_a_table(fitted_
     table = [line.split() for line in text.split("generation tok/s")[0].splitlines()]
     assert [row[:2] for row in table[1:]] == [["3", "dflash"]]  # --no-baseline: DFlash only
     assert "generation tok/s by slot count" in text and "█" in text
+    assert "host: 1,000,000 Python additions in" in text  # what host-bound rounds follow
     assert main([*argv, "--json"]) == 0
     rows = _json_line(capsys)["results"]
     # EOS is ignored: every request generates exactly --gen-tokens.

@@ -140,6 +140,13 @@ def print_report(report: dict[str, Any], *, terminal: bool) -> None:
         f"median of {cfg['trials']} trial(s) after {cfg['warmup']} warm-up; "
         f"{report.get('platform', {}).get('backend', '?')}, BLAS {report.get('platform', {}).get('blas_kind', '?')}"
     )
+    host = report.get("host")
+    if host:
+        about += (
+            f"; host: {host['python_loop_adds']:,} Python additions in "
+            f"{host['python_loop_ms_before']:.0f} ms before the runs, "
+            f"{host['python_loop_ms_after']:.0f} ms after (host-bound rounds follow it)"
+        )
     rows = _rows(report)
     note = drain_note(report)
     if not terminal:

@@ -28,6 +28,7 @@ from typing import Any
 import mlx.core as mx
 
 from hf2q.errors import UsageError
+from hf2q.platform import HOST_LOOP_ADDS, host_loop_ms
 
 WORKLOADS = ("prompts", "random")
 MODES = ("plain", "dflash-seq", "dflash")
@@ -353,7 +354,9 @@ def run_bench(
         progress: called with a short description before each run (for a status line).
 
     Returns:
-        ``{"schema", "config", "dtype", "results": [row, ...]}``; one row per (slots, mode) with
+        ``{"schema", "config", "dtype", "host", "results": [row, ...]}`` (``host``: how long
+        a loop of :data:`~hf2q.platform.HOST_LOOP_ADDS` Python additions took before and after
+        the runs); one row per (slots, mode) with
         ``slots``, ``mode``, ``tokens_per_s`` (median; ``_min`` / ``_max``), ``per_slot_tokens_per_s``,
         ``prefill_tokens_per_s``, ``tau``, ``tau_per_slot``, ``accepted_histogram_per_slot``,
         ``round_ms`` (median; ``_min`` / ``_max``), ``draft_ms``, ``verify_ms``, ``rollback_ms``,
@@ -387,6 +390,7 @@ def run_bench(
         for N in config.slots
     }
     runs: dict[int, dict[str, list[RunResult]]] = {N: {m: [] for m in modes} for N in config.slots}
+    host_before = host_loop_ms()
 
     def one(N: int, mode: str, what: str) -> RunResult:
         if progress is not None:
@@ -416,6 +420,13 @@ def run_bench(
         "schema": SCHEMA,
         "config": {**asdict(config), "slots": list(config.slots), "block_size": B},
         "dtype": str(target.dtype).removeprefix("mlx.core."),
+        # How fast this host runs Python, before the runs and after them (host-bound rounds
+        # follow it; see hf2q.platform.host_loop_ms).
+        "host": {
+            "python_loop_adds": HOST_LOOP_ADDS,
+            "python_loop_ms_before": host_before,
+            "python_loop_ms_after": host_loop_ms(),
+        },
         "results": rows,
     }
 
