@@ -16,6 +16,12 @@ def main(path: str) -> None:
     r = json.loads(Path(path).read_text())
     if "wall_s" in r:
         print(r.get("model"), "| wall", r["wall_s"], "s |", r.get("platform", {}).get("device"))
+    if "host" in r:  # hf2q bench's record of the host's Python speed (since session 32)
+        h = r["host"]
+        print(
+            f"host: {h['python_loop_adds']:,} Python additions in {h['python_loop_ms_before']} ms"
+            f" before the runs, {h['python_loop_ms_after']} ms after"
+        )
     for x in r["results"]:
         print(
             f"{x['slots']:>2} {x['mode']:<10} {x['tokens_per_s']:>9} tok/s  round {x['round_ms']} ms"
