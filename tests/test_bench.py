@@ -262,3 +262,18 @@ def test_the_view_says_when_the_batch_drained_and_how_to_keep_it_full():
     assert "--requests-per-slot K" in note
     assert "--requests-per-slot" not in drain_note(report(4.37, rps=4))
     assert drain_note(report(6.81)) is None  # busy enough
+
+
+def test_the_view_says_when_the_host_changed_speed_during_the_runs():
+    from hf2q.cli.bench_view import host_note
+
+    def report(before, after):
+        host = {"python_loop_adds": 10**6, "python_loop_ms_before": before}
+        return {"host": {**host, "python_loop_ms_after": after}, "results": []}
+
+    note = host_note(report(68.0, 100.0))  # session 32's first H200 host, start and end
+    assert note.startswith("note: this host ran Python 1.5x slower after the runs than before")
+    assert "68 against 100 ms for 1,000,000 additions" in note
+    assert "faster" in host_note(report(156.0, 88.0))
+    assert host_note(report(70.0, 75.0)) is None  # steady enough
+    assert host_note({"results": []}) is None  # records made before the host entry

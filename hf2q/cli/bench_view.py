@@ -130,6 +130,29 @@ def drain_note(report: dict[str, Any]) -> str | None:
     return line
 
 
+#: Host speed changes beyond this ratio during a run get a note (:func:`host_note`).
+HOST_DRIFT = 1.3
+
+
+def host_note(report: dict[str, Any]) -> str | None:
+    """A line for when the host ran Python at clearly different speeds before and after the
+    runs (more than :data:`HOST_DRIFT` apart): host-bound rounds moved with it, so the rows were
+    measured on a changing machine. None otherwise, or without a ``host`` record."""
+    host = report.get("host")
+    if not host:
+        return None
+    before, after = host["python_loop_ms_before"], host["python_loop_ms_after"]
+    if min(before, after) <= 0 or max(before, after) / min(before, after) <= HOST_DRIFT:
+        return None
+    ratio = max(before, after) / min(before, after)
+    way = "slower" if after > before else "faster"
+    return (
+        f"note: this host ran Python {ratio:.1f}x {way} after the runs than before ({before:.0f}"
+        f" against {after:.0f} ms for {host['python_loop_adds']:,} additions): host-bound rounds"
+        " changed with it; compare rows from a quiet machine"
+    )
+
+
 def print_report(report: dict[str, Any], *, terminal: bool) -> None:
     """The table, then the chart, then one line on what was measured."""
     cfg = report["config"]
@@ -148,7 +171,7 @@ def print_report(report: dict[str, Any], *, terminal: bool) -> None:
             f"{host['python_loop_ms_after']:.0f} ms after (host-bound rounds follow it)"
         )
     rows = _rows(report)
-    note = drain_note(report)
+    notes = [n for n in (drain_note(report), host_note(report)) if n]
     if not terminal:
         # Plain aligned columns (no cell contains a space, so the lines split on whitespace).
         cells = [[h.replace(" ", "_") for h in HEADERS], *rows]
@@ -159,7 +182,7 @@ def print_report(report: dict[str, Any], *, terminal: bool) -> None:
         for label, mode, bar, tps in chart_lines(report):
             out.print(f"{label:>3} {mode:<10} {bar} {_f(tps)}", soft_wrap=True)
         out.print(about, soft_wrap=True)
-        if note:
+        for note in notes:
             out.print(note, soft_wrap=True)
         return
     table = Table(title="hf2q bench", title_justify="left")
@@ -179,5 +202,5 @@ def print_report(report: dict[str, Any], *, terminal: bool) -> None:
         chart.append(f" {_f(tps)}\n")
     out.print(chart)
     out.print(Text(about, style="dim"), soft_wrap=True)
-    if note:
+    for note in notes:
         out.print(Text(note, style="yellow"), soft_wrap=True)
