@@ -11,17 +11,17 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hf2q.cli.bench_view import host_line  # noqa: E402
+
 
 def main(path: str) -> None:
     r = json.loads(Path(path).read_text())
     if "wall_s" in r:
         print(r.get("model"), "| wall", r["wall_s"], "s |", r.get("platform", {}).get("device"))
     if "host" in r:  # hf2q bench's record of the host's Python speed (since session 32)
-        h = r["host"]
-        print(
-            f"host: {h['python_loop_adds']:,} Python additions in {h['python_loop_ms_before']} ms"
-            f" before the runs, {h['python_loop_ms_after']} ms after"
-        )
+        print(host_line(r["host"]))
     for x in r["results"]:
         print(
             f"{x['slots']:>2} {x['mode']:<10} {x['tokens_per_s']:>9} tok/s  round {x['round_ms']} ms"

@@ -134,6 +134,15 @@ def drain_note(report: dict[str, Any]) -> str | None:
 HOST_DRIFT = 1.3
 
 
+def host_line(host: dict[str, Any]) -> str:
+    """A report's ``host`` record in words (the view's last line, ``benchmarks/bench_rows.py``)."""
+    return (
+        f"host: {host['python_loop_adds']:,} Python additions in "
+        f"{host['python_loop_ms_before']:.0f} ms before the runs, "
+        f"{host['python_loop_ms_after']:.0f} ms after (host-bound rounds follow it)"
+    )
+
+
 def host_note(report: dict[str, Any]) -> str | None:
     """A line for when the host ran Python at clearly different speeds before and after the
     runs (more than :data:`HOST_DRIFT` apart): host-bound rounds moved with it, so the rows were
@@ -142,9 +151,10 @@ def host_note(report: dict[str, Any]) -> str | None:
     if not host:
         return None
     before, after = host["python_loop_ms_before"], host["python_loop_ms_after"]
-    if min(before, after) <= 0 or max(before, after) / min(before, after) <= HOST_DRIFT:
+    low, high = sorted((before, after))
+    if low <= 0 or high / low <= HOST_DRIFT:
         return None
-    ratio = max(before, after) / min(before, after)
+    ratio = high / low
     way = "slower" if after > before else "faster"
     return (
         f"note: this host ran Python {ratio:.1f}x {way} after the runs than before ({before:.0f}"
@@ -163,13 +173,8 @@ def print_report(report: dict[str, Any], *, terminal: bool) -> None:
         f"median of {cfg['trials']} trial(s) after {cfg['warmup']} warm-up; "
         f"{report.get('platform', {}).get('backend', '?')}, BLAS {report.get('platform', {}).get('blas_kind', '?')}"
     )
-    host = report.get("host")
-    if host:
-        about += (
-            f"; host: {host['python_loop_adds']:,} Python additions in "
-            f"{host['python_loop_ms_before']:.0f} ms before the runs, "
-            f"{host['python_loop_ms_after']:.0f} ms after (host-bound rounds follow it)"
-        )
+    if report.get("host"):
+        about += "; " + host_line(report["host"])
     rows = _rows(report)
     notes = [n for n in (drain_note(report), host_note(report)) if n]
     if not terminal:
