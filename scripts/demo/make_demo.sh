@@ -25,30 +25,34 @@ if [ -z "${SKIP_TARGET:-}" ]; then
     --device "${DEVICE:-auto}" --minutes "${TARGET_MINUTES:-5}"
 fi
 
-# 3. The drafter. The shipped one (docs/BENCHMARKS.md, "The embedded demo pair") was trained on
-# two data sets of the target's own greedy continuations and one training run:
-#   a. 16384 sampled 256-token chunks of the training files, 64-token prompts (regenerated on the
-#      H200 at batch 64: scripts/demo/train_draft_gpu.sh, its first call),
-#   b. 10240 chunks sampled with seed 1, 48-token prompts (regenerated on this CPU, float32),
-#   c. 3 drafter layers trained on a + b (H200: scripts/demo/h200_pair.sh, ~3.4 min of steps).
-# This script runs the same recipe on whatever MLX device it has (on a CPU, c takes hours:
-# DRAFT_STEPS scales it down). A data set is prepared by a one-step run: its OUT/checkpoint/
-# dataset.npz is what later runs take as --data.
+# 3. The drafter. The shipped one (docs/BENCHMARKS.md, "The embedded demo pair"; since 2026-12-03)
+# was trained on four data sets of the target's own greedy continuations, one per seed and
+# prompt length, and one training run:
+#   a-d. 16384 sampled 256-token chunks of the training files each, seed i and prompts of
+#        64 / 48 / 96 / 32 tokens (64536 sequences; regenerated on the H200 in four processes at
+#        once, batch 64: scripts/demo/h200_regen.sh),
+#   e.   3 drafter layers trained on all four (H200: scripts/demo/h200_retrain.sh, 9000 steps,
+#        147 s of steps).
+# This script runs the same recipe on whatever MLX device it has (on a CPU, regenerating and
+# training take hours: DRAFT_STEPS scales the training down). A data set is prepared by a
+# one-step run: its OUT/checkpoint/dataset.npz is what later runs take as --data.
 prep() {  # prep NAME SEED PROMPT_TOKENS MAX_SEQS
   $PY -m hf2q train-draft -t runs/demo/target -o "runs/demo/prep-$1" --force \
     --data runs/demo/text/train.jsonl --eval-data runs/demo/text/heldout.jsonl --eval-prompts 0 \
     --layers 3 --target-layer-ids 1,3,5 --block-size 16 --seq-len 256 --batch-size 8 \
     --seed "$2" --max-seqs "$4" --regenerate --regen-prompt-tokens "$3" \
-    --regen-batch "${REGEN_BATCH:-64}" --steps 1
+    --regen-batch "${REGEN_BATCH:-64}" --feature-cache-gb 0 --steps 1
 }
 prep a 0 64 16384
-prep b 1 48 10240
+prep b 1 48 16384
+prep c 2 96 16384
+prep d 3 32 16384
 $PY -m hf2q train-draft -t runs/demo/target -o runs/demo/draft --force \
-  --data runs/demo/prep-a/checkpoint/dataset.npz runs/demo/prep-b/checkpoint/dataset.npz \
+  --data runs/demo/prep-{a,b,c,d}/checkpoint/dataset.npz \
   --eval-data runs/demo/text/heldout.jsonl --eval-prompts 0 \
   --layers 3 --target-layer-ids 1,3,5 --block-size 16 --seq-len 256 \
   --batch-size 32 --anchors-per-seq 32 --lr 1e-3 --seed 0 --feature-cache-gb 40 \
-  --steps "${DRAFT_STEPS:-10000}"
+  --steps "${DRAFT_STEPS:-9000}"
 
 $PY scripts/demo/install_pair.py --target runs/demo/target --draft runs/demo/draft
 $PY scripts/demo/eval_pair.py --target hf2q/demo/target --draft hf2q/demo/draft \
