@@ -209,7 +209,7 @@ LIB = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
     ("kw", "action"),
     [
         ({}, "reexec"),
-        ({"openblas": None}, "hint"),
+        ({"installed": None}, "hint"),
         ({"loaded_kind": "optimized"}, "keep"),
         ({"backend": "cuda"}, "keep"),
         ({"system": "darwin", "backend": "metal"}, "keep"),
@@ -219,7 +219,9 @@ LIB = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
     ],
 )
 def test_blas_plan(kw, action):
-    args = dict(system="linux", backend="cpu", loaded_kind="reference (slow)", openblas=LIB, env={})
+    args = dict(
+        system="linux", backend="cpu", loaded_kind="reference (slow)", installed=LIB, env={}
+    )
     args.update(kw)
     plan = plan_blas(**args)
     assert isinstance(plan, BlasPlan) and plan.action == action, plan
@@ -234,10 +236,42 @@ def test_blas_plan_honours_an_explicit_library(tmp_path):
         system="linux",
         backend="cpu",
         loaded_kind="reference (slow)",
-        openblas=None,
+        installed=None,
         env={"HF2Q_BLAS": str(lib)},
     )
     assert plan.action == "reexec" and plan.library == str(lib)
+
+
+def test_pip_installed_mkl_is_found_under_the_prefix_newest_version_first(tmp_path):
+    from hf2q.platform import find_pip_mkl
+
+    empty, venv = tmp_path / "empty", tmp_path / "venv"
+    (empty / "lib").mkdir(parents=True)
+    (venv / "lib").mkdir(parents=True)
+    for name in ("libmkl_rt.so.2", "libmkl_rt.so.3", "libmkl_core.so.3"):
+        (venv / "lib" / name).write_bytes(b"")
+    assert find_pip_mkl((str(empty),)) is None
+    assert find_pip_mkl((str(empty), str(venv))) == str(venv / "lib" / "libmkl_rt.so.3")
+
+
+def test_preloading_mkl_picks_a_threading_layer_that_runs_without_intel_openmp():
+    from hf2q.platform import REEXEC_GUARD, preload_env
+
+    mkl = "/venv/lib/libmkl_rt.so.3"
+    env = preload_env(mkl, {"LD_PRELOAD": "/other.so", "PATH": "/bin"})
+    assert env["LD_PRELOAD"] == f"{mkl}:/other.so" and env[REEXEC_GUARD] == "1"
+    assert env["MKL_THREADING_LAYER"] == "SEQUENTIAL" and env["PATH"] == "/bin"
+    # The user's choice stands; OpenBLAS gets no MKL setting.
+    assert preload_env(mkl, {"MKL_THREADING_LAYER": "INTEL"})["MKL_THREADING_LAYER"] == "INTEL"
+    assert "MKL_THREADING_LAYER" not in preload_env(LIB, {})
+
+
+def test_the_blas_hint_names_both_ways_to_a_fast_blas():
+    from hf2q.platform import BlasPlan, blas_hint
+
+    hint = blas_hint(BlasPlan("hint", None, "no optimized BLAS is installed"))
+    assert "apt-get install libopenblas0-pthread" in hint and "pip install mkl" in hint
+    assert "HF2Q_BLAS=bundled" in hint
 
 
 def test_blas_kind_says_when_the_gpu_makes_it_irrelevant():
@@ -286,3 +320,13 @@ def test_cli_process_preloads_openblas_when_installed(qwen35_dir):
     args = [PROMPT, "-m", str(qwen35_dir), "--no-dflash", "-n", "3"]
     fast = _subprocess_json(args, {})
     assert fast["blas_kind"] == "optimized" and "openblas" in fast["blas"]
+
+
+def test_cli_process_preloads_a_pip_installed_mkl(qwen35_dir):
+    from hf2q.platform import find_openblas, find_pip_mkl
+
+    if find_openblas() is not None or find_pip_mkl() is None:
+        pytest.skip("needs 'pip install mkl' and no system OpenBLAS (which hf2q prefers)")
+    args = [PROMPT, "-m", str(qwen35_dir), "--no-dflash", "-n", "3"]
+    fast = _subprocess_json(args, {})
+    assert fast["blas_kind"] == "optimized" and "libmkl_rt" in fast["blas"]
