@@ -267,7 +267,12 @@ def test_batched_rounds_drafted_only_by_lookup_skip_the_drafter(
     if not ahead:
         assert len(drafter_calls) == len(rounds) - only
     else:  # (no request waits here)
-        assert len(drafter_calls) <= most < len(rounds)
+        assert len(drafter_calls) <= most
+        # One sequence's lookup-only rounds come in a run (four at the end with the demo pair),
+        # so the skip saves drafter forwards even with drafts ahead; at two slots they are
+        # isolated rounds, each costing the draft queued ahead of it, and nothing is saved.
+        if n == 1:
+            assert most < len(rounds)
 
 
 def test_lagged_rounds_with_lookup_keep_plain_greedy_tokens(demo, plain64):
