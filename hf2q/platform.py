@@ -109,23 +109,6 @@ def find_fast_blas() -> str | None:
     return find_openblas() or find_pip_mkl()
 
 
-#: MKL's threading layer when hf2q preloads it and the user has not chosen one. Its default
-#: (``INTEL``) needs the ``intel-openmp`` package (without it the process dies at the first
-#: product: ``undefined symbol: omp_get_num_procs``), and ``GNU`` made a 1 x 256 x 768 product take
-#: 7.97 ms on this project's 2-core CPU against 0.04 ms sequential (2026-12-03).
-MKL_THREADING = "SEQUENTIAL"
-
-
-def preload_env(library: str, environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment to re-execute with ``library`` preloaded (and the re-exec guard set)."""
-    env = dict(environ)
-    env[REEXEC_GUARD] = "1"
-    env["LD_PRELOAD"] = ":".join(p for p in (library, env.get("LD_PRELOAD", "")) if p)
-    if "mkl" in os.path.basename(library):
-        env.setdefault("MKL_THREADING_LAYER", MKL_THREADING)
-    return env
-
-
 def blas_kind(path: str | None) -> str:
     if path is None:
         return "accelerate" if sys.platform == "darwin" else "unknown"
@@ -172,7 +155,7 @@ def describe() -> dict[str, str]:
     ):
         lib = find_fast_blas()
         info["blas_hint"] = (
-            f"LD_PRELOAD={lib} speeds up MLX's CPU matmuls about 38x"
+            f"{preload_words(lib)} speeds up MLX's CPU matmuls about 38x"
             if lib
             else f"{INSTALL_FAST_BLAS}, then LD_PRELOAD it, speeds up MLX's CPU matmuls about 38x"
         )
@@ -190,10 +173,34 @@ INSTALL_FAST_BLAS = (
 )
 
 
+#: MKL's threading layer when hf2q preloads it and the user has not chosen one. Its default
+#: (``INTEL``) needs the ``intel-openmp`` package (without it the process dies at the first
+#: product: ``undefined symbol: omp_get_num_procs``), and ``GNU`` made a 1 x 256 x 768 product take
+#: 7.97 ms on this project's 2-core CPU against 0.04 ms sequential (2026-12-03).
+MKL_THREADING = "SEQUENTIAL"
+
+
+def preload_env(library: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment to re-execute with ``library`` preloaded (and the re-exec guard set)."""
+    env = dict(environ)
+    env[REEXEC_GUARD] = "1"
+    env["LD_PRELOAD"] = ":".join(p for p in (library, env.get("LD_PRELOAD", "")) if p)
+    if "mkl" in os.path.basename(library):
+        env.setdefault("MKL_THREADING_LAYER", MKL_THREADING)
+    return env
+
+
+def preload_words(library: str) -> str:
+    """The environment assignments a user would run with to preload ``library`` themselves."""
+    env = preload_env(library, {})
+    keys = [k for k in ("MKL_THREADING_LAYER", "LD_PRELOAD") if k in env]
+    return " ".join(f"{k}={env[k]}" for k in keys)
+
+
 def blas_hint(plan: BlasPlan) -> str:
     """The one-line hint for a ``"hint"`` plan: how to get the fast BLAS."""
     if plan.library:
-        how = f"run with LD_PRELOAD={plan.library} to use it"
+        how = f"run with {preload_words(plan.library)} to use it"
     else:
         how = f"{INSTALL_FAST_BLAS} and hf2q will use it automatically"
     return (

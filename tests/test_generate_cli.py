@@ -266,6 +266,15 @@ def test_preloading_mkl_picks_a_threading_layer_that_runs_without_intel_openmp()
     assert "MKL_THREADING_LAYER" not in preload_env(LIB, {})
 
 
+def test_the_hint_to_preload_mkl_by_hand_names_its_threading_layer():
+    from hf2q.platform import BlasPlan, blas_hint
+
+    mkl = "/venv/lib/libmkl_rt.so.3"
+    hint = blas_hint(BlasPlan("hint", mkl, "not re-executing a process hf2q does not own"))
+    assert f"MKL_THREADING_LAYER=SEQUENTIAL LD_PRELOAD={mkl}" in hint
+    assert f"run with LD_PRELOAD={LIB} to use it" in blas_hint(BlasPlan("hint", LIB, ""))
+
+
 def test_the_blas_hint_names_both_ways_to_a_fast_blas():
     from hf2q.platform import BlasPlan, blas_hint
 
