@@ -4,7 +4,7 @@
 # batched decode of a 9 M-parameter model leaves the GPU mostly idle, and the machine has 16 cores).
 #
 # Each process is a one-step `hf2q train-draft` run whose OUT/checkpoint/dataset.npz is the data
-# set (make_demo.sh's prep()); process i takes seed i and its own prompt length (PROMPTS, one per
+# set (scripts/demo/regen_set.sh); process i takes seed i and its own prompt length (PROMPTS, one per
 # process), so no two processes regenerate the same sequence: a 256-token chunk cut at 64 tokens
 # and at 48 tokens gives two different continuations. MAX_SEQS chunks each (of the ~31.5 k
 # 256-token chunks of the training files).
@@ -25,11 +25,8 @@ W=$(mktemp -d)
 xz -dkc "$TEXT/train.jsonl.xz" > "$W/train.jsonl"
 i=0
 for p in $PROMPTS; do
-  timeout "$LIMIT" python3 -m hf2q train-draft -t hf2q/demo/target -o "$STASH/prep-$i" --force \
-    --data "$W/train.jsonl" --eval-data "$TEXT/heldout.jsonl" --eval-prompts 0 \
-    --layers 3 --target-layer-ids 1,3,5 --block-size 16 --seq-len 256 --batch-size 8 \
-    --seed "$i" --max-seqs "$MAX_SEQS" --regenerate --regen-prompt-tokens "$p" --regen-batch 64 \
-    --feature-cache-gb 0 --steps 1 > "$OUT/regen-$i.log" 2>&1 &
+  timeout "$LIMIT" bash scripts/demo/regen_set.sh hf2q/demo/target "$W/train.jsonl" \
+    "$TEXT/heldout.jsonl" "$STASH/prep-$i" "$i" "$p" "$MAX_SEQS" > "$OUT/regen-$i.log" 2>&1 &
   i=$((i + 1))
 done
 wait

@@ -37,11 +37,8 @@ fi
 # training take hours: DRAFT_STEPS scales the training down). A data set is prepared by a
 # one-step run: its OUT/checkpoint/dataset.npz is what later runs take as --data.
 prep() {  # prep NAME SEED PROMPT_TOKENS MAX_SEQS
-  $PY -m hf2q train-draft -t runs/demo/target -o "runs/demo/prep-$1" --force \
-    --data runs/demo/text/train.jsonl --eval-data runs/demo/text/heldout.jsonl --eval-prompts 0 \
-    --layers 3 --target-layer-ids 1,3,5 --block-size 16 --seq-len 256 --batch-size 8 \
-    --seed "$2" --max-seqs "$4" --regenerate --regen-prompt-tokens "$3" \
-    --regen-batch "${REGEN_BATCH:-64}" --feature-cache-gb 0 --steps 1
+  PY=$PY bash scripts/demo/regen_set.sh runs/demo/target runs/demo/text/train.jsonl \
+    runs/demo/text/heldout.jsonl "runs/demo/prep-$1" "$2" "$3" "$4"
 }
 prep a 0 64 16384
 prep b 1 48 16384
