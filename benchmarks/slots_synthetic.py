@@ -75,9 +75,13 @@ SHAPES = {
 }
 
 
-def build_pair(shape: str, dtype: str, seed: int):
-    """(TargetModel, bound DFlashDraftModel) with random weights of ``SHAPES[shape]``."""
+def build_pair(shape: str, dtype: str, seed: int, target_bits: int = 0, draft_bits: int = 0):
+    """(TargetModel, bound DFlashDraftModel) with random weights of ``SHAPES[shape]``;
+    ``target_bits`` / ``draft_bits`` 4 or 8: that model's layers quantized as ``nn.quantize``
+    does (affine, groups of 64; the target's tied embedding, and so the head the drafter shares,
+    with them), 0: unquantized."""
     import mlx.core as mx
+    import mlx.nn as nn
     from mlx_lm.models import qwen3_5
 
     from hf2q.runtime.drafter import DFlashConfig, DFlashDraftModel
@@ -94,6 +98,8 @@ def build_pair(shape: str, dtype: str, seed: int):
     for layer in model.language_model.model.layers:  # A_log stays float32, as mlx-lm loads it
         if layer.is_linear:
             layer.linear_attn.A_log = layer.linear_attn.A_log.astype(mx.float32)
+    if target_bits:
+        nn.quantize(model, group_size=64, bits=target_bits)
     model.eval()
     mx.eval(model.parameters())
     target = TargetModel(model)
@@ -114,6 +120,8 @@ def build_pair(shape: str, dtype: str, seed: int):
     )
     drafter = DFlashDraftModel(cfg)
     drafter.set_dtype(dt)
+    if draft_bits:
+        nn.quantize(drafter, group_size=64, bits=draft_bits)
     drafter.eval()
     mx.eval(drafter.parameters())
     drafter.bind(target.embed, target.head)
@@ -163,10 +171,16 @@ def pair_and_prompts(args, n: int):
     return pair, dtype, prompts
 
 
+def _bits(bits: int) -> str:
+    return f", {bits}-bit" if bits else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="4b")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--target-bits", type=int, default=0, choices=[0, 4, 8])
+    ap.add_argument("--draft-bits", type=int, default=0, choices=[0, 4, 8])
     ap.add_argument("--slots", default="1,2,4,8")
     ap.add_argument("--gen-tokens", type=int, default=48)
     ap.add_argument("--prompt-tokens", type=int, default=256)
@@ -204,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         lookup=args.lookup,
     ).validate()
     tic = time.perf_counter()
-    target, drafter = build_pair(args.shape, args.dtype, args.seed)
+    target, drafter = build_pair(
+        args.shape, args.dtype, args.seed, args.target_bits, args.draft_bits
+    )
     built = time.perf_counter() - tic
 
     def progress(text: str) -> None:
@@ -212,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
 
     report = run_bench(target, drafter, config, progress=progress)
     report = {
-        "model": f"synthetic Qwen3.5-{args.shape} (random {args.dtype} weights)",
-        "draft": f"synthetic DFlash drafter ({args.shape} shape, random weights)",
+        "model": f"synthetic Qwen3.5-{args.shape} (random {args.dtype} weights{_bits(args.target_bits)})",
+        "draft": f"synthetic DFlash drafter ({args.shape} shape, random weights{_bits(args.draft_bits)})",
         **report,
         "platform": describe(),
         "build_s": round(built, 1),

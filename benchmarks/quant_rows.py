@@ -1,0 +1,147 @@
+"""Are MLX's quantized products row-invariant? (what lossless DFlash on a quantized target needs)
+
+DFlash at temperature 0 gives plain greedy decoding's tokens only if each verify row is computed
+with the bits of the decode step at that position. For unquantized bf16 weights hf2q runs its own
+row-invariant product kernel in both (``hf2q.kernels.cuda_matmul``); quantized layers run MLX's
+``quantized_matmul``, whose CUDA backend picks its kernel by the number of rows (MLX 0.32: on
+sm_90 a matrix-vector kernel for exactly one row, a CUTLASS GEMM with a row tile of 16, 32, 64,
+128 or 256 otherwise). This script asks the device directly, for the Qwen3.5-4B product shapes:
+
+* rows: for M in ``--rows``, ``y_M = quantized_matmul(x[:M])`` with the same ``x``; for each M,
+  whether its rows are bit-equal to the one-row products (what plain decoding computes) and to
+  the rows of every other M (what a verify of that many rows computes);
+* time: microseconds per product at each M (``--ops`` products per evaluation, medians).
+
+    python benchmarks/quant_rows.py --bits 4,8 --rows 1,2,3,8,16,17,32,64 --out q.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlx.core as mx  # noqa: E402
+
+# (N, K) of the Qwen3.5-4B target's products (benchmarks/shapes.py): MLP gate/up and down,
+# Gated-DeltaNet's input and output projections, attention's gated q and k/v, the tied head.
+SHAPES = {
+    "4b": [(9216, 2560), (2560, 9216), (12288, 2560), (2560, 4096), (8192, 2560), (1024, 2560)],
+    "head": [(248320, 2560)],
+    "small": [(256, 128), (128, 256)],
+}
+
+
+def _qmm(x, q, bits: int, group: int):
+    wq, scales, biases = q
+    return mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=group, bits=bits)
+
+
+def rows_check(N: int, K: int, bits: int, group: int, rows: list[int], dtype) -> dict:
+    """Bit-equality of the rows of ``y_M`` against one-row products and against each other M."""
+    mx.random.seed(N * 7 + K + bits)
+    w = (mx.random.normal((N, K)) * K**-0.5).astype(dtype)
+    q = mx.quantize(w, group_size=group, bits=bits)
+    most = max(rows)
+    x = mx.random.normal((1, most, K)).astype(dtype)
+    ones = mx.concatenate([_qmm(x[:, i : i + 1], q, bits, group) for i in range(most)], axis=1)
+    ys = {m: _qmm(x[:, :m], q, bits, group) for m in rows}
+    mx.eval(ones, *ys.values())
+    out = {}
+    for m, y in ys.items():
+        as_decode = mx.equal(y, ones[:, :m]).all(axis=-1)[0]
+        row = {
+            "rows_equal_one_row_products": int(as_decode.sum().item()),
+            "rows": m,
+            "max_abs_diff_to_one_row": float(
+                mx.abs(y.astype(mx.float32) - ones[:, :m].astype(mx.float32)).max().item()
+            ),
+        }
+        for m2, y2 in ys.items():
+            if m2 > m:  # the first m rows of a larger block
+                row[f"equal_first_rows_of_{m2}"] = bool(mx.array_equal(y, y2[:, :m]).item())
+        out[str(m)] = row
+    return out
+
+
+def timing(N: int, K: int, bits: int, group: int, rows: list[int], dtype, ops: int, reps: int):
+    mx.random.seed(1)
+    qs = []
+    for _ in range(ops):  # distinct weights so that no product runs from cache
+        w = (mx.random.normal((N, K)) * K**-0.5).astype(dtype)
+        qs.append(mx.quantize(w, group_size=group, bits=bits))
+    mx.eval(qs)
+    out = {}
+    for m in rows:
+        x = mx.random.normal((1, m, K)).astype(dtype)
+        mx.eval(x)
+        times = []
+        for r in range(reps + 1):
+            tic = time.perf_counter()
+            mx.eval([_qmm(x, q, bits, group) for q in qs])
+            if r:
+                times.append((time.perf_counter() - tic) / ops * 1e6)
+        out[str(m)] = round(statistics.median(times), 2)
+    del qs
+    mx.clear_cache()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="4b", help="comma list of " + ", ".join(SHAPES))
+    ap.add_argument("--bits", default="4,8")
+    ap.add_argument("--group", type=int, default=64)
+    ap.add_argument("--rows", default="1,2,3,8,16,17,32,33,64")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--ops", type=int, default=8, help="products per timed evaluation")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--no-time", action="store_true")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    rows = sorted({int(r) for r in args.rows.split(",")})
+    dtype = getattr(mx, args.dtype)
+    results = []
+    for shape in args.shapes.split(","):
+        for N, K in SHAPES[shape]:
+            for bits in (int(b) for b in args.bits.split(",")):
+                rec = {"N": N, "K": K, "bits": bits, "group": args.group}
+                rec["rows"] = rows_check(N, K, bits, args.group, rows, dtype)
+                if not args.no_time:
+                    ops = args.ops if N * K < 1e8 else 2
+                    rec["us_per_product"] = timing(
+                        N, K, bits, args.group, rows, dtype, ops, args.reps
+                    )
+                results.append(rec)
+                eq = ",".join(
+                    f"{m}:{r['rows_equal_one_row_products']}/{m}" for m, r in rec["rows"].items()
+                )
+                print(f"{N}x{K} {bits}-bit rows equal to one-row products {eq}", flush=True)
+                same = [
+                    f"{m}<{k[len('equal_first_rows_of_') :]}"
+                    for m, r in rec["rows"].items()
+                    for k, v in r.items()
+                    if k.startswith("equal_first_rows_of_") and not v
+                ]
+                print(f"   blocks whose rows differ from a larger block's: {same or 'none'}")
+                if "us_per_product" in rec:
+                    print(f"   us a product by rows: {rec['us_per_product']}", flush=True)
+    report = {
+        "device": str(mx.default_device()),
+        "mlx": mx.__version__,
+        "dtype": args.dtype,
+        "results": results,
+    }
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
