@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--synthetic", choices=("small", "4b"), default="4b")
+    ap.add_argument("--target-bits", type=int, default=0, choices=[0, 4, 8])
     ap.add_argument("--demo", action="store_true", help="the embedded demo pair and its prompt")
     ap.add_argument("--lookup", action="store_true", help="DFlash may draft by lookup")
     ap.add_argument("--env", default="HF2Q_COMPILE_FORWARD")
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         pair = load_pair(None)
         prompt = encode_prompt(pair.tokenizer, BUILTIN_PROMPTS[0], chat=False)
     else:
-        pair = synthetic_pair(args.synthetic)
+        pair = synthetic_pair(args.synthetic, target_bits=args.target_bits)
         prompt = _random_prompt(pair, args.prompt_tokens, 1)
     prompts = [prompt]
     if args.slots > 0:  # the prompt above, then random ones of its length
@@ -107,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
                 got = [t for q in s.requests for t in q.tokens] if args.slots else s.tokens
                 tokens[mode].setdefault(v, got)
     report = {
-        "model": "demo pair" if args.demo else f"synthetic {args.synthetic}",
+        "model": "demo pair"
+        if args.demo
+        else f"synthetic {args.synthetic}"
+        + (f" ({args.target_bits}-bit target)" if args.target_bits else ""),
         "lookup": args.lookup,
         "device": str(mx.default_device()),
         "env": args.env,

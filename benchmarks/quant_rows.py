@@ -10,7 +10,9 @@ sm_90 a matrix-vector kernel for exactly one row, a CUTLASS GEMM with a row tile
 * rows: for M in ``--rows``, ``y_M = quantized_matmul(x[:M])`` with the same ``x``; for each M,
   whether its rows are bit-equal to the one-row products (what plain decoding computes) and to
   the rows of every other M (what a verify of that many rows computes);
-* time: microseconds per product at each M (``--ops`` products per evaluation, medians).
+* time: microseconds per product at each M (``--ops`` products per evaluation, medians);
+* with ``--kernel`` (CUDA), the same for hf2q's dequantizing small-M kernel
+  (``hf2q.kernels.cuda_matmul.small_qmatmul_cuda``, what hf2q's decoding paths run).
 
     python benchmarks/quant_rows.py --bits 4,8 --rows 1,2,3,8,16,17,32,64 --out q.json
 """
@@ -37,20 +39,28 @@ SHAPES = {
 }
 
 
-def _qmm(x, q, bits: int, group: int):
+def _qmm(x, q, bits: int, group: int, kernel: bool = False):
     wq, scales, biases = q
+    if kernel:
+        from hf2q.kernels.cuda_matmul import small_qmatmul_cuda
+
+        return small_qmatmul_cuda(x, wq, scales, biases, bits=bits, group=group)
     return mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=group, bits=bits)
 
 
-def rows_check(N: int, K: int, bits: int, group: int, rows: list[int], dtype) -> dict:
+def rows_check(
+    N: int, K: int, bits: int, group: int, rows: list[int], dtype, kernel: bool = False
+) -> dict:
     """Bit-equality of the rows of ``y_M`` against one-row products and against each other M."""
     mx.random.seed(N * 7 + K + bits)
     w = (mx.random.normal((N, K)) * K**-0.5).astype(dtype)
     q = mx.quantize(w, group_size=group, bits=bits)
     most = max(rows)
     x = mx.random.normal((1, most, K)).astype(dtype)
-    ones = mx.concatenate([_qmm(x[:, i : i + 1], q, bits, group) for i in range(most)], axis=1)
-    ys = {m: _qmm(x[:, :m], q, bits, group) for m in rows}
+    ones = mx.concatenate(
+        [_qmm(x[:, i : i + 1], q, bits, group, kernel) for i in range(most)], axis=1
+    )
+    ys = {m: _qmm(x[:, :m], q, bits, group, kernel) for m in rows}
     mx.eval(ones, *ys.values())
     out = {}
     for m, y in ys.items():
@@ -69,7 +79,17 @@ def rows_check(N: int, K: int, bits: int, group: int, rows: list[int], dtype) ->
     return out
 
 
-def timing(N: int, K: int, bits: int, group: int, rows: list[int], dtype, ops: int, reps: int):
+def timing(
+    N: int,
+    K: int,
+    bits: int,
+    group: int,
+    rows: list[int],
+    dtype,
+    ops: int,
+    reps: int,
+    kernel: bool = False,
+):
     mx.random.seed(1)
     qs = []
     for _ in range(ops):  # distinct weights so that no product runs from cache
@@ -83,13 +103,35 @@ def timing(N: int, K: int, bits: int, group: int, rows: list[int], dtype, ops: i
         times = []
         for r in range(reps + 1):
             tic = time.perf_counter()
-            mx.eval([_qmm(x, q, bits, group) for q in qs])
+            mx.eval([_qmm(x, q, bits, group, kernel) for q in qs])
             if r:
                 times.append((time.perf_counter() - tic) / ops * 1e6)
         out[str(m)] = round(statistics.median(times), 2)
     del qs
     mx.clear_cache()
     return out
+
+
+def _one(N: int, K: int, bits: int, kernel: bool, rows: list[int], dtype, args) -> dict:
+    """One product shape, quantization and implementation: its rows and times, printed."""
+    who = "hf2q kernel" if kernel else "MLX"
+    rec = {"N": N, "K": K, "bits": bits, "group": args.group, "impl": who}
+    rec["rows"] = rows_check(N, K, bits, args.group, rows, dtype, kernel)
+    if not args.no_time:
+        ops = args.ops if N * K < 1e8 else 2
+        rec["us_per_product"] = timing(N, K, bits, args.group, rows, dtype, ops, args.reps, kernel)
+    eq = ",".join(f"{m}:{r['rows_equal_one_row_products']}/{m}" for m, r in rec["rows"].items())
+    print(f"{N}x{K} {bits}-bit {who}: rows equal to one-row products {eq}", flush=True)
+    same = [
+        f"{m}<{k[len('equal_first_rows_of_') :]}"
+        for m, r in rec["rows"].items()
+        for k, v in r.items()
+        if k.startswith("equal_first_rows_of_") and not v
+    ]
+    print(f"   blocks whose rows differ from a larger block's: {same or 'none'}")
+    if "us_per_product" in rec:
+        print(f"   us a product by rows: {rec['us_per_product']}", flush=True)
+    return rec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", type=int, default=8, help="products per timed evaluation")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-time", action="store_true")
+    ap.add_argument(
+        "--kernel", action="store_true", help="also hf2q's dequantizing small-M kernel (CUDA)"
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     rows = sorted({int(r) for r in args.rows.split(",")})
@@ -110,27 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     for shape in args.shapes.split(","):
         for N, K in SHAPES[shape]:
             for bits in (int(b) for b in args.bits.split(",")):
-                rec = {"N": N, "K": K, "bits": bits, "group": args.group}
-                rec["rows"] = rows_check(N, K, bits, args.group, rows, dtype)
-                if not args.no_time:
-                    ops = args.ops if N * K < 1e8 else 2
-                    rec["us_per_product"] = timing(
-                        N, K, bits, args.group, rows, dtype, ops, args.reps
-                    )
-                results.append(rec)
-                eq = ",".join(
-                    f"{m}:{r['rows_equal_one_row_products']}/{m}" for m, r in rec["rows"].items()
-                )
-                print(f"{N}x{K} {bits}-bit rows equal to one-row products {eq}", flush=True)
-                same = [
-                    f"{m}<{k[len('equal_first_rows_of_') :]}"
-                    for m, r in rec["rows"].items()
-                    for k, v in r.items()
-                    if k.startswith("equal_first_rows_of_") and not v
-                ]
-                print(f"   blocks whose rows differ from a larger block's: {same or 'none'}")
-                if "us_per_product" in rec:
-                    print(f"   us a product by rows: {rec['us_per_product']}", flush=True)
+                for kernel in (False, True) if args.kernel else (False,):
+                    results.append(_one(N, K, bits, kernel, rows, dtype, args))
     report = {
         "device": str(mx.default_device()),
         "mlx": mx.__version__,

@@ -128,12 +128,12 @@ def build_pair(shape: str, dtype: str, seed: int, target_bits: int = 0, draft_bi
     return target, drafter
 
 
-def synthetic_pair(shape: str, dtype: str = "bfloat16", seed: int = 0):
+def synthetic_pair(shape: str, dtype: str = "bfloat16", seed: int = 0, target_bits: int = 0):
     """``build_pair`` as a ``hf2q.runtime.pair.Pair`` (no tokenizer: use random prompts), for
     the profiling scripts' ``--synthetic SHAPE``."""
     from hf2q.runtime.pair import Pair
 
-    target, drafter = build_pair(shape, dtype, seed)
+    target, drafter = build_pair(shape, dtype, seed, target_bits)
     return Pair(target, drafter, None, f"synthetic {shape}", f"synthetic {shape}", False)
 
 

@@ -95,6 +95,7 @@ inline __nv_bfloat16 __hadd(__nv_bfloat16 a, __nv_bfloat16 b) {
 }
 inline __half __hadd(__half a, __half b) { return __float2half(__half2float(a) + __half2float(b)); }
 struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 // mma.sync.m16n8k16 (float32 accumulators) as the PTX ISA lays its fragments out over a warp:
 // lane l = 4 g + t holds A rows g and g+8, columns 2t+{0,1} (a0, a1) and 2t+8+{0,1} (a2, a3); B
@@ -135,12 +136,14 @@ _CTYPES = {
     mx.bfloat16: "__nv_bfloat16",
     mx.float16: "__half",
     mx.int32: "int32_t",
+    mx.uint32: "uint32_t",
 }
 _NP_VIEW = {
     mx.float32: np.float32,
     mx.bfloat16: np.uint16,
     mx.float16: np.uint16,
     mx.int32: np.int32,
+    mx.uint32: np.uint32,
 }
 _MX_VIEW = {mx.bfloat16: mx.uint16, mx.float16: mx.uint16}
 

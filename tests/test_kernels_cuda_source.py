@@ -193,3 +193,31 @@ def _assert_compiles_without_spills(tmp_path: Path, name: str, src: str) -> None
     assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report), (
         report
     )
+
+
+@pytest.mark.parametrize(
+    "mt,nb,warps,unroll,add,bits",
+    [(*launch, False, bits) for bits in (4, 8) for launch in _LAUNCHES]
+    + [(*launch, True, 4) for launch in _LAUNCHES[:3]],
+)
+def test_small_qmm_kernels_compile_for_sm90_without_spills(
+    tmp_path: Path, mt, nb, warps, unroll, add, bits
+):
+    import cuda_emu
+
+    from hf2q.kernels import cuda_matmul as cm
+
+    dt = mx.bfloat16
+    ins = ["x", "w", "s", "b", "r"] if add else ["x", "w", "s", "b"]
+    src = cuda_emu.mlx_cuda_source(
+        "hf2q_small_qmm_add" if add else "hf2q_small_qmm",
+        ins,
+        [dt, mx.uint32, dt, dt, dt][: len(ins)],
+        [2] * len(ins),
+        ["y"],
+        [dt],
+        cm._QSOURCE_ADD if add else cm._QSOURCE,
+        cm._QHEADER,
+        cm._template(dt, mt, nb, warps, unroll) + [("BITS", bits), ("GS", 64)],
+    )
+    _assert_compiles_without_spills(tmp_path, "hf2q_small_qmm", src)

@@ -424,7 +424,8 @@ def test_linear_dispatch(emulated, monkeypatch):
     y = lin.linear(mod, x, True)
     assert calls == [(5, 128)]
     assert mx.allclose(y.astype(mx.float32), mod(x).astype(mx.float32), rtol=2e-2, atol=2e-2)
-    # Not for the kernel: quantized layers, float32, too many rows of a large weight.
+    # Not for the kernel: quantized layers of float32 scales, float32, too many rows of a large
+    # weight.
     q = nn.QuantizedLinear.from_linear(nn.Linear(128, 32, bias=False), group_size=64, bits=4)
     assert mx.array_equal(lin.linear(q, x, True), q(x))
     x32 = x.astype(mx.float32)

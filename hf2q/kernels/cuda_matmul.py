@@ -565,6 +565,162 @@ def small_matmul_cuda(
     return y
 
 
+# Quantized weights in MLX's affine layout (``mx.quantize``): ``w`` uint32 (N, K * BITS / 32),
+# each word holding 32 / BITS values of consecutive k, the lowest-indexed in the lowest bits;
+# ``s`` and ``b`` (N, K / GS) of T, the value being ``s * q + b``. Each lane dequantizes the 16
+# weights of its column it would have loaded (one group: 16 divides GS), as fmaf(s, q, b) in
+# float32 rounded once to T, into the very registers _BODY's unquantized weights fill; the mma
+# steps, the chunk order and the warps' sum are _BODY's. So, as there, a row's bits do not
+# depend on the other rows or on how many there are: a verify row and the decode step it stands
+# for agree bit for bit, which MLX's own quantized product does not give on CUDA (MLX 0.32:
+# a matrix-vector kernel below 8 rows, a CUTLASS GEMM above; benchmarks/quant_rows.py).
+_LOAD_W = r"""
+    unsigned wv[NB][8];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)(n0 + nb * 8 + g) * K + kb);
+      const uint4 lo = wp[0];
+      const uint4 hi = wp[1];
+      wv[nb][0] = lo.x; wv[nb][1] = lo.y; wv[nb][2] = lo.z; wv[nb][3] = lo.w;
+      wv[nb][4] = hi.x; wv[nb][5] = hi.y; wv[nb][6] = hi.z; wv[nb][7] = hi.w;
+    }
+"""
+_LOAD_WQ = r"""
+    unsigned wv[NB][8];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      const int col = n0 + nb * 8 + g;
+      const size_t gi = (size_t)col * (K / GS) + kb / GS;
+      const float sc = Hf2qDeq<T>::from(s[gi]);
+      const float bi = Hf2qDeq<T>::from(b[gi]);
+      unsigned q[4];
+      if (BITS == 4) {
+        const uint2 p = *reinterpret_cast<const uint2*>(w + (size_t)col * (K / 8) + kb / 8);
+        q[0] = p.x; q[1] = p.y; q[2] = 0u; q[3] = 0u;
+      } else {
+        const uint4 p = *reinterpret_cast<const uint4*>(w + (size_t)col * (K / 4) + kb / 4);
+        q[0] = p.x; q[1] = p.y; q[2] = p.z; q[3] = p.w;
+      }
+      constexpr int PER = 32 / BITS;
+      constexpr unsigned MASK = (1u << BITS) - 1u;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float v0 = (float)((q[(2 * i) / PER] >> (BITS * ((2 * i) % PER))) & MASK);
+        const float v1 = (float)((q[(2 * i + 1) / PER] >> (BITS * ((2 * i + 1) % PER))) & MASK);
+        wv[nb][i] = Hf2qDeq<T>::pack(fmaf(sc, v0, bi), fmaf(sc, v1, bi));
+      }
+    }
+"""
+assert _LOAD_W in _BODY
+_QBODY = _BODY.replace(_LOAD_W, _LOAD_WQ)
+
+_QHEADER = (
+    _HEADER
+    + r"""
+// A T value as float, and two float values rounded to T packed as an mma operand register (the
+// lower-indexed value in the low half).
+template <typename T> struct Hf2qDeq;
+template <> struct Hf2qDeq<__nv_bfloat16> {
+  static __device__ __forceinline__ float from(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    const __nv_bfloat16 a = __float2bfloat16(lo);
+    const __nv_bfloat16 c = __float2bfloat16(hi);
+    return (unsigned)*reinterpret_cast<const unsigned short*>(&a) |
+           ((unsigned)*reinterpret_cast<const unsigned short*>(&c) << 16);
+  }
+};
+template <> struct Hf2qDeq<__half> {
+  static __device__ __forceinline__ float from(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    const __half a = __float2half(lo);
+    const __half c = __float2half(hi);
+    return (unsigned)*reinterpret_cast<const unsigned short*>(&a) |
+           ((unsigned)*reinterpret_cast<const unsigned short*>(&c) << 16);
+  }
+};
+"""
+)
+_QSOURCE = _ROWS + _SINGLE + _STORE + _QBODY
+_QSOURCE_ADD = _ROWS + _SINGLE + _STORE_ADD + _QBODY
+
+#: Bits and group sizes of MLX's affine quantization the kernel dequantizes.
+Q_BITS = (4, 8)
+Q_GROUPS = (32, 64, 128)
+
+
+@cache
+def _qkernel(add: bool = False) -> Any:
+    return mx.fast.cuda_kernel(
+        name="hf2q_small_qmm_add" if add else "hf2q_small_qmm",
+        input_names=["x", "w", "s", "b", "r"] if add else ["x", "w", "s", "b"],
+        output_names=["y"],
+        source=_QSOURCE_ADD if add else _QSOURCE,
+        header=_QHEADER,
+    )
+
+
+def quantized_supported(
+    x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, bits: int, group: int
+) -> str | None:
+    """Why :func:`small_qmatmul_cuda` cannot compute ``x @ dequantize(w, scales, biases).T``
+    (None when it can)."""
+    if x.dtype not in (mx.bfloat16, mx.float16):
+        return f"dtype {x.dtype} (needs bf16 or fp16)"
+    if biases is None or scales.dtype != x.dtype or biases.dtype != x.dtype:
+        return "scales and biases of the input's dtype needed (affine quantization)"
+    if bits not in Q_BITS or group not in Q_GROUPS:
+        return f"{bits}-bit groups of {group} (needs bits in {Q_BITS}, groups in {Q_GROUPS})"
+    if w.dtype != mx.uint32 or w.ndim != 2:
+        return f"packed weight {w.dtype} {w.shape} (needs a 2-D uint32 array)"
+    N, K = w.shape[0], w.shape[1] * 32 // bits
+    if x.shape[-1] != K:
+        return f"shapes {x.shape} x ({N}, {K}).T do not multiply"
+    if scales.shape != (N, K // group) or biases.shape != scales.shape:
+        return f"scales {scales.shape} / biases {biases.shape} are not ({N}, {K // group})"
+    if K == 0 or K % K_CHUNK:
+        return f"K={K} is not a positive multiple of {K_CHUNK}"
+    if N % 8:
+        return f"N={N} is not a multiple of 8"
+    rows = math.prod(x.shape[:-1])
+    if not 1 <= rows <= MAX_ROWS:
+        return f"{rows} rows (1 to {MAX_ROWS})"
+    return None
+
+
+def small_qmatmul_cuda(
+    x: mx.array,
+    w: mx.array,
+    scales: mx.array,
+    biases: mx.array,
+    *,
+    bits: int,
+    group: int,
+    add: mx.array | None = None,
+) -> mx.array:
+    """``x @ dequantize(w, scales, biases).T`` (MLX's affine layout, ``nn.QuantizedLinear``'s
+    weights) in one tensor-core launch, each weight dequantized in float32 and rounded once to
+    the input's dtype; see :func:`quantized_supported` for what it takes. Same launch layout as
+    :func:`small_matmul_cuda`'s K-split, so a row's bits do not depend on the row count.
+    ``add``: an array of the output's shape and dtype added in the same launch."""
+    N, K = w.shape[0], w.shape[1] * 32 // bits
+    rows = math.prod(x.shape[:-1])
+    mt, nb, warps, unroll = launch_shape(rows, K, N)
+    if add is not None and (add.shape != (*x.shape[:-1], N) or add.dtype != x.dtype):
+        raise ValueError(
+            f"addend {add.shape} {add.dtype} is not the output's {x.shape[:-1]}+({N},)"
+        )
+    template = _template(x.dtype, mt, nb, warps, unroll) + [("BITS", bits), ("GS", group)]
+    (y,) = _qkernel(add is not None)(
+        inputs=[x, w, scales, biases] if add is None else [x, w, scales, biases, add],
+        template=template,
+        grid=((N // (8 * nb)) * 32 * warps, 1, 1),
+        threadgroup=(32 * warps, 1, 1),
+        output_shapes=[(*x.shape[:-1], N)],
+        output_dtypes=[x.dtype],
+    )
+    return y
+
+
 #: Most weights one grouped launch takes (a Gated-DeltaNet layer's four input projections).
 MAX_GROUPS = 4
 

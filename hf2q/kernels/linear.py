@@ -11,8 +11,15 @@ set-up and stream capture cost the host about 8 us more per product on an H200
 Only hf2q's own paths call these (compiled layer runners, verify, drafter inference, the
 target's head); mlx-lm's modules are never changed, so a stock mlx-lm baseline stays stock.
 
-What it does not do: quantized layers, float32, training (the kernel has no gradient: training
-never passes ``on``), or products with many rows of a large weight (cuBLAS is faster there).
+Quantized layers (MLX's affine 4- and 8-bit ``nn.QuantizedLinear``, a tied
+``nn.QuantizedEmbedding`` head) run the kernel's dequantizing variant
+(:func:`hf2q.kernels.cuda_matmul.small_qmatmul_cuda`) where ``select.small_qmm_enabled()``, up to
+the same row counts: MLX's quantized product computes a row differently at different row counts,
+which in bf16 lets a verify row part from its decode step.
+
+What it does not do: other quantization modes, float32, training (the kernel has no gradient:
+training never passes ``on``), or products with many rows of a large weight (cuBLAS is faster
+there).
 """
 
 from __future__ import annotations
@@ -123,6 +130,51 @@ def _columns() -> bool:
     return _select().mm_columns_enabled()
 
 
+def _qweights(mod: nn.Module) -> tuple[mx.array, mx.array, mx.array, int]:
+    """A quantized module's (packed weight, scales, biases, N) as the dequantizing kernel reads
+    them: with N not a multiple of 8 (a Gated-DeltaNet layer's 4-wide gate projections of a
+    small model) zero rows are appended once and kept on the module (:func:`kept`), and the
+    caller keeps the first N columns of the product."""
+    w, scales, biases = mod.weight, mod.scales, mod.get("biases")
+    N = w.shape[0]
+    if N % 8 == 0 or biases is None:
+        return w, scales, biases, N
+
+    def build() -> tuple[mx.array, mx.array, mx.array]:
+        pad = [(0, -N % 8), (0, 0)]
+        out = (mx.pad(w, pad), mx.pad(scales, pad), mx.pad(biases, pad))
+        mx.eval(out)
+        return out
+
+    return (*kept(mod, "_hf2q_qpadded", [w, scales, biases], build), N)
+
+
+def _quantized(mod: nn.Module, x: mx.array) -> bool:
+    """Whether the dequantizing kernel computes ``mod``'s product of ``x`` (an affine-quantized
+    ``nn.QuantizedLinear`` / ``nn.QuantizedEmbedding`` it supports, at the rows :func:`fits`
+    takes, with ``select.small_qmm_enabled()``)."""
+    if type(mod) not in (nn.QuantizedLinear, nn.QuantizedEmbedding) or mod.mode != "affine":
+        return False
+    if mod.get("biases") is None or x.dtype != mod.scales.dtype:
+        return False
+    w, scales, biases, _ = _qweights(mod)
+    if cuda_matmul.quantized_supported(x, w, scales, biases, mod.bits, mod.group_size) is not None:
+        return False
+    elements = w.shape[0] * w.shape[1] * 32 // mod.bits
+    rows_ok = elements <= SMALL_WEIGHT or x.size // x.shape[-1] <= _select().small_mm_rows()
+    return rows_ok and _select().small_qmm_enabled()
+
+
+def _qmatmul(mod: nn.Module, x: mx.array, add: mx.array | None = None) -> mx.array:
+    """:func:`hf2q.kernels.cuda_matmul.small_qmatmul_cuda` of ``mod``'s weights (``+ add`` in
+    the launch, for N a multiple of 8)."""
+    w, scales, biases, N = _qweights(mod)
+    y = cuda_matmul.small_qmatmul_cuda(
+        x, w, scales, biases, bits=mod.bits, group=mod.group_size, add=add
+    )
+    return y if w.shape[0] == N else y[..., :N]
+
+
 def linear(mod: nn.Module, x: mx.array, on: bool | Frozen, add: mx.array | None = None) -> mx.array:
     """``mod(x)`` (``mod(x) + add`` with ``add``); through the kernel when ``on`` and ``mod`` is a
     plain ``nn.Linear`` that fits. With ``add`` (a residual), a layer without bias and
@@ -138,6 +190,19 @@ def linear(mod: nn.Module, x: mx.array, on: bool | Frozen, add: mx.array | None 
         ):
             return cuda_matmul.small_matmul_cuda(x, mod.weight, add=add, columns=_columns())
         y = cuda_matmul.small_matmul_cuda(x, mod.weight, columns=_columns())
+        y = y + mod.bias if "bias" in mod else y
+    elif on and type(mod) is nn.QuantizedLinear and _quantized(mod, x):
+        N = mod.weight.shape[0]
+        if (
+            add is not None
+            and "bias" not in mod
+            and N % 8 == 0
+            and add.dtype == x.dtype
+            and add.shape == (*x.shape[:-1], N)
+            and _grouping()
+        ):
+            return _qmatmul(mod, x, add=add)
+        y = _qmatmul(mod, x)
         y = y + mod.bias if "bias" in mod else y
     else:
         y = _matmul(mod, x, on)
@@ -186,9 +251,12 @@ def swiglu_mlp(
 
 
 def head(embedding: nn.Module, x: mx.array, on: bool | Frozen) -> mx.array:
-    """``embedding.as_linear(x)`` (a tied head); through the kernel when ``on`` and it fits."""
+    """``embedding.as_linear(x)`` (a tied head); through the kernel when ``on`` and it fits (its
+    dequantizing variant for a quantized embedding)."""
     if on and type(embedding) is nn.Embedding and fits(x, embedding.weight):
         return cuda_matmul.small_matmul_cuda(x, embedding.weight, columns=_columns())
+    if on and _quantized(embedding, x):
+        return _qmatmul(embedding, x)
     if isinstance(on, Frozen) and type(embedding) is nn.Embedding:
         return x @ transposed(embedding)  # as_linear's product, the transpose made once
     return embedding.as_linear(x)

@@ -57,6 +57,14 @@ FUSE_PROJ_ENV = "HF2Q_FUSE_PROJ"
 #: the tensor-core kernel of :mod:`hf2q.kernels.cuda_matmul` (CUDA only; default on there).
 SMALL_MM_ENV = "HF2Q_SMALL_MM"
 
+#: HF2Q_SMALL_QMM=0: where the small-M kernel runs, quantized layers (MLX's affine 4- or 8-bit,
+#: ``nn.QuantizedLinear`` and a tied ``nn.QuantizedEmbedding`` head) keep MLX's quantized product
+#: instead of the kernel's dequantizing variant (``cuda_matmul.small_qmatmul_cuda``). MLX's
+#: product computes a row differently at different row counts (session 34: its rows of a 16-row
+#: verify never equalled the one-row decode step's), so with it greedy DFlash on a quantized
+#: target parts from plain decoding; the kernel keeps the bits (default on).
+SMALL_QMM_ENV = "HF2Q_SMALL_QMM"
+
 #: HF2Q_GROUPED_MM=0: where the small-M kernel runs, products sharing an input (a Gated-DeltaNet
 #: layer's four input projections, attention's q/k/v, the MLP's gate and up) are one launch of
 #: :func:`hf2q.kernels.cuda_matmul.grouped_matmul_cuda` (same bits as separate launches; no copy),
@@ -216,6 +224,12 @@ def small_mm_enabled() -> bool:
     return backend() == "cuda" and kernel_mode() != "ops" and _flag(SMALL_MM_ENV, "1")
 
 
+def small_qmm_enabled() -> bool:
+    """Whether quantized layers' products go to the small-M kernel's dequantizing variant where
+    :func:`small_mm_enabled` (``HF2Q_SMALL_QMM``, default on)."""
+    return small_mm_enabled() and _flag(SMALL_QMM_ENV, "1")
+
+
 def grouped_mm_enabled() -> bool:
     """Whether products sharing an input are one launch of the small-M kernel
     (``HF2Q_GROUPED_MM``, default on; only where :func:`small_mm_enabled`)."""
@@ -275,10 +289,11 @@ def draft_mm_enabled(rows: int, largest: int, head: bool = False) -> bool:
     )
 
 
-def mm_key() -> tuple[bool, int, bool]:
+def mm_key() -> tuple[bool, int, bool, bool]:
     """The settings a compiled runner's products depend on, for the caches of traced functions:
-    (:func:`grouped_mm_enabled`, :func:`small_mm_rows`, :func:`mm_columns_enabled`)."""
-    return grouped_mm_enabled(), small_mm_rows(), mm_columns_enabled()
+    (:func:`grouped_mm_enabled`, :func:`small_mm_rows`, :func:`mm_columns_enabled`,
+    :func:`small_qmm_enabled`)."""
+    return grouped_mm_enabled(), small_mm_rows(), mm_columns_enabled(), small_qmm_enabled()
 
 
 def row_attention_enabled() -> bool:
@@ -614,6 +629,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
         info["small_mm"] += ", products sharing an input in one launch"
     if mm_columns_enabled():
         info["small_mm"] += ", columns split at 33-64 rows"
+    if small_qmm_enabled():
+        info["small_mm"] += ", 4/8-bit affine layers dequantized in the kernel"
     if small_mm_enabled() and draft_mm_rows() < cuda_matmul.MAX_ROWS:
         info["small_mm"] += (
             f"; large drafters' drafts of more than {draft_mm_rows()} rows: MLX matmul"
