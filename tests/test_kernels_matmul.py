@@ -317,7 +317,12 @@ def test_kernel_rows_setting_keeps_large_weights_on_the_kernel(monkeypatch):
     assert select.small_mm_rows() == lin.ALWAYS_ROWS == cm.MAX_ROWS and lin.fits(x64, w_large)
     monkeypatch.setenv(select.SMALL_MM_ROWS_ENV, "32")
     assert select.small_mm_rows() == 32 and not lin.fits(x64, w_large)
-    assert select.mm_key() == (select.grouped_mm_enabled(), 32, select.mm_columns_enabled())
+    assert select.mm_key() == (
+        select.grouped_mm_enabled(),
+        32,
+        select.mm_columns_enabled(),
+        select.small_qmm_enabled(),
+    )
     for bad, why in [("129", "more than the kernel's 128 rows"), ("many", "must be 0")]:
         monkeypatch.setenv(select.SMALL_MM_ROWS_ENV, bad)
         with pytest.raises(UsageError, match=why):
