@@ -39,12 +39,13 @@ SHAPES = {
 }
 
 
-def _qmm(x, q, bits: int, group: int, kernel: bool = False):
+def _qmm(x, q, bits: int, group: int, kernel: bool | tuple = False):
     wq, scales, biases = q
     if kernel:
         from hf2q.kernels.cuda_matmul import small_qmatmul_cuda
 
-        return small_qmatmul_cuda(x, wq, scales, biases, bits=bits, group=group)
+        tune = kernel if isinstance(kernel, tuple) else None
+        return small_qmatmul_cuda(x, wq, scales, biases, bits=bits, group=group, tune=tune)
     return mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=group, bits=bits)
 
 
@@ -88,7 +89,7 @@ def timing(
     dtype,
     ops: int,
     reps: int,
-    kernel: bool = False,
+    kernel: bool | tuple = False,
 ):
     mx.random.seed(1)
     qs = []
@@ -134,6 +135,61 @@ def _one(N: int, K: int, bits: int, kernel: bool, rows: list[int], dtype, args) 
     return rec
 
 
+def _tune(args) -> int:
+    """us a product of the dequantizing kernel for each launch of ``--tune``, in turn (each
+    launch's products of one evaluation timed round-robin with the others, medians)."""
+    rows = sorted({int(r) for r in args.rows.split(",")})
+    dtype = getattr(mx, args.dtype)
+    cands = [tuple(int(v) for v in c.split(",")) for c in args.tune.split(";")]
+    out = []
+    for shape in args.shapes.split(","):
+        for N, K in SHAPES[shape]:
+            for bits in (int(b) for b in args.bits.split(",")):
+                mx.random.seed(1)
+                ops = args.ops if N * K < 1e8 else 2
+                qs = [
+                    mx.quantize(
+                        (mx.random.normal((N, K)) * K**-0.5).astype(dtype),
+                        group_size=args.group,
+                        bits=bits,
+                    )
+                    for _ in range(ops)
+                ]
+                mx.eval(qs)
+                for m in rows:
+                    x = mx.random.normal((1, m, K)).astype(dtype)
+                    mx.eval(x)
+                    kinds = [("mlx", False), ("default", True)] + [
+                        (",".join(map(str, c)), c) for c in cands
+                    ]
+                    times: dict[str, list[float]] = {k: [] for k, _ in kinds}
+                    for r in range(args.reps + 1):
+                        for k, kern in kinds:
+                            try:
+                                tic = time.perf_counter()
+                                mx.eval([_qmm(x, q, bits, args.group, kern) for q in qs])
+                                if r:
+                                    times[k].append((time.perf_counter() - tic) / ops * 1e6)
+                            except ValueError:
+                                times[k] = []
+                    row = {
+                        "N": N,
+                        "K": K,
+                        "bits": bits,
+                        "rows": m,
+                        "us": {k: round(statistics.median(v), 2) for k, v in times.items() if v},
+                    }
+                    out.append(row)
+                    best = sorted(row["us"].items(), key=lambda kv: kv[1])[:6]
+                    print(f"{N}x{K} {bits}-bit {m} rows: {best}", flush=True)
+                del qs
+                mx.clear_cache()
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"mlx": mx.__version__, "tune": out}, indent=2) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="4b", help="comma list of " + ", ".join(SHAPES))
@@ -147,8 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--kernel", action="store_true", help="also hf2q's dequantizing small-M kernel (CUDA)"
     )
+    ap.add_argument(
+        "--tune",
+        default="",
+        help="time the kernel's launches instead: ';'-separated nb,warps,unroll (at every row count)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.tune:
+        return _tune(args)
     rows = sorted({int(r) for r in args.rows.split(",")})
     dtype = getattr(mx, args.dtype)
     results = []

@@ -696,15 +696,22 @@ def small_qmatmul_cuda(
     bits: int,
     group: int,
     add: mx.array | None = None,
+    tune: tuple[int, int, int] | None = None,
 ) -> mx.array:
     """``x @ dequantize(w, scales, biases).T`` (MLX's affine layout, ``nn.QuantizedLinear``'s
     weights) in one tensor-core launch, each weight dequantized in float32 and rounded once to
     the input's dtype; see :func:`quantized_supported` for what it takes. Same launch layout as
     :func:`small_matmul_cuda`'s K-split, so a row's bits do not depend on the row count.
-    ``add``: an array of the output's shape and dtype added in the same launch."""
+    ``add``: an array of the output's shape and dtype added in the same launch. ``tune``:
+    (column blocks, warps, unrolling) instead of :func:`launch_shape`'s, for tuning (a row's
+    bits depend on ``warps`` only)."""
     N, K = w.shape[0], w.shape[1] * 32 // bits
     rows = math.prod(x.shape[:-1])
     mt, nb, warps, unroll = launch_shape(rows, K, N)
+    if tune is not None:
+        nb, warps, unroll = tune
+        if shared_bytes(mt, nb, warps) > SHARED_BYTES or N % (8 * nb):
+            raise ValueError(f"tune {tune}: does not fit {rows} rows x {N} columns")
     if add is not None and (add.shape != (*x.shape[:-1], N) or add.dtype != x.dtype):
         raise ValueError(
             f"addend {add.shape} {add.dtype} is not the output's {x.shape[:-1]}+({N},)"
