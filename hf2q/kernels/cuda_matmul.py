@@ -34,6 +34,7 @@ copied by MLX first.
 from __future__ import annotations
 
 import math
+import os
 from functools import cache
 from typing import Any
 
@@ -643,6 +644,27 @@ template <> struct Hf2qDeq<__half> {
 _QSOURCE = _ROWS + _SINGLE + _STORE + _QBODY
 _QSOURCE_ADD = _ROWS + _SINGLE + _STORE_ADD + _QBODY
 
+#: HF2Q_QMM_LAUNCH=NBxWARPSxU (e.g. ``8x8x2``): the dequantizing kernel's launch at every row
+#: count instead of :func:`launch_shape`'s (column blocks halved where shared memory or N ask),
+#: for tuning on a GPU (``benchmarks/quant_rows.py --tune``, ``plain_ab.py``). Rows keep their
+#: bits across row counts for one setting; the warps change them.
+QMM_LAUNCH_ENV = "HF2Q_QMM_LAUNCH"
+
+
+def _env_launch(rows: int, N: int) -> tuple[int, int, int] | None:
+    raw = os.environ.get(QMM_LAUNCH_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        nb, warps, unroll = (int(v) for v in raw.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"{QMM_LAUNCH_ENV}={raw!r}: NBxWARPSxUNROLL, e.g. 8x8x2") from None
+    mt = -(-rows // 16)
+    while nb > 1 and (shared_bytes(mt, nb, warps) > SHARED_BYTES or N % (8 * nb)):
+        nb //= 2
+    return nb, warps, unroll
+
+
 #: Bits and group sizes of MLX's affine quantization the kernel dequantizes.
 Q_BITS = (4, 8)
 Q_GROUPS = (32, 64, 128)
@@ -708,6 +730,7 @@ def small_qmatmul_cuda(
     N, K = w.shape[0], w.shape[1] * 32 // bits
     rows = math.prod(x.shape[:-1])
     mt, nb, warps, unroll = launch_shape(rows, K, N)
+    tune = _env_launch(rows, N) if tune is None else tune
     if tune is not None:
         nb, warps, unroll = tune
         if shared_bytes(mt, nb, warps) > SHARED_BYTES or N % (8 * nb):
