@@ -236,6 +236,21 @@ def test_quantized_kernel_switch_is_cuda_only_and_reported(monkeypatch):
         assert "dequantized" not in select.describe()["small_mm"]
 
 
+def test_launch_setting_keeps_the_warps_and_fits_the_rows(monkeypatch):
+    monkeypatch.delenv(cm.QMM_LAUNCH_ENV, raising=False)
+    assert cm._env_launch(1, 9216) is None
+    monkeypatch.setenv(cm.QMM_LAUNCH_ENV, "8x8x2")
+    assert cm._env_launch(1, 9216) == (8, 8, 2)
+    assert cm._env_launch(1, 32) == (4, 8, 2)  # 32 columns: four 8-column blocks at most
+    # many rows (a prefill chunk, a batched verify): the default blocks, the setting's warps
+    default = cm.launch_shape(64, 2560, 9216)
+    assert cm._env_launch(64, 9216) == (default[1], 8, default[3])
+    for bad, why in [("8x8", "NBxWARPSxUNROLL"), ("4x16x1", "1 to 8 warps")]:
+        monkeypatch.setenv(cm.QMM_LAUNCH_ENV, bad)
+        with pytest.raises(ValueError, match=why):
+            cm._env_launch(1, 9216)
+
+
 # -- on the GPU ------------------------------------------------------------------------------------
 
 

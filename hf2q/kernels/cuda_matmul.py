@@ -644,10 +644,12 @@ template <> struct Hf2qDeq<__half> {
 _QSOURCE = _ROWS + _SINGLE + _STORE + _QBODY
 _QSOURCE_ADD = _ROWS + _SINGLE + _STORE_ADD + _QBODY
 
-#: HF2Q_QMM_LAUNCH=NBxWARPSxU (e.g. ``8x8x2``): the dequantizing kernel's launch at every row
-#: count instead of :func:`launch_shape`'s (column blocks halved where shared memory or N ask),
-#: for tuning on a GPU (``benchmarks/quant_rows.py --tune``, ``plain_ab.py``). Rows keep their
-#: bits across row counts for one setting; the warps change them.
+#: HF2Q_QMM_LAUNCH=NBxWARPSxU (e.g. ``8x8x2``): the dequantizing kernel's launch instead of
+#: :func:`launch_shape`'s, for tuning on a GPU (``benchmarks/quant_rows.py --tune``,
+#: ``plain_ab.py``): those column blocks and unrolling up to two m-tiles (halved where shared
+#: memory or N ask), :func:`launch_shape`'s above (session 34: 8 column blocks at 64 rows, a
+#: prefill chunk, asked more registers than a launch has), the warps at every row count. Rows
+#: keep their bits across row counts for one setting; the warps change them.
 QMM_LAUNCH_ENV = "HF2Q_QMM_LAUNCH"
 
 
@@ -659,7 +661,11 @@ def _env_launch(rows: int, N: int) -> tuple[int, int, int] | None:
         nb, warps, unroll = (int(v) for v in raw.lower().split("x"))
     except ValueError:
         raise ValueError(f"{QMM_LAUNCH_ENV}={raw!r}: NBxWARPSxUNROLL, e.g. 8x8x2") from None
+    if not 1 <= warps <= 8:  # (512 threads with the accumulators of many rows do not launch)
+        raise ValueError(f"{QMM_LAUNCH_ENV}={raw!r}: 1 to 8 warps")
     mt = -(-rows // 16)
+    if mt > 2:  # many rows: the default launch's blocks (they depend on rows and N only)
+        _, nb, _, unroll = launch_shape(rows, K_CHUNK, N)
     while nb > 1 and (shared_bytes(mt, nb, warps) > SHARED_BYTES or N % (8 * nb)):
         nb //= 2
     return nb, warps, unroll
