@@ -93,8 +93,9 @@ _ROWS = r"""
 
 # The product itself, for a weight ``w`` (N, K) and output ``y`` whose columns n0 .. n0 + 8 * NB
 # this thread block computes (the single kernel and the grouped one each say which), each value
-# written by ``store(index, float32 sum)``.
-_BODY = r"""
+# written by ``store(index, float32 sum)``; ``@LOAD_W@`` is where a chunk's weights are loaded
+# into ``wv`` (:data:`_LOAD_W` for unquantized weights, :data:`_LOAD_WQ` for quantized ones).
+_BODY_TEMPLATE = r"""
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
@@ -111,15 +112,7 @@ _BODY = r"""
 #pragma unroll U
   for (int c = warp; c < chunks; c += WARPS) {
     const int kb = c * 64 + 16 * t;
-    unsigned wv[NB][8];
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)(n0 + nb * 8 + g) * K + kb);
-      const uint4 lo = wp[0];
-      const uint4 hi = wp[1];
-      wv[nb][0] = lo.x; wv[nb][1] = lo.y; wv[nb][2] = lo.z; wv[nb][3] = lo.w;
-      wv[nb][4] = hi.x; wv[nb][5] = hi.y; wv[nb][6] = hi.z; wv[nb][7] = hi.w;
-    }
+@LOAD_W@
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       const int r0 = mt * 16 + g;
@@ -181,6 +174,19 @@ _BODY = r"""
     store((size_t)row * N + col, sum);
   }
 """
+# The unquantized weights' loads: the 16 bf16/fp16 weights of the lane's column in this chunk.
+_LOAD_W = r"""
+    unsigned wv[NB][8];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)(n0 + nb * 8 + g) * K + kb);
+      const uint4 lo = wp[0];
+      const uint4 hi = wp[1];
+      wv[nb][0] = lo.x; wv[nb][1] = lo.y; wv[nb][2] = lo.z; wv[nb][3] = lo.w;
+      wv[nb][4] = hi.x; wv[nb][5] = hi.y; wv[nb][6] = hi.z; wv[nb][7] = hi.w;
+    }
+"""
+_BODY = _BODY_TEMPLATE.replace("@LOAD_W@\n", _LOAD_W[1:])
 
 
 # The same products with the warps splitting the columns instead of K (CW warps, each NB * 8 of
@@ -575,17 +581,6 @@ def small_matmul_cuda(
 # depend on the other rows or on how many there are: a verify row and the decode step it stands
 # for agree bit for bit, which MLX's own quantized product does not give on CUDA (MLX 0.32:
 # a matrix-vector kernel below 8 rows, a CUTLASS GEMM above; benchmarks/quant_rows.py).
-_LOAD_W = r"""
-    unsigned wv[NB][8];
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)(n0 + nb * 8 + g) * K + kb);
-      const uint4 lo = wp[0];
-      const uint4 hi = wp[1];
-      wv[nb][0] = lo.x; wv[nb][1] = lo.y; wv[nb][2] = lo.z; wv[nb][3] = lo.w;
-      wv[nb][4] = hi.x; wv[nb][5] = hi.y; wv[nb][6] = hi.z; wv[nb][7] = hi.w;
-    }
-"""
 _LOAD_WQ = r"""
     unsigned wv[NB][8];
 #pragma unroll
@@ -612,8 +607,7 @@ _LOAD_WQ = r"""
       }
     }
 """
-assert _LOAD_W in _BODY
-_QBODY = _BODY.replace(_LOAD_W, _LOAD_WQ)
+_QBODY = _BODY_TEMPLATE.replace("@LOAD_W@\n", _LOAD_WQ[1:])
 
 _QHEADER = (
     _HEADER
