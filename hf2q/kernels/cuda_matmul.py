@@ -410,7 +410,11 @@ def supported(x: mx.array, w: mx.array) -> str | None:
         return f"dtypes {x.dtype}/{w.dtype} (needs bf16 or fp16, both the same)"
     if w.ndim != 2 or x.shape[-1] != w.shape[1]:
         return f"shapes {x.shape} x {w.shape}.T do not multiply"
-    K, N = w.shape[1], w.shape[0]
+    return _shape_supported(x, w.shape[1], w.shape[0])
+
+
+def _shape_supported(x: mx.array, K: int, N: int) -> str | None:
+    """Why the kernel's layout cannot take ``x``'s rows times a (N, K) weight (None when it can)."""
     if K == 0 or K % K_CHUNK:
         return f"K={K} is not a positive multiple of {K_CHUNK}"
     if N % 8:
@@ -699,14 +703,7 @@ def quantized_supported(
         return f"shapes {x.shape} x ({N}, {K}).T do not multiply"
     if scales.shape != (N, K // group) or biases.shape != scales.shape:
         return f"scales {scales.shape} / biases {biases.shape} are not ({N}, {K // group})"
-    if K == 0 or K % K_CHUNK:
-        return f"K={K} is not a positive multiple of {K_CHUNK}"
-    if N % 8:
-        return f"N={N} is not a multiple of 8"
-    rows = math.prod(x.shape[:-1])
-    if not 1 <= rows <= MAX_ROWS:
-        return f"{rows} rows (1 to {MAX_ROWS})"
-    return None
+    return _shape_supported(x, K, N)
 
 
 def small_qmatmul_cuda(
