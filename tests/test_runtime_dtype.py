@@ -29,12 +29,26 @@ def test_auto_widens_half_precision_weights_on_the_cpu(pair):
     assert pair.drafter.fc.weight.dtype == mx.float32
 
 
-def test_auto_keeps_float32_and_quantized_models_and_native_keeps_anything(pair):
+def test_auto_keeps_float32_models_and_native_keeps_anything(pair):
     assert auto_dtype(pair.target, pair.drafter) is None  # already float32
     cast_models(pair.target, pair.drafter, "bfloat16")
     assert apply_dtype(pair.target, pair.drafter, "native") == "bfloat16"
+
+
+def test_auto_widens_a_quantized_models_scales_and_keeps_its_packing(pair):
+    # MLX's CPU quantized products are several times slower with half-precision scales and
+    # activations: auto widens the scales, biases and other float weights, never the packing.
+    cast_models(pair.target, pair.drafter, "bfloat16")
     nn.quantize(pair.target.model, group_size=32, bits=4)
-    assert auto_dtype(pair.target, pair.drafter) is None
+    q = pair.target.model.language_model.model.layers[0].mlp.down_proj
+    packed = q.weight
+    assert q.scales.dtype == mx.bfloat16
+    assert apply_dtype(pair.target, pair.drafter, None) == "float32"
+    assert q.scales.dtype == q.biases.dtype == mx.float32
+    assert q.weight.dtype == mx.uint32 and mx.array_equal(q.weight, packed).item()
+    prompt = pair.tokenizer.encode("def add(a, b):")[:4]
+    d = run(dflash_generate(pair.target, pair.drafter, prompt, max_tokens=16, block_size=8))
+    assert d.tokens == run(plain_generate(pair.target, prompt, max_tokens=16)).tokens
 
 
 def test_auto_leaves_models_that_would_not_fit_in_memory_twice(pair):

@@ -1,0 +1,84 @@
+"""A quantized target's compute dtype on this machine: half-precision scales or float32?
+
+The embedded demo pair with its target quantized in place (MLX's affine quantization) decodes
+the same prompt plainly and with DFlash, once with the scales, biases and other float weights
+as loaded (bf16: activations in bf16) and once widened to float32 (``cast_models``, what
+``--dtype auto`` does on a CPU since session 34; the packed weights stay), alternating in one
+process after a warm-up. Reports generation tok/s (medians, min-max) and whether each arm's
+DFlash tokens equal its plain decoding's.
+
+    python benchmarks/quant_dtype.py --bits 4 --tokens 64 --runs 3 --out q.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bits", type=int, default=4)
+    ap.add_argument("--group", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--runs", type=int, default=3, help="timed runs per arm (after a warm-up)")
+    ap.add_argument("--prompt", default="def fibonacci(n):")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from hf2q.platform import describe
+    from hf2q.runtime.dflash import dflash_generate, plain_generate, run
+    from hf2q.runtime.pair import cast_models, load_pair
+
+    pairs = {}
+    for arm in ("bfloat16", "float32"):
+        pair = load_pair(None)
+        nn.quantize(pair.target.model, group_size=args.group, bits=args.bits)
+        if arm == "float32":
+            cast_models(pair.target, pair.drafter, "float32")
+        mx.eval(pair.target.model.parameters())
+        pair.drafter.bind(pair.target.embed, pair.target.head)
+        pairs[arm] = pair
+    prompt = pairs["float32"].tokenizer.encode(args.prompt)
+    tps: dict[str, list[float]] = {}
+    tokens: dict[str, list[int]] = {}
+    for r in range(args.runs + 1):  # run 0 warms up
+        for arm, pair in pairs.items():
+            for mode in ("plain", "dflash"):
+                events = (
+                    plain_generate(pair.target, prompt, max_tokens=args.tokens)
+                    if mode == "plain"
+                    else dflash_generate(pair.target, pair.drafter, prompt, max_tokens=args.tokens)
+                )
+                s = run(events)
+                tokens.setdefault(f"{arm} {mode}", s.tokens)
+                if r:
+                    tps.setdefault(f"{arm} {mode}", []).append(s.generation_tps)
+    report = {
+        "model": f"demo target, {args.bits}-bit groups of {args.group}",
+        "tokens": args.tokens,
+        "runs": args.runs,
+        "tokens_per_s": {k: round(statistics.median(v), 1) for k, v in tps.items()},
+        "tokens_per_s_min_max": {k: [round(min(v), 1), round(max(v), 1)] for k, v in tps.items()},
+        "dflash_equals_plain": {
+            arm: tokens[f"{arm} dflash"] == tokens[f"{arm} plain"] for arm in pairs
+        },
+        "platform": describe(),
+    }
+    text = json.dumps(report)
+    print(text)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
