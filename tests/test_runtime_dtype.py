@@ -8,7 +8,14 @@ import pytest
 
 from hf2q.errors import UsageError
 from hf2q.runtime.dflash import dflash_generate, plain_generate, run
-from hf2q.runtime.pair import apply_dtype, auto_dtype, cast_models, load_pair
+from hf2q.runtime.pair import (
+    apply_dtype,
+    auto_dtype,
+    cast_models,
+    dflash_cpu_note,
+    is_quantized,
+    load_pair,
+)
 
 
 @pytest.fixture
@@ -68,3 +75,17 @@ def test_greedy_dflash_equals_plain_after_widening_a_bfloat16_pair(pair):
     d = run(dflash_generate(pair.target, pair.drafter, prompt, max_tokens=24, block_size=8))
     p = run(plain_generate(pair.target, prompt, max_tokens=24))
     assert d.tokens == p.tokens
+
+
+def test_dflash_on_a_quantized_target_on_a_cpu_gets_a_note_naming_the_fix(pair, monkeypatch):
+    from hf2q.kernels import select
+
+    assert not is_quantized(pair.target.model) and dflash_cpu_note(pair.target) is None
+    nn.quantize(pair.target.model, group_size=32, bits=4)
+    assert is_quantized(pair.target.model)
+    monkeypatch.setattr(select, "backend", lambda: "cpu")
+    note = dflash_cpu_note(pair.target)
+    assert "slower than plain decoding" in note
+    assert "unquantized (bf16) model" in note and "--no-dflash" in note
+    monkeypatch.setattr(select, "backend", lambda: "cuda")
+    assert dflash_cpu_note(pair.target) is None  # GPUs verify quantized blocks on the kernel

@@ -120,7 +120,13 @@ def generate(
         dflash_generate,
         plain_generate,
     )
-    from hf2q.runtime.pair import DTYPE_CHOICES, apply_dtype, encode_prompt, load_pair
+    from hf2q.runtime.pair import (
+        DTYPE_CHOICES,
+        apply_dtype,
+        dflash_cpu_note,
+        encode_prompt,
+        load_pair,
+    )
 
     if dtype is not None and dtype not in DTYPE_CHOICES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
@@ -142,6 +148,8 @@ def generate(
     eos = pair.eos_token_ids
     if plan.action == "hint" and not json_out:
         warn(blas_hint(plan))
+    if dflash and not json_out and (note := dflash_cpu_note(pair.target)):
+        warn(note)
     if dflash:
         events = dflash_generate(
             pair.target,

@@ -264,6 +264,32 @@ def auto_dtype(target: Any, drafter: Any | None, *, memory_share: float = 0.4) -
     return "float32" if 2 * half <= memory_share * ram else None
 
 
+def is_quantized(model: Any) -> bool:
+    """Whether ``model`` has quantized layers (``nn.QuantizedLinear`` / ``QuantizedEmbedding``)."""
+    import mlx.nn as nn
+
+    kinds = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+    return any(isinstance(m, kinds) for _, m in model.named_modules())
+
+
+def dflash_cpu_note(target: Any) -> str | None:
+    """What ``hf2q generate --dflash`` tells a user of a quantized target on a CPU (None
+    elsewhere): MLX's CPU quantized product costs about linearly in its rows (float32, 1024 x
+    1024, 4-bit: 0.87 ms for one row, 11.8 for 16; session 34), so a 16-token verify costs
+    about as much as a dozen decode steps and DFlash loses to plain decoding, where an
+    unquantized model's verify runs the BLAS."""
+    from hf2q.kernels import select
+
+    if select.backend() != "cpu" or not is_quantized(target.model):
+        return None
+    return (
+        "this target is quantized: MLX's CPU quantized products cost about as much per row as "
+        "a decode step, so DFlash's 16-token verifies make it slower than plain decoding here "
+        "(the demo target converted to 4 bits: 78 against 98 tok/s); for DFlash on this CPU use the "
+        "unquantized (bf16) model, or pass --no-dflash"
+    )
+
+
 def apply_dtype(target: Any, drafter: Any | None, choice: str | None) -> str:
     """Apply a ``--dtype`` choice (None = ``auto``); return the dtype the embedding ends up in."""
     choice = choice or "auto"
