@@ -19,6 +19,20 @@ from hf2q.platform import keep_float32_exact  # noqa: E402
 keep_float32_exact()  # as the CLI does: float32 products stay float32 on CUDA
 
 import checkpoints as ck  # noqa: E402
+import cuda_emu  # noqa: E402
+
+
+def shared_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A temporary folder of this test run that all its pytest-xdist workers share (the run's
+    root, each worker's own folder is inside it), or this process's own without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _emulator_builds_shared_by_the_workers(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The CUDA emulator builds each program once per run, not once per xdist worker."""
+    cuda_emu.BUILD_DIR = shared_tmp(tmp_path_factory) / "cuda_emu"
 
 
 @pytest.fixture(scope="session")
