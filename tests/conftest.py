@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import shutil
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,41 +39,70 @@ def _emulator_builds_shared_by_the_workers(tmp_path_factory: pytest.TempPathFact
     cuda_emu.BUILD_DIR = shared_tmp(tmp_path_factory) / "cuda_emu"
 
 
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (a lock file) against the run's other processes."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def build_once(folder: Path, build: Callable[[Path], object]) -> Path:
+    """``build(folder)``, unless a process of this run has already built it: under a lock, and
+    done only when the build finished (a marker beside the folder), so every xdist worker gets
+    the same complete folder and the work is done once per run instead of once per worker."""
+    done = folder.with_name(folder.name + ".done")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(folder.with_name(folder.name + ".lock")):
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)  # a build interrupted half-way
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def fixtures_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("checkpoints")
+    """The session checkpoints' folder, shared by the run's xdist workers (tests only read them)."""
+    folder = shared_tmp(tmp_path_factory) / "checkpoints"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 @pytest.fixture(scope="session")
 def qwen35_dir(fixtures_dir: Path) -> Path:
     """Tiny Qwen3_5ForConditionalGeneration (hybrid: 3 Gated-DeltaNet + 1 attention), float32."""
-    return ck.build_qwen35(fixtures_dir / "qwen35", seed=0)
+    return build_once(fixtures_dir / "qwen35", lambda f: ck.build_qwen35(f, seed=0))
 
 
 @pytest.fixture(scope="session")
 def qwen35_causal_dir(fixtures_dir: Path) -> Path:
     """Tiny text-only Qwen3_5ForCausalLM, 8 layers, float32."""
-    return ck.build_qwen35(
-        fixtures_dir / "qwen35_causal", layout="causal", num_hidden_layers=8, seed=1
+    return build_once(
+        fixtures_dir / "qwen35_causal",
+        lambda f: ck.build_qwen35(f, layout="causal", num_hidden_layers=8, seed=1),
     )
 
 
 @pytest.fixture(scope="session")
 def qwen35_moe_dir(fixtures_dir: Path) -> Path:
     """Tiny Qwen3_5MoeForConditionalGeneration, float32."""
-    return ck.build_qwen35(fixtures_dir / "qwen35_moe", moe=True, seed=2)
+    return build_once(fixtures_dir / "qwen35_moe", lambda f: ck.build_qwen35(f, moe=True, seed=2))
 
 
 @pytest.fixture(scope="session")
 def qwen3_dir(fixtures_dir: Path) -> Path:
     """Tiny plain Qwen3 (pure attention), float32."""
-    return ck.build_qwen3(fixtures_dir / "qwen3", seed=3)
+    return build_once(fixtures_dir / "qwen3", lambda f: ck.build_qwen3(f, seed=3))
 
 
 @pytest.fixture(scope="session")
 def drafter_dir(fixtures_dir: Path) -> Path:
     """Random 1-layer DFlash drafter (z-lab format) for the 4-layer tiny targets."""
-    return ck.build_drafter(fixtures_dir / "drafter", layers=1, seed=4)
+    return build_once(fixtures_dir / "drafter", lambda f: ck.build_drafter(f, layers=1, seed=4))
 
 
 # ---- runtime (issue 3): drafters fitted to agree with their tiny targets ------------------------
@@ -97,15 +130,30 @@ def _fit_pair(
     lr: float = 3e-3,
     **cfg: object,
 ) -> Path:
-    """Fit a DFlash drafter to ``target_dir``'s greedy continuations of FIT_TEXTS; save it."""
+    """Fit a DFlash drafter to ``target_dir``'s greedy continuations of FIT_TEXTS; save it
+    (once per run: see :func:`build_once`)."""
+    kw = dict(layers=layers, ids=ids, n_target=n_target, steps=steps, seed=seed, lr=lr)
+    return build_once(out, lambda folder: _fit(target_dir, folder, **kw, **cfg))
+
+
+def _fit(
+    target_dir: Path,
+    out: Path,
+    *,
+    layers: int,
+    ids: list[int],
+    n_target: int,
+    steps: int,
+    seed: int,
+    lr: float,
+    **cfg: object,
+) -> None:
     import drafter_fit
 
     from hf2q.loading import load_model
     from hf2q.runtime.drafter import load_drafter, save_drafter
     from hf2q.runtime.target import TargetModel
 
-    if (out / "config.json").is_file():
-        return out
     raw = ck.build_drafter(
         out / "init",
         layers=layers,
@@ -121,7 +169,6 @@ def _fit_pair(
     seqs = drafter_fit.greedy_sequences(target, prompts, FIT_NEW_TOKENS)
     drafter_fit.fit_drafter(target, drafter, seqs, steps=steps, lr=lr, seed=seed)
     save_drafter(drafter, out)
-    return out
 
 
 @pytest.fixture(scope="session")
