@@ -32,13 +32,20 @@ import numpy as np
 
 PRELUDE = r"""
 #include <algorithm>
-#include <barrier>
+#include <atomic>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <math.h>
 #include <thread>
 #include <vector>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #define __global__
 #define __device__
 #define __host__
@@ -47,12 +54,42 @@ PRELUDE = r"""
 #define __align__(n) __attribute__((aligned(n)))
 using std::min;
 using std::max;
+// The barrier behind __syncthreads and the warp shuffles: the last of n threads to arrive starts
+// the next generation and wakes the others, which wait on the generation word. On Linux a waiter
+// yields its core up to 4 times, then sleeps on a futex on that word; elsewhere C++20 atomic wait.
+// (libstdc++'s std::barrier sleeps on a word shared through a table with other addresses and
+// took about twice as long per launch on 2 busy cores.)
+struct hf2q_barrier {
+  const int n;
+  std::atomic<int> count{0}, gen{0};
+  explicit hf2q_barrier(int n_) : n(n_) {}
+  void arrive_and_wait() {
+    const int g = gen.load(std::memory_order_acquire);
+    if (count.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
+      count.store(0, std::memory_order_relaxed);
+      gen.fetch_add(1, std::memory_order_release);
+#ifdef __linux__
+      syscall(SYS_futex, reinterpret_cast<int*>(&gen), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+#else
+      gen.notify_all();
+#endif
+      return;
+    }
+#ifdef __linux__
+    for (int i = 0; i < 4 && gen.load(std::memory_order_acquire) == g; ++i) sched_yield();
+    while (gen.load(std::memory_order_acquire) == g)
+      syscall(SYS_futex, reinterpret_cast<int*>(&gen), FUTEX_WAIT_PRIVATE, g, nullptr, nullptr, 0);
+#else
+    while (gen.load(std::memory_order_acquire) == g) gen.wait(g, std::memory_order_acquire);
+#endif
+  }
+};
 struct hf2q_dim3 { unsigned x, y, z; };
 static thread_local hf2q_dim3 blockIdx;
 static hf2q_dim3 blockDim;
 static thread_local hf2q_dim3 threadIdx;
-static std::barrier<>* hf2q_block_barrier = nullptr;
-static std::vector<std::barrier<>*> hf2q_warp_barriers;
+static hf2q_barrier* hf2q_block_barrier = nullptr;
+static std::vector<hf2q_barrier*> hf2q_warp_barriers;
 static float hf2q_shfl_buf[1024];
 inline void __syncthreads() { hf2q_block_barrier->arrive_and_wait(); }
 inline float __shfl_xor_sync(unsigned, float v, int m) {
@@ -201,10 +238,10 @@ def _wrap(name: str, params: list[tuple[str, str]], source: str, header: str, te
     src += f"""
 extern "C" void hf2q_launch(void** p, int bx, int by, int bz, int tx) {{
   blockDim = hf2q_dim3{{(unsigned)tx, 1u, 1u}};
-  std::barrier<> block_barrier(tx);
+  hf2q_barrier block_barrier(tx);
   hf2q_block_barrier = &block_barrier;
-  std::vector<std::barrier<>*> warps;
-  for (int w = 0; w < (tx + 31) / 32; ++w) warps.push_back(new std::barrier<>(std::min(32, tx - 32 * w)));
+  std::vector<hf2q_barrier*> warps;
+  for (int w = 0; w < (tx + 31) / 32; ++w) warps.push_back(new hf2q_barrier(std::min(32, tx - 32 * w)));
   hf2q_warp_barriers = warps;
   // One OS thread per thread of a block, each running every block in turn; a barrier between
   // blocks keeps a block's shared memory (static arrays) to itself.
