@@ -84,6 +84,25 @@ struct hf2q_barrier {
 #endif
   }
 };
+// A launch's threads all run on the CPU that started it (Linux): with a busy process on the
+// other core (the other xdist worker), threads woken there wait for its time slice at every
+// barrier, 10-15x slower; on one core they interleave as before, preempted by the OS at any point.
+inline int hf2q_launch_cpu() {
+#ifdef __linux__
+  return sched_getcpu();
+#else
+  return -1;
+#endif
+}
+inline void hf2q_pin_to(int cpu) {
+#ifdef __linux__
+  if (cpu < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  sched_setaffinity(0, sizeof(set), &set);
+#endif
+}
 struct hf2q_dim3 { unsigned x, y, z; };
 static thread_local hf2q_dim3 blockIdx;
 static hf2q_dim3 blockDim;
@@ -245,9 +264,11 @@ extern "C" void hf2q_launch(void** p, int bx, int by, int bz, int tx) {{
   hf2q_warp_barriers = warps;
   // One OS thread per thread of a block, each running every block in turn; a barrier between
   // blocks keeps a block's shared memory (static arrays) to itself.
+  const int cpu = hf2q_launch_cpu();
   std::vector<std::thread> threads;
   for (int t = 0; t < tx; ++t)
     threads.emplace_back([&, t]() {{
+      hf2q_pin_to(cpu);
       threadIdx = hf2q_dim3{{(unsigned)t, 0u, 0u}};
       for (int z = 0; z < bz; ++z)
         for (int y = 0; y < by; ++y)
