@@ -39,6 +39,32 @@ def _emulator_builds_shared_by_the_workers(tmp_path_factory: pytest.TempPathFact
     cuda_emu.BUILD_DIR = shared_tmp(tmp_path_factory) / "cuda_emu"
 
 
+#: Modules whose module-scoped fixtures are costly: each runs whole on one xdist worker, so they
+#: are made once per run instead of once per worker that gets some of the module's tests.
+#: test_runtime_lookup: the demo pair and its plain greedy tokens (4-7 s); test_train_draft:
+#: the `trained` run, 80 steps with evaluations (10-15 s); test_convert_layouts: `trained`, four
+#: checkpoints trained for a few dozen steps (7-8 s).
+ONE_WORKER_MODULES = ("test_runtime_lookup.py", "test_train_draft.py", "test_convert_layouts.py")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist load`` (what ``-n auto`` runs), except that each of :data:`ONE_WORKER_MODULES`
+    is one unit of work: xdist's scope scheduler, which hands out the largest units first, with
+    every other test a unit of its own. (``--dist loadgroup`` would do this with xdist_group
+    marks, but pytest-xdist 3.8 cannot add the group to a pytest 9 node id.) Other --dist modes
+    are left to xdist."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerModules(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module.rsplit("/", 1)[-1] in ONE_WORKER_MODULES else nodeid
+
+    return OneWorkerModules(config, log)
+
+
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """Hold an exclusive lock on ``path`` (a lock file) against the run's other processes."""
