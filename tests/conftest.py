@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import shutil
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,43 +23,112 @@ from hf2q.platform import keep_float32_exact  # noqa: E402
 keep_float32_exact()  # as the CLI does: float32 products stay float32 on CUDA
 
 import checkpoints as ck  # noqa: E402
+import cuda_emu  # noqa: E402
+
+
+def shared_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A temporary folder of this test run that all its pytest-xdist workers share (the run's
+    root, each worker's own folder is inside it), or this process's own without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _emulator_builds_shared_by_the_workers(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The CUDA emulator builds each program once per run, not once per xdist worker."""
+    cuda_emu.BUILD_DIR = shared_tmp(tmp_path_factory) / "cuda_emu"
+
+
+#: Modules whose module-scoped fixtures are costly: each runs whole on one xdist worker, so they
+#: are made once per run instead of once per worker that gets some of the module's tests.
+#: test_runtime_lookup: the demo pair and its plain greedy tokens (4-7 s); test_train_draft:
+#: the `trained` run, 80 steps with evaluations (10-15 s); test_convert_layouts: `trained`, four
+#: checkpoints trained for a few dozen steps (7-8 s).
+ONE_WORKER_MODULES = ("test_runtime_lookup.py", "test_train_draft.py", "test_convert_layouts.py")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist load`` (what ``-n auto`` runs), except that each of :data:`ONE_WORKER_MODULES`
+    is one unit of work: xdist's scope scheduler, which hands out the largest units first, with
+    every other test a unit of its own. (``--dist loadgroup`` would do this with xdist_group
+    marks, but pytest-xdist 3.8 cannot add the group to a pytest 9 node id.) Other --dist modes
+    are left to xdist."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerModules(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module.rsplit("/", 1)[-1] in ONE_WORKER_MODULES else nodeid
+
+    return OneWorkerModules(config, log)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (a lock file) against the run's other processes."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def build_once(folder: Path, build: Callable[[Path], object]) -> Path:
+    """``build(folder)``, unless a process of this run has already built it: under a lock, and
+    done only when the build finished (a marker beside the folder), so every xdist worker gets
+    the same complete folder and the work is done once per run instead of once per worker."""
+    done = folder.with_name(folder.name + ".done")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(folder.with_name(folder.name + ".lock")):
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)  # a build interrupted half-way
+            build(folder)
+            done.touch()
+    return folder
 
 
 @pytest.fixture(scope="session")
 def fixtures_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("checkpoints")
+    """The session checkpoints' folder, shared by the run's xdist workers (tests only read them)."""
+    folder = shared_tmp(tmp_path_factory) / "checkpoints"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 @pytest.fixture(scope="session")
 def qwen35_dir(fixtures_dir: Path) -> Path:
     """Tiny Qwen3_5ForConditionalGeneration (hybrid: 3 Gated-DeltaNet + 1 attention), float32."""
-    return ck.build_qwen35(fixtures_dir / "qwen35", seed=0)
+    return build_once(fixtures_dir / "qwen35", lambda f: ck.build_qwen35(f, seed=0))
 
 
 @pytest.fixture(scope="session")
 def qwen35_causal_dir(fixtures_dir: Path) -> Path:
     """Tiny text-only Qwen3_5ForCausalLM, 8 layers, float32."""
-    return ck.build_qwen35(
-        fixtures_dir / "qwen35_causal", layout="causal", num_hidden_layers=8, seed=1
+    return build_once(
+        fixtures_dir / "qwen35_causal",
+        lambda f: ck.build_qwen35(f, layout="causal", num_hidden_layers=8, seed=1),
     )
 
 
 @pytest.fixture(scope="session")
 def qwen35_moe_dir(fixtures_dir: Path) -> Path:
     """Tiny Qwen3_5MoeForConditionalGeneration, float32."""
-    return ck.build_qwen35(fixtures_dir / "qwen35_moe", moe=True, seed=2)
+    return build_once(fixtures_dir / "qwen35_moe", lambda f: ck.build_qwen35(f, moe=True, seed=2))
 
 
 @pytest.fixture(scope="session")
 def qwen3_dir(fixtures_dir: Path) -> Path:
     """Tiny plain Qwen3 (pure attention), float32."""
-    return ck.build_qwen3(fixtures_dir / "qwen3", seed=3)
+    return build_once(fixtures_dir / "qwen3", lambda f: ck.build_qwen3(f, seed=3))
 
 
 @pytest.fixture(scope="session")
 def drafter_dir(fixtures_dir: Path) -> Path:
     """Random 1-layer DFlash drafter (z-lab format) for the 4-layer tiny targets."""
-    return ck.build_drafter(fixtures_dir / "drafter", layers=1, seed=4)
+    return build_once(fixtures_dir / "drafter", lambda f: ck.build_drafter(f, layers=1, seed=4))
 
 
 # ---- runtime (issue 3): drafters fitted to agree with their tiny targets ------------------------
@@ -83,15 +156,30 @@ def _fit_pair(
     lr: float = 3e-3,
     **cfg: object,
 ) -> Path:
-    """Fit a DFlash drafter to ``target_dir``'s greedy continuations of FIT_TEXTS; save it."""
+    """Fit a DFlash drafter to ``target_dir``'s greedy continuations of FIT_TEXTS; save it
+    (once per run: see :func:`build_once`)."""
+    kw = dict(layers=layers, ids=ids, n_target=n_target, steps=steps, seed=seed, lr=lr)
+    return build_once(out, lambda folder: _fit(target_dir, folder, **kw, **cfg))
+
+
+def _fit(
+    target_dir: Path,
+    out: Path,
+    *,
+    layers: int,
+    ids: list[int],
+    n_target: int,
+    steps: int,
+    seed: int,
+    lr: float,
+    **cfg: object,
+) -> None:
     import drafter_fit
 
     from hf2q.loading import load_model
     from hf2q.runtime.drafter import load_drafter, save_drafter
     from hf2q.runtime.target import TargetModel
 
-    if (out / "config.json").is_file():
-        return out
     raw = ck.build_drafter(
         out / "init",
         layers=layers,
@@ -107,7 +195,6 @@ def _fit_pair(
     seqs = drafter_fit.greedy_sequences(target, prompts, FIT_NEW_TOKENS)
     drafter_fit.fit_drafter(target, drafter, seqs, steps=steps, lr=lr, seed=seed)
     save_drafter(drafter, out)
-    return out
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,9 @@ arithmetic, the indexing and the synchronisation of a kernel, not its speed. The
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import hashlib
 import os
 import shutil
@@ -30,13 +32,20 @@ import numpy as np
 
 PRELUDE = r"""
 #include <algorithm>
-#include <barrier>
+#include <atomic>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <math.h>
 #include <thread>
 #include <vector>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #define __global__
 #define __device__
 #define __host__
@@ -45,12 +54,61 @@ PRELUDE = r"""
 #define __align__(n) __attribute__((aligned(n)))
 using std::min;
 using std::max;
+// The barrier behind __syncthreads and the warp shuffles: the last of n threads to arrive starts
+// the next generation and wakes the others, which wait on the generation word. On Linux a waiter
+// yields its core up to 4 times, then sleeps on a futex on that word; elsewhere C++20 atomic wait.
+// (libstdc++'s std::barrier sleeps on a word shared through a table with other addresses and
+// took about twice as long per launch on 2 busy cores.)
+struct hf2q_barrier {
+  const int n;
+  std::atomic<int> count{0}, gen{0};
+  explicit hf2q_barrier(int n_) : n(n_) {}
+  void arrive_and_wait() {
+    const int g = gen.load(std::memory_order_acquire);
+    if (count.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
+      count.store(0, std::memory_order_relaxed);
+      gen.fetch_add(1, std::memory_order_release);
+#ifdef __linux__
+      syscall(SYS_futex, reinterpret_cast<int*>(&gen), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+#else
+      gen.notify_all();
+#endif
+      return;
+    }
+#ifdef __linux__
+    for (int i = 0; i < 4 && gen.load(std::memory_order_acquire) == g; ++i) sched_yield();
+    while (gen.load(std::memory_order_acquire) == g)
+      syscall(SYS_futex, reinterpret_cast<int*>(&gen), FUTEX_WAIT_PRIVATE, g, nullptr, nullptr, 0);
+#else
+    while (gen.load(std::memory_order_acquire) == g) gen.wait(g, std::memory_order_acquire);
+#endif
+  }
+};
+// A launch's threads all run on the CPU that started it (Linux): with a busy process on the
+// other core (the other xdist worker), threads woken there wait for its time slice at every
+// barrier, 10-15x slower; on one core they interleave as before, preempted by the OS at any point.
+inline int hf2q_launch_cpu() {
+#ifdef __linux__
+  return sched_getcpu();
+#else
+  return -1;
+#endif
+}
+inline void hf2q_pin_to(int cpu) {
+#ifdef __linux__
+  if (cpu < 0) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  sched_setaffinity(0, sizeof(set), &set);
+#endif
+}
 struct hf2q_dim3 { unsigned x, y, z; };
 static thread_local hf2q_dim3 blockIdx;
 static hf2q_dim3 blockDim;
 static thread_local hf2q_dim3 threadIdx;
-static std::barrier<>* hf2q_block_barrier = nullptr;
-static std::vector<std::barrier<>*> hf2q_warp_barriers;
+static hf2q_barrier* hf2q_block_barrier = nullptr;
+static std::vector<hf2q_barrier*> hf2q_warp_barriers;
 static float hf2q_shfl_buf[1024];
 inline void __syncthreads() { hf2q_block_barrier->arrive_and_wait(); }
 inline float __shfl_xor_sync(unsigned, float v, int m) {
@@ -202,16 +260,18 @@ def _wrap(name: str, params: list[tuple[str, str]], source: str, header: str, te
     src += f"""
 extern "C" void hf2q_launch(void** p, int bx, int by, int bz, int tx) {{
   blockDim = hf2q_dim3{{(unsigned)tx, 1u, 1u}};
-  std::barrier<> block_barrier(tx);
+  hf2q_barrier block_barrier(tx);
   hf2q_block_barrier = &block_barrier;
-  std::vector<std::barrier<>*> warps;
-  for (int w = 0; w < (tx + 31) / 32; ++w) warps.push_back(new std::barrier<>(std::min(32, tx - 32 * w)));
+  std::vector<hf2q_barrier*> warps;
+  for (int w = 0; w < (tx + 31) / 32; ++w) warps.push_back(new hf2q_barrier(std::min(32, tx - 32 * w)));
   hf2q_warp_barriers = warps;
   // One OS thread per thread of a block, each running every block in turn; a barrier between
   // blocks keeps a block's shared memory (static arrays) to itself.
+  const int cpu = hf2q_launch_cpu();
   std::vector<std::thread> threads;
   for (int t = 0; t < tx; ++t)
     threads.emplace_back([&, t]() {{
+      hf2q_pin_to(cpu);
       threadIdx = hf2q_dim3{{(unsigned)t, 0u, 0u}};
       for (int z = 0; z < bz; ++z)
         for (int y = 0; y < by; ++y)
@@ -231,6 +291,54 @@ extern "C" void hf2q_launch(void** p, int bx, int by, int bz, int tx) {{
 #: Every program built in this process, by the hash of its whole source: tests that run the same
 #: kernel with the same template arguments load it once (the build is most of their time).
 _BUILT: dict[str, ctypes.CDLL] = {}
+
+#: A folder shared by every process of a test run (tests/conftest.py sets it to the run's own
+#: temporary root): a program is then built once for all pytest-xdist workers, and the one that
+#: needs it second loads the first one's build. None: each kernel object's ``workdir``.
+BUILD_DIR: Path | None = None
+
+#: g++'s flags for every emulator program (the prelude's precompiled header is built with them).
+_FLAGS = ["-std=c++20", "-O0", "-fPIC", "-pthread", "-Wno-unknown-pragmas"]
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """Hold an exclusive lock on ``path`` (a lock file) against the run's other processes."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _compile(cmd: list[str], out: Path, what: str) -> None:
+    """Run g++ ``cmd`` writing a temporary file, then move it to ``out`` (no half-written file is
+    ever found at ``out``)."""
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    res = subprocess.run([*cmd, "-o", str(tmp)], capture_output=True, text=True)
+    if res.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"emulator build of {what} failed:\n{res.stderr[-4000:]}")
+    os.replace(tmp, out)
+
+
+def _prelude_header(folder: Path) -> Path:
+    """:data:`PRELUDE` as a header in ``folder``, precompiled beside it (``.gch``) once per folder.
+
+    Its system headers are most of an emulator program's build time (0.9 of 1.3 s at -O0); with
+    ``-include`` of this header g++ reads the precompiled one instead, which holds the same
+    declarations parsed with the same flags (and falls back to the text where it cannot use it).
+    """
+    tag = hashlib.sha1((PRELUDE + " ".join(_FLAGS)).encode()).hexdigest()[:16]
+    header = folder / f"hf2q_emu_prelude_{tag}.h"
+    gch = header.with_name(header.name + ".gch")
+    with _locked(folder / f"{header.name}.lock"):
+        if not gch.is_file():
+            header.write_text(PRELUDE)
+            cmd = [compiler() or "g++", *_FLAGS, "-x", "c++-header", str(header)]
+            _compile(cmd, gch, "the prelude")
+    return header
 
 
 class EmulatedKernel:
@@ -256,24 +364,18 @@ class EmulatedKernel:
         code = _wrap(self.name, params, self.source, self.header, template)
         key = hashlib.sha1(code.encode()).hexdigest()[:16]
         if key not in _BUILT:  # else the same program, built by this or another kernel object
-            cpp = self.workdir / f"{self.name}_{key}.cpp"
-            so = self.workdir / f"{self.name}_{key}.so"
-            cpp.write_text(code)
-            cmd = [
-                compiler() or "g++",
-                "-std=c++20",
-                "-O0",
-                "-shared",
-                "-fPIC",
-                "-pthread",
-                "-Wno-unknown-pragmas",
-                "-o",
-                str(so),
-                str(cpp),
-            ]
-            res = subprocess.run(cmd, capture_output=True, text=True)
-            if res.returncode != 0:
-                raise RuntimeError(f"emulator build of {self.name} failed:\n{res.stderr[-4000:]}")
+            folder = BUILD_DIR or self.workdir
+            folder.mkdir(parents=True, exist_ok=True)
+            so = folder / f"{self.name}_{key}.so"
+            with _locked(folder / f"{self.name}_{key}.lock"):
+                if not so.is_file():  # else built by another process of this run
+                    prelude = _prelude_header(folder)
+                    cpp = folder / f"{self.name}_{key}.cpp"
+                    # The program is PRELUDE + the rest; the prelude comes in by -include.
+                    assert code.startswith(PRELUDE)
+                    cpp.write_text(code[len(PRELUDE) :])
+                    cmd = [compiler() or "g++", *_FLAGS, "-shared", "-include", str(prelude)]
+                    _compile([*cmd, str(cpp)], so, self.name)
             _BUILT[key] = ctypes.CDLL(str(so))
         return _BUILT[key]
 
