@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -65,24 +63,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     return OneWorkerModules(config, log)
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` (a lock file) against the run's other processes."""
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def build_once(folder: Path, build: Callable[[Path], object]) -> Path:
     """``build(folder)``, unless a process of this run has already built it: under a lock, and
     done only when the build finished (a marker beside the folder), so every xdist worker gets
     the same complete folder and the work is done once per run instead of once per worker."""
     done = folder.with_name(folder.name + ".done")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(folder.with_name(folder.name + ".lock")):
+    with cuda_emu._locked(folder.with_name(folder.name + ".lock")):
         if not done.is_file():
             shutil.rmtree(folder, ignore_errors=True)  # a build interrupted half-way
             build(folder)

@@ -616,27 +616,23 @@ _QBODY = _BODY_TEMPLATE.replace("@LOAD_W@\n", _LOAD_WQ[1:])
 _QHEADER = (
     _HEADER
     + r"""
-// A T value as float, and two float values rounded to T packed as an mma operand register (the
-// lower-indexed value in the low half).
-template <typename T> struct Hf2qDeq;
-template <> struct Hf2qDeq<__nv_bfloat16> {
-  static __device__ __forceinline__ float from(__nv_bfloat16 v) { return __bfloat162float(v); }
+// A T value as float, and two float values rounded to T (as Hf2qMma<T>::to rounds) packed as an
+// mma operand register (the lower-indexed value in the low half).
+template <typename T> struct Hf2qDeq {
+  static __device__ __forceinline__ float from(T v);
   static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-    const __nv_bfloat16 a = __float2bfloat16(lo);
-    const __nv_bfloat16 c = __float2bfloat16(hi);
+    const T a = Hf2qMma<T>::to(lo);
+    const T c = Hf2qMma<T>::to(hi);
     return (unsigned)*reinterpret_cast<const unsigned short*>(&a) |
            ((unsigned)*reinterpret_cast<const unsigned short*>(&c) << 16);
   }
 };
-template <> struct Hf2qDeq<__half> {
-  static __device__ __forceinline__ float from(__half v) { return __half2float(v); }
-  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-    const __half a = __float2half(lo);
-    const __half c = __float2half(hi);
-    return (unsigned)*reinterpret_cast<const unsigned short*>(&a) |
-           ((unsigned)*reinterpret_cast<const unsigned short*>(&c) << 16);
-  }
-};
+template <> __device__ __forceinline__ float Hf2qDeq<__nv_bfloat16>::from(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <> __device__ __forceinline__ float Hf2qDeq<__half>::from(__half v) {
+  return __half2float(v);
+}
 """
 )
 _QSOURCE = _ROWS + _SINGLE + _STORE + _QBODY
