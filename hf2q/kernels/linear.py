@@ -135,9 +135,9 @@ def _qweights(mod: nn.Module) -> tuple[mx.array, mx.array, mx.array, int]:
     them: with N not a multiple of 8 (a Gated-DeltaNet layer's 4-wide gate projections of a
     small model) zero rows are appended once and kept on the module (:func:`kept`), and the
     caller keeps the first N columns of the product."""
-    w, scales, biases = mod.weight, mod.scales, mod.get("biases")
+    w, scales, biases = mod.weight, mod.scales, mod["biases"]
     N = w.shape[0]
-    if N % 8 == 0 or biases is None:
+    if N % 8 == 0:
         return w, scales, biases, N
 
     def build() -> tuple[mx.array, mx.array, mx.array]:
@@ -149,60 +149,64 @@ def _qweights(mod: nn.Module) -> tuple[mx.array, mx.array, mx.array, int]:
     return (*kept(mod, "_hf2q_qpadded", [w, scales, biases], build), N)
 
 
-def _quantized(mod: nn.Module, x: mx.array) -> bool:
-    """Whether the dequantizing kernel computes ``mod``'s product of ``x`` (an affine-quantized
-    ``nn.QuantizedLinear`` / ``nn.QuantizedEmbedding`` it supports, at the rows :func:`fits`
-    takes, with ``select.small_qmm_enabled()``)."""
+QWeights = tuple[mx.array, mx.array, mx.array, int]
+
+
+def _quantized(mod: nn.Module, x: mx.array) -> QWeights | None:
+    """``mod``'s weights as the dequantizing kernel reads them (:func:`_qweights`) when the
+    kernel computes its product of ``x`` (an affine-quantized ``nn.QuantizedLinear`` /
+    ``nn.QuantizedEmbedding`` it supports, at the rows :func:`fits` takes, with
+    ``select.small_qmm_enabled()``), else None."""
     if type(mod) not in (nn.QuantizedLinear, nn.QuantizedEmbedding) or mod.mode != "affine":
-        return False
+        return None
     if mod.get("biases") is None or x.dtype != mod.scales.dtype:
-        return False
-    w, scales, biases, _ = _qweights(mod)
+        return None  # (before _qweights: no padded copy for a layer the kernel cannot take)
+    qw = _qweights(mod)
+    w, scales, biases, _ = qw
     if cuda_matmul.quantized_supported(x, w, scales, biases, mod.bits, mod.group_size) is not None:
-        return False
+        return None
     elements = w.shape[0] * w.shape[1] * 32 // mod.bits
     rows_ok = elements <= SMALL_WEIGHT or x.size // x.shape[-1] <= _select().small_mm_rows()
-    return rows_ok and _select().small_qmm_enabled()
+    return qw if rows_ok and _select().small_qmm_enabled() else None
 
 
-def _qmatmul(mod: nn.Module, x: mx.array, add: mx.array | None = None) -> mx.array:
-    """:func:`hf2q.kernels.cuda_matmul.small_qmatmul_cuda` of ``mod``'s weights (``+ add`` in
-    the launch, for N a multiple of 8)."""
-    w, scales, biases, N = _qweights(mod)
+def _qmatmul(mod: nn.Module, x: mx.array, qw: QWeights, add: mx.array | None = None) -> mx.array:
+    """:func:`hf2q.kernels.cuda_matmul.small_qmatmul_cuda` of ``mod``'s weights ``qw`` (from
+    :func:`_quantized`; ``+ add`` in the launch, for N a multiple of 8)."""
+    w, scales, biases, N = qw
     y = cuda_matmul.small_qmatmul_cuda(
         x, w, scales, biases, bits=mod.bits, group=mod.group_size, add=add
     )
     return y if w.shape[0] == N else y[..., :N]
 
 
+def _add_in_launch(mod: nn.Module, x: mx.array, add: mx.array | None, N: int) -> bool:
+    """Whether a residual ``add`` joins the product's launch: a layer without bias, an addend of
+    the output's shape and dtype, ``select.grouped_mm_enabled()``."""
+    return (
+        add is not None
+        and "bias" not in mod
+        and add.dtype == x.dtype
+        and add.shape == (*x.shape[:-1], N)
+        and _grouping()
+    )
+
+
 def linear(mod: nn.Module, x: mx.array, on: bool | Frozen, add: mx.array | None = None) -> mx.array:
     """``mod(x)`` (``mod(x) + add`` with ``add``); through the kernel when ``on`` and ``mod`` is a
-    plain ``nn.Linear`` that fits. With ``add`` (a residual), a layer without bias and
-    ``select.grouped_mm_enabled()``, the addition happens in the product's launch, with the
-    bits of the two steps."""
+    plain ``nn.Linear`` that fits (its dequantizing variant for a quantized layer it takes).
+    With ``add`` (a residual), a layer without bias and ``select.grouped_mm_enabled()``, the
+    addition happens in the product's launch, with the bits of the two steps."""
     if on and type(mod) is nn.Linear and fits(x, mod.weight):
-        if (
-            add is not None
-            and "bias" not in mod
-            and add.dtype == x.dtype
-            and add.shape == (*x.shape[:-1], mod.weight.shape[0])
-            and _grouping()
-        ):
+        if _add_in_launch(mod, x, add, mod.weight.shape[0]):
             return cuda_matmul.small_matmul_cuda(x, mod.weight, add=add, columns=_columns())
         y = cuda_matmul.small_matmul_cuda(x, mod.weight, columns=_columns())
         y = y + mod.bias if "bias" in mod else y
-    elif on and type(mod) is nn.QuantizedLinear and _quantized(mod, x):
+    elif on and type(mod) is nn.QuantizedLinear and (qw := _quantized(mod, x)) is not None:
         N = mod.weight.shape[0]
-        if (
-            add is not None
-            and "bias" not in mod
-            and N % 8 == 0
-            and add.dtype == x.dtype
-            and add.shape == (*x.shape[:-1], N)
-            and _grouping()
-        ):
-            return _qmatmul(mod, x, add=add)
-        y = _qmatmul(mod, x)
+        if N % 8 == 0 and _add_in_launch(mod, x, add, N):
+            return _qmatmul(mod, x, qw, add=add)
+        y = _qmatmul(mod, x, qw)
         y = y + mod.bias if "bias" in mod else y
     else:
         y = _matmul(mod, x, on)
@@ -255,8 +259,8 @@ def head(embedding: nn.Module, x: mx.array, on: bool | Frozen) -> mx.array:
     dequantizing variant for a quantized embedding)."""
     if on and type(embedding) is nn.Embedding and fits(x, embedding.weight):
         return cuda_matmul.small_matmul_cuda(x, embedding.weight, columns=_columns())
-    if on and _quantized(embedding, x):
-        return _qmatmul(embedding, x)
+    if on and (qw := _quantized(embedding, x)) is not None:
+        return _qmatmul(embedding, x, qw)
     if isinstance(on, Frozen) and type(embedding) is nn.Embedding:
         return x @ transposed(embedding)  # as_linear's product, the transpose made once
     return embedding.as_linear(x)
