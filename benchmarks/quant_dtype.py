@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,22 +32,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
 
-    import mlx.core as mx
-    import mlx.nn as nn
+    from quant_lossless import quantized_demo_pair
 
     from hf2q.platform import describe
     from hf2q.runtime.dflash import dflash_generate, plain_generate, run
-    from hf2q.runtime.pair import cast_models, load_pair
 
-    pairs = {}
-    for arm in ("bfloat16", "float32"):
-        pair = load_pair(None)
-        nn.quantize(pair.target.model, group_size=args.group, bits=args.bits)
-        if arm == "float32":
-            cast_models(pair.target, pair.drafter, "float32")
-        mx.eval(pair.target.model.parameters())
-        pair.drafter.bind(pair.target.embed, pair.target.head)
-        pairs[arm] = pair
+    pairs = {
+        "bfloat16": quantized_demo_pair(args.bits, args.group),
+        "float32": quantized_demo_pair(args.bits, args.group, "float32"),
+    }
     prompt = pairs["float32"].tokenizer.encode(args.prompt)
     tps: dict[str, list[float]] = {}
     tokens: dict[str, list[int]] = {}

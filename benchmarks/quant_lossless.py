@@ -22,18 +22,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Parser:\n    def __init__(self"]
 
 
-def check(bits: int, group: int, tokens: int, blocks: list[int], slots: int) -> dict:
+def quantized_demo_pair(bits: int, group: int, dtype: str | None = None):
+    """The embedded demo pair with its target quantized in place (``nn.quantize``), its scales
+    and other float weights cast to ``dtype`` where given, the drafter bound to the quantized
+    target's embedding and head."""
     import mlx.core as mx
     import mlx.nn as nn
 
-    from hf2q.runtime.dflash import dflash_generate, plain_generate, run
-    from hf2q.runtime.pair import load_pair
-    from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
+    from hf2q.runtime.pair import cast_models, load_pair
 
     pair = load_pair(None)
     nn.quantize(pair.target.model, group_size=group, bits=bits)
+    if dtype is not None:
+        cast_models(pair.target, pair.drafter, dtype)
     mx.eval(pair.target.model.parameters())
     pair.drafter.bind(pair.target.embed, pair.target.head)
+    return pair
+
+
+def check(bits: int, group: int, tokens: int, blocks: list[int], slots: int) -> dict:
+    from hf2q.runtime.dflash import dflash_generate, plain_generate, run
+    from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
+
+    pair = quantized_demo_pair(bits, group)
     prompts = [pair.tokenizer.encode(t) for t in PROMPTS]
     tic = time.perf_counter()
     want = [run(plain_generate(pair.target, p, max_tokens=tokens)).tokens for p in prompts]

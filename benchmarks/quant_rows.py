@@ -80,6 +80,18 @@ def rows_check(
     return out
 
 
+def _weight_set(N: int, K: int, bits: int, group: int, dtype, ops: int) -> list:
+    """``ops`` distinct quantized (N, K) weights (so that no product of a timed evaluation runs
+    from the cache of the one before), evaluated."""
+    mx.random.seed(1)
+    qs = [
+        mx.quantize((mx.random.normal((N, K)) * K**-0.5).astype(dtype), group_size=group, bits=bits)
+        for _ in range(ops)
+    ]
+    mx.eval(qs)
+    return qs
+
+
 def timing(
     N: int,
     K: int,
@@ -91,12 +103,7 @@ def timing(
     reps: int,
     kernel: bool | tuple = False,
 ):
-    mx.random.seed(1)
-    qs = []
-    for _ in range(ops):  # distinct weights so that no product runs from cache
-        w = (mx.random.normal((N, K)) * K**-0.5).astype(dtype)
-        qs.append(mx.quantize(w, group_size=group, bits=bits))
-    mx.eval(qs)
+    qs = _weight_set(N, K, bits, group, dtype, ops)
     out = {}
     for m in rows:
         x = mx.random.normal((1, m, K)).astype(dtype)
@@ -145,17 +152,8 @@ def _tune(args) -> int:
     for shape in args.shapes.split(","):
         for N, K in SHAPES[shape]:
             for bits in (int(b) for b in args.bits.split(",")):
-                mx.random.seed(1)
                 ops = args.ops if N * K < 1e8 else 2
-                qs = [
-                    mx.quantize(
-                        (mx.random.normal((N, K)) * K**-0.5).astype(dtype),
-                        group_size=args.group,
-                        bits=bits,
-                    )
-                    for _ in range(ops)
-                ]
-                mx.eval(qs)
+                qs = _weight_set(N, K, bits, args.group, dtype, ops)
                 for m in rows:
                     x = mx.random.normal((1, m, K)).astype(dtype)
                     mx.eval(x)
