@@ -7,8 +7,11 @@ matters: "top-1 agreement" then measures the conversion, not noise. Tolerances (
 the README):
 
 * float32 output vs transformers' float32 forward: max |logit difference| <= 1e-4.
-* bfloat16 source and output vs transformers' bfloat16 forward: max |logit difference| <= 0.25
-  (logits of magnitude ~20: bf16 carries 8 bits of mantissa) and top-1 agreement >= 0.95.
+* bfloat16 source and output: every parameter bit-identical to what stock ``mlx_lm.load`` makes of
+  the source (an exact oracle), and vs transformers' bfloat16 forward top-1 agreement >= 0.95 and
+  max |logit difference| <= 8 bf16 ulps of the largest logit (two bf16 forwards with different
+  accumulation orders drift by a few ulps over the layers: 0.36 measured with transformers 5.25 on
+  logits of magnitude ~14, where 8 ulps is 0.5).
 * 8-bit affine vs transformers' float32 forward: top-1 agreement >= 0.95.
 * 4-bit affine vs transformers' float32 forward: top-1 agreement >= 0.85.
 * Every quantized output equals, to 1e-5, what mlx-lm computes after quantizing the float output in
@@ -114,18 +117,33 @@ def test_quantized_output_agrees_with_transformers_top1(layout, bits, threshold,
     assert bits < summary["bits_per_weight"] < bits + 2
 
 
+def _bf16_ulp(x: float) -> float:
+    """The spacing of bfloat16 numbers (8 significant bits) at magnitude ``x``."""
+    return 2.0 ** (np.floor(np.log2(x)) - 7)
+
+
 def test_bfloat16_checkpoint_stays_bfloat16_and_matches_transformers(tmp_path):
+    from mlx.utils import tree_flatten
+    from mlx_lm import load
+
     src = ck.build_qwen35(tmp_path / "bf16", dtype="bfloat16", train_steps=TRAIN_STEPS, seed=14)
     out = tmp_path / "out"
     summary = _convert(src, out, "--no-quantize")
     assert summary["dtype"] == "bfloat16"
+    weights = mx.load(str(out / "model.safetensors"))
+    assert {v.dtype for v in weights.values()} == {mx.bfloat16}
+    # Exact: the converted model's parameters are what stock mlx-lm makes of the source itself.
+    ours = dict(tree_flatten(load(str(out))[0].parameters()))
+    stock = dict(tree_flatten(load(str(src))[0].parameters()))
+    assert sorted(ours) == sorted(stock)
+    for name, value in stock.items():
+        assert ours[name].dtype == value.dtype and mx.array_equal(ours[name], value).item(), name
+    # Against transformers' own bfloat16 forward: same predictions, logits a few ulps apart.
     ids = _text_ids(src)
     got = _mlx_logits(out, ids)
     want = _hf_logits(src, ids, dtype="bfloat16")
-    assert np.abs(got - want).max() <= 0.25
     assert float((got.argmax(-1) == want.argmax(-1)).mean()) >= 0.95
-    weights = mx.load(str(out / "model.safetensors"))
-    assert {v.dtype for v in weights.values()} == {mx.bfloat16}
+    assert np.abs(got - want).max() <= 8 * _bf16_ulp(float(np.abs(want).max()))
 
 
 def test_dtype_casts_everything_but_a_log(trained, tmp_path):
