@@ -30,12 +30,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from host_profile import slots_events  # noqa: E402
+from host_profile import _once, slots_events  # noqa: E402
 from slots_synthetic import add_pair_arguments, pair_and_prompts  # noqa: E402
 
+from hf2q.runtime.dflash import (  # noqa: E402
+    RoundDone,
+    StepDone,
+    dflash_generate,
+    plain_generate,
+)
 from hf2q.runtime.slots import SlotFinished, SlotRound, run_slots  # noqa: E402
 
-LOOPS = ("slots-dflash", "slots-plain")
+LOOPS = ("slots-dflash", "slots-plain", "dflash", "plain")
 
 #: Trace event categories that are device work.
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -150,14 +156,25 @@ def traced(
 
     prof = profile(activities=[ProfilerActivity.CPU if cpu else ProfilerActivity.CUDA])
     rounds, tic, on = 0, 0.0, False
-    events = slots_events(loop, pair, prompts, slots, tokens, lookup)
+    if loop == "dflash":  # one sequence: its rounds, traced from the third to the last
+        events = dflash_generate(
+            pair.target, pair.drafter, prompts[0], max_tokens=tokens, lookup=lookup
+        )
+    elif loop == "plain":  # one sequence: its steps (plain_generate, the loop `plain_ab.py` times)
+        events = plain_generate(pair.target, prompts[0], max_tokens=tokens)
+    else:
+        events = slots_events(loop, pair, prompts, slots, tokens, lookup)
+    seen = 0
     for ev in events:
-        if isinstance(ev, SlotRound):
+        if isinstance(ev, (SlotRound, RoundDone, StepDone)):
+            seen += 1
             if on:
                 rounds += 1
-            elif ev.index >= 2:
+            elif seen >= 3:
                 prof.start()
                 on, tic = True, time.perf_counter()
+            if on and getattr(ev, "finish_reason", None) is not None:
+                break  # a single sequence's last step ends the trace
         elif isinstance(ev, SlotFinished) and on:
             break  # (the rest of the run is not traced)
     wall = time.perf_counter() - tic
@@ -251,7 +268,10 @@ def main() -> None:
         torch.cuda.init()
     (n,), (loop,) = counts, loops  # one trace in this process
     pair, _, prompts = pair_and_prompts(args, n)
-    run_slots(slots_events(loop, pair, prompts[:n], n, args.tokens, args.lookup))  # warm-up
+    if loop in ("dflash", "plain"):  # warm-up
+        _once(loop, pair, prompts[:1], 0, args.tokens, args.lookup)
+    else:
+        run_slots(slots_events(loop, pair, prompts[:n], n, args.tokens, args.lookup))
     trace, steps, wall = traced(
         loop, pair, prompts[:n], n, args.tokens, args.lookup, args.cpu_check
     )
