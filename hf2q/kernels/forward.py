@@ -17,8 +17,10 @@ and settings, so later generations replay its traces. The caches stay mlx-lm's o
 
 What it does not do: verify blocks, slots, quantized or rotating KV caches, padding, other
 architectures (:meth:`CompiledDecode.supports` says no, and the caller keeps the layer path).
-``HF2Q_COMPILE_FORWARD=1`` turns it on for plain decoding where the runners run (CUDA); off by
-default until it has been measured on a GPU.
+Plain decoding takes it where the runners run (CUDA) and its bits equal the layer path's
+(:meth:`CompiledDecode.exact`: the row-invariant attention kernel); ``HF2Q_COMPILE_FORWARD=0`` turns
+it off, ``=1`` forces it wherever it runs. On an H200 it made the 4B-shaped bf16 step 4.30 against
+5.09 ms (docs/BENCHMARKS.md, session 38).
 """
 
 from __future__ import annotations
@@ -146,6 +148,30 @@ class CompiledDecode:
                 and type(c) is KVCache
                 and c.keys is not None
             ):
+                return False
+        return True
+
+    @staticmethod
+    def exact(target: Any, rows: bool) -> bool:
+        """Whether this step's logits have the layer path's bits: where every attention layer
+        attends with the row-invariant kernel (``rows`` on, bf16/fp16 weights, heads it takes),
+        which reads the buffer up to the position either way. Elsewhere the step attends with
+        MLX's attention over the whole buffer, later positions masked out, which need not round
+        as the layer path's attention over the used slice does (float32 on an H200 differed at
+        the 7th step, session 38); DFlash's verify takes the layer path, so plain decoding keeps
+        it there too."""
+        if not rows:
+            return False
+        dtype = target.dtype  # the activations', so the KV buffers'
+        for layer in target.layers:
+            if getattr(layer, "is_linear", False):
+                continue
+            sa = getattr(layer, "self_attn", None)
+            if sa is None:
+                return False
+            q = mx.zeros((1, sa.num_attention_heads, 1, sa.head_dim), dtype)
+            kv = mx.zeros((1, sa.num_key_value_heads, 1, sa.head_dim), dtype)
+            if cuda_attention.supported(q, kv, kv) is not None:
                 return False
         return True
 

@@ -37,6 +37,7 @@ from hf2q.kernels.forward import CompiledDecode
 from hf2q.kernels.layers import decode_layer_fn, prefill_layer_fn
 from hf2q.kernels.select import (
     compile_forward_enabled,
+    compile_forward_forced,
     fuse_proj_enabled,
     lagged_for,
     row_attention_enabled,
@@ -606,15 +607,15 @@ def _plain(
 
     layer_fn = decode_layer_fn()
     mm = small_mm_enabled()  # the head's product, read once as the layers' is
-    whole = None  # HF2Q_COMPILE_FORWARD=1 where the runners run: each step one compiled graph
+    whole = None  # where the runners run (CUDA): each step one compiled graph, same bits
+    rows = row_attention_enabled()
     if (
         layer_fn is not None
         and compile_forward_enabled()
         and CompiledDecode.supports(target, cache)
+        and (compile_forward_forced() or CompiledDecode.exact(target, rows))
     ):
-        whole = CompiledDecode(
-            target, fuse_proj=fuse_proj_enabled(), mm=mm, rows=row_attention_enabled()
-        )
+        whole = CompiledDecode(target, fuse_proj=fuse_proj_enabled(), mm=mm, rows=rows)
 
     def step(y: mx.array) -> mx.array:
         if layer_fn is None:
