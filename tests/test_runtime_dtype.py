@@ -7,6 +7,7 @@ import mlx.nn as nn
 import pytest
 
 from hf2q.errors import UsageError
+from hf2q.kernels import select
 from hf2q.runtime.dflash import dflash_generate, plain_generate, run
 from hf2q.runtime.pair import (
     apply_dtype,
@@ -27,6 +28,11 @@ def _embed_dtype(pair) -> mx.Dtype:
     return pair.target.inner.embed_tokens.weight.dtype
 
 
+ON_CPU = select.backend() == "cpu"
+cpu_only = pytest.mark.skipif(not ON_CPU, reason="auto widens half precision on the CPU only")
+
+
+@cpu_only
 def test_auto_widens_half_precision_weights_on_the_cpu(pair):
     cast_models(pair.target, pair.drafter, "bfloat16")
     assert _embed_dtype(pair) == mx.bfloat16
@@ -42,6 +48,15 @@ def test_auto_keeps_float32_models_and_native_keeps_anything(pair):
     assert apply_dtype(pair.target, pair.drafter, "native") == "bfloat16"
 
 
+@pytest.mark.skipif(ON_CPU, reason="GPU backends keep half precision")
+def test_auto_keeps_half_precision_weights_on_a_gpu(pair):
+    cast_models(pair.target, pair.drafter, "bfloat16")
+    assert auto_dtype(pair.target, pair.drafter) is None
+    assert apply_dtype(pair.target, pair.drafter, None) == "bfloat16"
+    assert _embed_dtype(pair) == mx.bfloat16
+
+
+@cpu_only
 def test_auto_widens_a_quantized_models_scales_and_keeps_its_packing(pair):
     # MLX's CPU quantized products are several times slower with half-precision scales and
     # activations: auto widens the scales, biases and other float weights, never the packing.
