@@ -1,4 +1,4 @@
-"""A whole plain decode step of a Qwen3.5 target as one ``mx.compile`` graph (experimental).
+"""A whole plain decode step of a Qwen3.5 target as one ``mx.compile`` graph.
 
 Why: on an H200 a Qwen3.5-4B-sized decode step is bound by the host, and about 2 ms of its
 5.5 ms is Python building the graph layer by layer (docs/BENCHMARKS.md, "H200, session 15"),
