@@ -139,6 +139,22 @@ def test_the_traced_step_is_kept_per_target_and_goes_with_it(fitted_pairs):
 HAS_CUDA = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
 
 
+def _side_by_side(target, prompt, steps: int, same) -> None:
+    """Decode ``steps`` tokens after ``prompt`` with the compiled step and with the layer runners
+    (the small-M product and row-invariant attention kernels in both), each from its own prefill,
+    and check each step's logits with ``same(compiled, runners)``."""
+    _, whole_cache = _prefilled(target, prompt)
+    _, runner_cache = _prefilled(target, prompt)
+    whole = CompiledDecode(target, mm=True, rows=True)
+    fast = layers.fast_layer_fn(mm=True, rows=True)
+    tok = mx.array([[prompt[-1]]], dtype=mx.int32)
+    for step in range(steps):
+        got = whole(tok, whole_cache)
+        want, _ = target.forward(tok, runner_cache, layer_fn=fast, mm=True)
+        assert same(got, want).item(), f"step {step}"
+        tok = mx.argmax(want[:, -1:], axis=-1).astype(mx.int32)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="MLX's CUDA backend is not available")
 def test_compiled_steps_with_the_cuda_kernels_equal_the_runners(fitted_pairs):
@@ -146,17 +162,8 @@ def test_compiled_steps_with_the_cuda_kernels_equal_the_runners(fitted_pairs):
     lm, target, _ = load_fitted(*fitted_pairs["qwen35"])
     lm.model.set_dtype(mx.bfloat16)
     prompt = lm.tokenizer.encode(" ".join(FIT_TEXTS * 4))[:60]
-    _, whole_cache = _prefilled(target, prompt)
-    _, runner_cache = _prefilled(target, prompt)
-    whole = CompiledDecode(target, mm=True, rows=True)
-    fast = layers.fast_layer_fn(mm=True, rows=True)
-    tok = mx.array([[prompt[-1]]], dtype=mx.int32)
-    for step in range(8):
-        got = whole(tok, whole_cache)
-        want, _ = target.forward(tok, runner_cache, layer_fn=fast, mm=True)
-        # (heads of 16: MLX's attention, so close; the demo target's test below asks the bits)
-        assert mx.allclose(got, want, rtol=2e-2, atol=2e-2).item(), f"step {step}"
-        tok = mx.argmax(want[:, -1:], axis=-1).astype(mx.int32)
+    # (heads of 16: MLX's attention, so close; the demo target's test below asks the bits)
+    _side_by_side(target, prompt, 8, lambda got, want: mx.allclose(got, want, rtol=2e-2, atol=2e-2))
 
 
 @pytest.mark.cuda
@@ -170,13 +177,4 @@ def test_compiled_steps_of_the_demo_target_have_the_layer_paths_bits():
     target = load_pair(None).target
     assert CompiledDecode.exact(target, rows=True)
     prompt = [int(t) for t in mx.random.randint(0, 1000, (250,), key=mx.random.key(3)).tolist()]
-    _, whole_cache = _prefilled(target, prompt)
-    _, runner_cache = _prefilled(target, prompt)
-    whole = CompiledDecode(target, mm=True, rows=True)
-    fast = layers.fast_layer_fn(mm=True, rows=True)
-    tok = mx.array([[prompt[-1]]], dtype=mx.int32)
-    for step in range(24):
-        got = whole(tok, whole_cache)
-        want, _ = target.forward(tok, runner_cache, layer_fn=fast, mm=True)
-        assert mx.array_equal(got, want).item(), f"step {step}"
-        tok = mx.argmax(want[:, -1:], axis=-1).astype(mx.int32)
+    _side_by_side(target, prompt, 24, mx.array_equal)
