@@ -30,16 +30,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from host_profile import _once, slots_events  # noqa: E402
+from host_profile import _once, loop_events  # noqa: E402
 from slots_synthetic import add_pair_arguments, pair_and_prompts  # noqa: E402
 
-from hf2q.runtime.dflash import (  # noqa: E402
-    RoundDone,
-    StepDone,
-    dflash_generate,
-    plain_generate,
-)
-from hf2q.runtime.slots import SlotFinished, SlotRound, run_slots  # noqa: E402
+from hf2q.runtime.dflash import RoundDone, StepDone  # noqa: E402
+from hf2q.runtime.slots import SlotFinished, SlotRound  # noqa: E402
 
 LOOPS = ("slots-dflash", "slots-plain", "dflash", "plain")
 
@@ -149,28 +144,20 @@ def traced(
     loop: str, pair, prompts, slots: int, tokens: int, lookup: bool, cpu: bool = False
 ) -> tuple[dict, int, float]:
     """Run ``loop`` once, tracing the device (torch's profiler, device activity only) from its
-    second round event to its first finished slot: the steady state, without the prefills and
-    the first round. Return (Chrome trace, rounds traced, wall seconds)."""
+    second round (or step) event to its first finished slot (one sequence: its last step): the
+    steady state, without the prefills and the first round. Return (Chrome trace, rounds traced,
+    wall seconds)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU if cpu else ProfilerActivity.CUDA])
     rounds, tic, on = 0, 0.0, False
-    if loop == "dflash":  # one sequence: its rounds, traced from the third to the last
-        events = dflash_generate(
-            pair.target, pair.drafter, prompts[0], max_tokens=tokens, lookup=lookup
-        )
-    elif loop == "plain":  # one sequence: its steps (plain_generate, the loop `plain_ab.py` times)
-        events = plain_generate(pair.target, prompts[0], max_tokens=tokens)
-    else:
-        events = slots_events(loop, pair, prompts, slots, tokens, lookup)
-    seen = 0
+    events = loop_events(loop, pair, prompts, slots, tokens, lookup)
     for ev in events:
         if isinstance(ev, (SlotRound, RoundDone, StepDone)):
-            seen += 1
             if on:
                 rounds += 1
-            elif seen >= 3:
+            elif ev.index >= 2:
                 prof.start()
                 on, tic = True, time.perf_counter()
             if on and getattr(ev, "finish_reason", None) is not None:
@@ -268,10 +255,7 @@ def main() -> None:
         torch.cuda.init()
     (n,), (loop,) = counts, loops  # one trace in this process
     pair, _, prompts = pair_and_prompts(args, n)
-    if loop in ("dflash", "plain"):  # warm-up
-        _once(loop, pair, prompts[:1], 0, args.tokens, args.lookup)
-    else:
-        run_slots(slots_events(loop, pair, prompts[:n], n, args.tokens, args.lookup))
+    _once(loop, pair, prompts[:n], n, args.tokens, args.lookup)  # warm-up
     trace, steps, wall = traced(
         loop, pair, prompts[:n], n, args.tokens, args.lookup, args.cpu_check
     )

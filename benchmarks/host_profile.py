@@ -38,13 +38,20 @@ LOOPS = ("dflash", "plain", "slots-dflash", "slots-plain")
 
 
 def _once(loop: str, pair, prompts: list[list[int]], slots: int, tokens: int, lookup: bool):
+    events = loop_events(loop, pair, prompts, slots, tokens, lookup)
+    return run(events) if loop in ("dflash", "plain") else run_slots(events)
+
+
+def loop_events(loop: str, pair, prompts: list[list[int]], slots: int, tokens: int, lookup: bool):
+    """The event generator of ``loop``: one sequence (``dflash``, ``plain``: the first prompt) or
+    a batched loop (:func:`slots_events`)."""
     if loop == "dflash":
-        return run(
-            dflash_generate(pair.target, pair.drafter, prompts[0], max_tokens=tokens, lookup=lookup)
+        return dflash_generate(
+            pair.target, pair.drafter, prompts[0], max_tokens=tokens, lookup=lookup
         )
     if loop == "plain":
-        return run(plain_generate(pair.target, prompts[0], max_tokens=tokens))
-    return run_slots(slots_events(loop, pair, prompts, slots, tokens, lookup))
+        return plain_generate(pair.target, prompts[0], max_tokens=tokens)
+    return slots_events(loop, pair, prompts, slots, tokens, lookup)
 
 
 def slots_events(loop: str, pair, prompts: list[list[int]], slots: int, tokens: int, lookup: bool):
