@@ -65,17 +65,32 @@ template <> struct Hf2qAttnT<__half> {
   static __device__ __forceinline__ float f(__half x) { return __half2float(x); }
   static __device__ __forceinline__ __half to(float x) { return __float2half(x); }
 };
+// N consecutive elements as raw words (one 16-, 8- or 4-byte load where N is 8, 4 or 2: rows
+// start 16-byte aligned and a lane's N elements at a multiple of N), loaded before their use so
+// that a key group's loads are in flight together; hf2q_attn_raw_f converts them to float.
+constexpr int hf2q_attn_align(int bytes) {
+  return (bytes & -bytes) < 16 ? (bytes & -bytes) : 16;  // lowest set bit, at most 16
+}
+template <typename T, int N> struct alignas(hf2q_attn_align(N * sizeof(T))) Hf2qAttnRaw {
+  T e[N];
+};
 template <typename T, int N>
-__device__ __forceinline__ void hf2q_attn_load(const T* p, float* out) {
+__device__ __forceinline__ void hf2q_attn_raw_load(const T* p, Hf2qAttnRaw<T, N>& r) {
   if constexpr (N == 8) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int u = 0; u < 8; ++u) out[u] = Hf2qAttnT<T>::f(e[u]);
+    *reinterpret_cast<uint4*>(r.e) = *reinterpret_cast<const uint4*>(p);
+  } else if constexpr (N == 4) {
+    *reinterpret_cast<uint2*>(r.e) = *reinterpret_cast<const uint2*>(p);
+  } else if constexpr (N == 2) {
+    *reinterpret_cast<unsigned*>(r.e) = *reinterpret_cast<const unsigned*>(p);
   } else {
 #pragma unroll
-    for (int u = 0; u < N; ++u) out[u] = Hf2qAttnT<T>::f(p[u]);
+    for (int u = 0; u < N; ++u) r.e[u] = p[u];
   }
+}
+template <typename T, int N>
+__device__ __forceinline__ void hf2q_attn_raw_f(const Hf2qAttnRaw<T, N>& r, float* out) {
+#pragma unroll
+  for (int u = 0; u < N; ++u) out[u] = Hf2qAttnT<T>::f(r.e[u]);
 }
 """
 
@@ -113,17 +128,26 @@ __device__ __forceinline__ void hf2q_attn_warps(const T* qrow, size_t q_head_str
     for (int gi = first; gi <= g1; gi += WARPS) {
       const int j0 = gi * KG;
       float s[KG][G];
-      // Scores: lane holds E elements of each key row (coalesced loads), a butterfly sums them.
+      // The group's key and value rows first, every load issued before any is used (the values
+      // do not depend on the scores): one memory latency a group instead of one a value row.
+      // Lane holds E elements of each row (coalesced loads); keys outside [lo, hi) read as 0.
+      Hf2qAttnRaw<T, E> kr[KG], vr[KG];
+#pragma unroll
+      for (int kk = 0; kk < KG; ++kk) {
+        const int j = j0 + kk;
+        if (j >= lo && j < hi) {
+          hf2q_attn_raw_load<T, E>(kb + (size_t)j * D, kr[kk]);
+          hf2q_attn_raw_load<T, E>(vb + (size_t)j * D, vr[kk]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < E; ++e) kr[kk].e[e] = Hf2qAttnT<T>::to(0.0f);
+        }
+      }
+      // Scores: a butterfly sums each key's lane products.
 #pragma unroll
       for (int kk = 0; kk < KG; ++kk) {
         float kf[E];
-        const int j = j0 + kk;
-        if (j >= lo && j < hi) {
-          hf2q_attn_load<T, E>(kb + (size_t)j * D, kf);
-        } else {
-#pragma unroll
-          for (int e = 0; e < E; ++e) kf[e] = 0.0f;
-        }
+        hf2q_attn_raw_f<T, E>(kr[kk], kf);
 #pragma unroll
         for (int g = 0; g < G; ++g) {
           float part = 0.0f;
@@ -165,7 +189,7 @@ __device__ __forceinline__ void hf2q_attn_warps(const T* qrow, size_t q_head_str
         const int j = j0 + kk;
         if (j < lo || j >= hi) continue;
         float vf[E];
-        hf2q_attn_load<T, E>(vb + (size_t)j * D, vf);
+        hf2q_attn_raw_f<T, E>(vr[kk], vf);
 #pragma unroll
         for (int g = 0; g < G; ++g)
 #pragma unroll
@@ -294,21 +318,43 @@ _SOURCE_MERGE = (
     + r"""
   const int c0 = start / CH;
   const int c1 = (limit - 1) / CH;
+  // Chunks taken MU at a time, their loads issued before any is used (one memory latency per
+  // MU chunks); the operations and their order are those of one chunk at a time.
+  constexpr int MU = 4;
   for (int t = threadIdx.x; t < G * D; t += 128) {
     const int g = t / D;
     const int d = t % D;
     float m = -INFINITY;
-    for (int c = c0; c <= c1; ++c) m = fmaxf(m, ml[(((size_t)row * NCH + c) * G + g) * 2]);
+    for (int c = c0; c <= c1; c += MU) {
+      float mv[MU];
+#pragma unroll
+      for (int u = 0; u < MU; ++u)
+        mv[u] = c + u <= c1 ? ml[(((size_t)row * NCH + c + u) * G + g) * 2] : -INFINITY;
+#pragma unroll
+      for (int u = 0; u < MU; ++u) m = fmaxf(m, mv[u]);
+    }
     float a = 0.0f, l = 0.0f;
-    for (int c = c0; c <= c1; ++c) {
-      const size_t base = (size_t)row * NCH + c;
-      const float f = expf(ml[(base * G + g) * 2] - m);
-      if (c == c0) {
-        a = part[base * G * D + t] * f;
-        l = ml[(base * G + g) * 2 + 1] * f;
-      } else {
-        a += part[base * G * D + t] * f;
-        l += ml[(base * G + g) * 2 + 1] * f;
+    for (int c = c0; c <= c1; c += MU) {
+      float pv[MU], mv[MU], lv[MU];
+#pragma unroll
+      for (int u = 0; u < MU; ++u) {
+        if (c + u > c1) continue;
+        const size_t base = (size_t)row * NCH + c + u;
+        pv[u] = part[base * G * D + t];
+        mv[u] = ml[(base * G + g) * 2];
+        lv[u] = ml[(base * G + g) * 2 + 1];
+      }
+#pragma unroll
+      for (int u = 0; u < MU; ++u) {
+        if (c + u > c1) continue;
+        const float f = expf(mv[u] - m);
+        if (c + u == c0) {
+          a = pv[u] * f;
+          l = lv[u] * f;
+        } else {
+          a += pv[u] * f;
+          l += lv[u] * f;
+        }
       }
     }
     o[(((size_t)b * L + i) * NQ + h * G + g) * D + d] = Hf2qAttnT<T>::to(a / l);
