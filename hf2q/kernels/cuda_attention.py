@@ -41,6 +41,7 @@ KV head (:func:`supported` says which).
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -249,60 +250,67 @@ _LIMITS = r"""
 _ROW = (
     _LIMITS
     + r"""
-  const T* qrow = q + (((size_t)b * NQ + h * G) * L + i) * D;
+  const int g0 = hs * HB;  // the block's first query head in the KV head's group
+  const T* qrow = q + (((size_t)b * NQ + h * G + g0) * L + i) * D;
   const T* kb = k + ((size_t)b * NKV + h) * (size_t)C * D;
   const T* vb = v + ((size_t)b * NKV + h) * (size_t)C * D;
-  __shared__ float sm[WARPS][G];
-  __shared__ float sl[WARPS][G];
-  __shared__ float sacc[WARPS][G][D];
+  __shared__ float sm[WARPS][HB];
+  __shared__ float sl[WARPS][HB];
+  __shared__ float sacc[WARPS][HB][D];
 """
 )
 
-# Template arguments: T (bf16/fp16), G (query heads per KV head), D (head size, a multiple of 32),
-# WARPS, CAUSAL (1: row i sees keys up to its own position; 0: every row sees the whole block, as
+# Template arguments: T (bf16/fp16), G (query heads per KV head), HB (query heads a block
+# computes: a divisor of G; each head's work is the same whatever HB, so HB changes no bit, only
+# how many blocks share the work and how many registers each thread holds), D (head size, a
+# multiple of 32), WARPS, CAUSAL (1: row i sees keys up to its own position; 0: every row sees the whole block, as
 # a DFlash draft block does), WINDOW (0: no sliding window; else keys within WINDOW of the row's
 # position); CH (keys per chunk) for the chunked pair. Inputs q
 # (B, NQ, L, D), k/v (B, NKV, C, D) cache buffers, off (B,) or (1,) int32 position of each batch
 # row's first query row, scale (1,) float32.
 
-# Whole rows in one block (every row's keys fit one chunk): output o (B, L, NQ, D).
+# Whole rows in one block (every row's keys fit one chunk), HB heads of a row a block: output o
+# (B, L, NQ, D).
 _SOURCE = (
-    "  const int row = blockIdx.x;\n"
+    "  const int row = blockIdx.x / (G / HB);\n"
+    "  const int hs = blockIdx.x % (G / HB);\n"
     + _ROW
     + r"""
-  hf2q_attn_warps<T, G, D, WARPS>(qrow, (size_t)L * D, kb, vb, start, limit, scale[0], sm, sl, sacc);
-  for (int t = threadIdx.x; t < G * D; t += WARPS * 32) {
+  hf2q_attn_warps<T, HB, D, WARPS>(qrow, (size_t)L * D, kb, vb, start, limit, scale[0], sm, sl, sacc);
+  for (int t = threadIdx.x; t < HB * D; t += WARPS * 32) {
     const int g = t / D;
     const int d = t % D;
     float m, l, a;
-    hf2q_attn_merge_warps<G, D, WARPS>(sm, sl, sacc, g, d, m, l, a);
-    o[(((size_t)b * L + i) * NQ + h * G + g) * D + d] = Hf2qAttnT<T>::to(a / l);
+    hf2q_attn_merge_warps<HB, D, WARPS>(sm, sl, sacc, g, d, m, l, a);
+    o[(((size_t)b * L + i) * NQ + h * G + g0 + g) * D + d] = Hf2qAttnT<T>::to(a / l);
   }
 """
 )
 
-# One block per (row, chunk c of CH keys at positions c*CH ..): the chunk's state, float32, in
-# part (B*L*NKV, NCH, G, D) and ml (B*L*NKV, NCH, G, 2); chunks past the row's keys write nothing.
+# One block per (row, chunk c of CH keys at positions c*CH .., HB heads): the chunk's state,
+# float32, in part (B*L*NKV, NCH, G, D) and ml (B*L*NKV, NCH, G, 2); chunks past the row's keys
+# write nothing.
 _SOURCE_PART = (
     "  const int NCH = (k_shape[2] + CH - 1) / CH;\n"
-    "  const int row = blockIdx.x / NCH;\n"
-    "  const int c = blockIdx.x % NCH;\n"
+    "  const int row = blockIdx.x / (NCH * (G / HB));\n"
+    "  const int c = (blockIdx.x / (G / HB)) % NCH;\n"
+    "  const int hs = blockIdx.x % (G / HB);\n"
     + _ROW
     + r"""
   const int lo = max(start, c * CH);
   const int hi = min(limit, (c + 1) * CH);
   if (lo >= hi) return;
-  hf2q_attn_warps<T, G, D, WARPS>(qrow, (size_t)L * D, kb, vb, lo, hi, scale[0], sm, sl, sacc);
+  hf2q_attn_warps<T, HB, D, WARPS>(qrow, (size_t)L * D, kb, vb, lo, hi, scale[0], sm, sl, sacc);
   const size_t base = (size_t)row * NCH + c;
-  for (int t = threadIdx.x; t < G * D; t += WARPS * 32) {
+  for (int t = threadIdx.x; t < HB * D; t += WARPS * 32) {
     const int g = t / D;
     const int d = t % D;
     float m, l, a;
-    hf2q_attn_merge_warps<G, D, WARPS>(sm, sl, sacc, g, d, m, l, a);
-    part[base * G * D + t] = a;
+    hf2q_attn_merge_warps<HB, D, WARPS>(sm, sl, sacc, g, d, m, l, a);
+    part[(base * G + g0) * D + t] = a;
     if (d == 0) {
-      ml[(base * G + g) * 2] = m;
-      ml[(base * G + g) * 2 + 1] = l;
+      ml[(base * G + g0 + g) * 2] = m;
+      ml[(base * G + g0 + g) * 2 + 1] = l;
     }
   }
 """
@@ -321,7 +329,7 @@ _SOURCE_MERGE = (
   // Chunks taken MU at a time, their loads issued before any is used (one memory latency per
   // MU chunks); the operations and their order are those of one chunk at a time.
   constexpr int MU = 4;
-  for (int t = threadIdx.x; t < G * D; t += 128) {
+  for (int t = threadIdx.x; t < G * D; t += blockDim.x) {
     const int g = t / D;
     const int d = t % D;
     float m = -INFINITY;
@@ -425,6 +433,29 @@ def warps(group: int, head_dim: int) -> int:
     return WARPS if WARPS * group * head_dim * 4 <= 32 * 1024 else WARPS // 2
 
 
+#: HF2Q_ATTN_HEADS=N: query heads one thread block computes (a divisor of the group; the
+#: largest divisor at most N), for tuning on a GPU. No bit depends on it.
+HEADS_ENV = "HF2Q_ATTN_HEADS"
+
+
+def heads_per_block(group: int, head_dim: int, rows: int) -> int:
+    """Query heads of the KV head's group one thread block computes (a divisor of ``group``).
+    Every head's work and its order are the same whatever this is, so it changes no bit: it
+    trades blocks (each reads the group's keys and values again, from L2 after the first) for
+    registers a thread holds (each head's query, output and scores)."""
+    raw = os.environ.get(HEADS_ENV, "").strip()
+    want = 1
+    if raw:
+        try:
+            want = int(raw)
+        except ValueError:
+            raise ValueError(f"{HEADS_ENV}={raw!r}: a number of query heads, e.g. 2") from None
+    want = max(1, min(want, group))
+    while group % want:
+        want -= 1
+    return want
+
+
 @cache
 def _scale(value: float) -> mx.array:
     # One constant per scale: a new array per call would be one more transfer per layer.
@@ -493,9 +524,11 @@ def _launch(
     nkv, C = keys.shape[1], keys.shape[2]
     G = nq // nkv
     nw = warps(G, D)
+    hb = heads_per_block(G, D, L)
     template = [
         ("T", q.dtype),
         ("G", G),
+        ("HB", hb),
         ("D", D),
         ("WARPS", nw),
         ("CAUSAL", bool(causal)),
@@ -507,7 +540,7 @@ def _launch(
         (o,) = _kernel()(
             inputs=inputs,
             template=template,
-            grid=(rows * 32 * nw, 1, 1),
+            grid=(rows * (G // hb) * 32 * nw, 1, 1),
             threadgroup=(32 * nw, 1, 1),
             output_shapes=[(B, L, nq, D)],
             output_dtypes=[q.dtype],
@@ -517,16 +550,17 @@ def _launch(
     part, ml = _kernel("part")(
         inputs=inputs,
         template=[*template, ("CH", CHUNK)],
-        grid=(rows * nch * 32 * nw, 1, 1),
+        grid=(rows * nch * (G // hb) * 32 * nw, 1, 1),
         threadgroup=(32 * nw, 1, 1),
         output_shapes=[(rows, nch, G, D), (rows, nch, G, 2)],
         output_dtypes=[mx.float32, mx.float32],
     )
+    threads = min(G * D, 1024)  # one thread an output element, up to a block's most
     (o,) = _kernel("merge")(
         inputs=[q, keys, offset, part, ml],
         template=[*template, ("CH", CHUNK)],
-        grid=(rows * 128, 1, 1),
-        threadgroup=(128, 1, 1),  # the merge source steps by 128 threads
+        grid=(rows * threads, 1, 1),
+        threadgroup=(threads, 1, 1),
         output_shapes=[(B, L, nq, D)],
         output_dtypes=[q.dtype],
     )
