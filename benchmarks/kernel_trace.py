@@ -10,7 +10,7 @@ can be told apart by name.
 
 - Products (``--products KxN,..``, ``--rows``): ``x @ w.T + add`` (the residual add in the launch,
   as the down and output projections run) for every (column blocks, unrolling) of
-  :func:`hf2q.kernels.cuda_matmul.launch_shape`'s warps and, where it applies, the column split:
+  the default launch's warps and, where it applies, the column split:
   the default launch marked. Weights rotate over ``--weights`` copies so that each launch reads
   its weight from memory rather than L2.
 - Attention (``--attention``): the row-invariant kernel at the 4B target's shapes (1 and 16 rows
@@ -43,7 +43,7 @@ from hf2q.kernels import cuda_attention, cuda_matmul  # noqa: E402
 def product_variants(rows: int, K: int, N: int) -> list[tuple[int, ...]]:
     """The launches of ``x @ w.T`` that keep the default's bits: its warps, any column blocks
     and unrolling that divide N, and the column split with 8 warps; the default first."""
-    mt, nb, warps, unroll = cuda_matmul.launch_shape(rows, K, N)
+    mt, nb, warps, unroll, _ = cuda_matmul._layout(rows, K, N, None, False)
     out = [(nb, warps, unroll)]
     for b in (1, 2, 4, 8):
         for u in (1, 2, 4):

@@ -519,11 +519,24 @@ def shared_bytes(mt: int, nb: int, warps: int, cw: int = 1) -> int:
     return warps * mt * nb * 4 * 32 * 4
 
 
+#: (column blocks, unrolling) of a single weight's product at one m-tile where four column
+#: blocks would give fewer than 264 thread blocks (N < 8448: the 2560-wide outputs of the 4B
+#: shapes, the down and output projections). On the H200 (session 39, ``kernel_trace.py``:
+#: device time from a kernel trace, us a product with its residual add, 9216 x 2560 / 4096 x
+#: 2560) 16.2 / 8.5 at one row and 17.1 / 9.0 at 16 rows against 19.3 / 9.6 and 20.5 / 10.2 for
+#: :func:`launch_shape`'s two column blocks unrolled once: its 160 blocks of eight warps kept too
+#: few loads in flight (about 2.4 TB/s). Same bits (column blocks and unrolling do not change a
+#: row's sums). Grouped and dequantizing launches keep :func:`launch_shape`'s (not measured).
+ONE_TILE_NARROW = (1, 2)
+
+
 def _layout(
     rows: int, K: int, N: int, tune: tuple[int, ...] | None, columns: bool
 ) -> tuple[int, int, int, int, int]:
     """(m-tiles, column blocks, warps, unrolling, column-split warps or 1) of a launch."""
     mt, nb, warps, unroll = launch_shape(rows, K, N)
+    if mt == 1 and N % 32 == 0 and N < 32 * 264:
+        nb, unroll = ONE_TILE_NARROW
     cw = 1
     if tune is not None:
         if len(tune) not in (3, 4):
