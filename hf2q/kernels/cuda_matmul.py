@@ -528,6 +528,8 @@ def shared_bytes(mt: int, nb: int, warps: int, cw: int = 1) -> int:
 #: few loads in flight (about 2.4 TB/s). Same bits (column blocks and unrolling do not change a
 #: row's sums). Grouped and dequantizing launches keep :func:`launch_shape`'s (not measured).
 ONE_TILE_NARROW = (1, 2)
+#: HF2Q_MM_NARROW=0: :func:`launch_shape`'s launch there instead, for A/B runs (same bits).
+NARROW_ENV = "HF2Q_MM_NARROW"
 
 
 def _layout(
@@ -535,7 +537,7 @@ def _layout(
 ) -> tuple[int, int, int, int, int]:
     """(m-tiles, column blocks, warps, unrolling, column-split warps or 1) of a launch."""
     mt, nb, warps, unroll = launch_shape(rows, K, N)
-    if mt == 1 and N % 32 == 0 and N < 32 * 264:
+    if mt == 1 and N % 32 == 0 and N < 32 * 264 and os.environ.get(NARROW_ENV, "1") != "0":
         nb, unroll = ONE_TILE_NARROW
     cw = 1
     if tune is not None:

@@ -292,10 +292,12 @@ def draft_mm_enabled(rows: int, largest: int, head: bool = False) -> bool:
 
 def mm_key() -> tuple[bool, int, bool, bool | str]:
     """The settings a compiled runner's products depend on, for the caches of traced functions:
-    (:func:`grouped_mm_enabled`, :func:`small_mm_rows`, :func:`mm_columns_enabled`,
-    :func:`small_qmm_enabled`, or with it ``HF2Q_QMM_LAUNCH`` where set)."""
+    (:func:`grouped_mm_enabled`, :func:`small_mm_rows`, :func:`mm_columns_enabled` or with it
+    ``HF2Q_MM_NARROW`` where set, :func:`small_qmm_enabled` or with it ``HF2Q_QMM_LAUNCH`` where
+    set)."""
     qmm = small_qmm_enabled() and (os.environ.get(cuda_matmul.QMM_LAUNCH_ENV, "") or True)
-    return grouped_mm_enabled(), small_mm_rows(), mm_columns_enabled(), qmm
+    columns = mm_columns_enabled() and (os.environ.get(cuda_matmul.NARROW_ENV, "") or True)
+    return grouped_mm_enabled(), small_mm_rows(), columns, qmm
 
 
 def row_attention_enabled() -> bool:
