@@ -78,6 +78,26 @@ def test_emulated_kernel_every_launch_shape(emulated, tune):
     _assert_rounded_product(cm.small_matmul_cuda(x, w, tune=tune), x, w)
 
 
+def test_emulated_narrow_one_tile_launch_is_opt_in_and_keeps_the_bits(emulated, monkeypatch):
+    # HF2Q_MM_NARROW=1: one column block unrolled twice for one m-tile of a narrow output, the
+    # same bits as the default launch (two blocks, unrolled once); the traced runners' caches
+    # key on the setting.
+    x, w = _inputs(3, 512, 64, mx.bfloat16, seed=4)
+    monkeypatch.delenv(cm.NARROW_ENV, raising=False)
+    assert cm._layout(3, 512, 64, None, False)[1:4] == (2, 4, 1)
+    key, y = select.mm_key(), cm.small_matmul_cuda(x, w)
+    monkeypatch.setenv(cm.NARROW_ENV, "1")
+    assert cm._layout(3, 512, 64, None, False)[1:4] == (
+        cm.ONE_TILE_NARROW[0],
+        4,
+        cm.ONE_TILE_NARROW[1],
+    )
+    assert mx.array_equal(cm.small_matmul_cuda(x, w), y)
+    assert cm._layout(20, 512, 64, None, False)[1:4] == cm.launch_shape(20, 512, 64)[1:]
+    if select.mm_columns_enabled():
+        assert select.mm_key() != key
+
+
 def test_emulated_kernel_many_rows_launch_keeps_each_rows_bits(emulated):
     # 2 m-tiles take eight column blocks, unrolled (two where N is not a multiple of 64), 3
     # m-tiles eight blocks (four, unrolled, where N is not a multiple of 64), 4

@@ -521,14 +521,17 @@ def shared_bytes(mt: int, nb: int, warps: int, cw: int = 1) -> int:
 
 #: (column blocks, unrolling) of a single weight's product at one m-tile where four column
 #: blocks would give fewer than 264 thread blocks (N < 8448: the 2560-wide outputs of the 4B
-#: shapes, the down and output projections). On the H200 (session 39, ``kernel_trace.py``:
-#: device time from a kernel trace, us a product with its residual add, 9216 x 2560 / 4096 x
-#: 2560) 16.2 / 8.5 at one row and 17.1 / 9.0 at 16 rows against 19.3 / 9.6 and 20.5 / 10.2 for
-#: :func:`launch_shape`'s two column blocks unrolled once: its 160 blocks of eight warps kept too
-#: few loads in flight (about 2.4 TB/s). Same bits (column blocks and unrolling do not change a
-#: row's sums). Grouped and dequantizing launches keep :func:`launch_shape`'s (not measured).
+#: shapes, the down and output projections), with ``HF2Q_MM_NARROW=1``. Off by default: on the
+#: H200 (session 39, ``kernel_trace.py``: device time from a kernel trace, each launch by itself,
+#: us a product with its residual add, 9216 x 2560 / 4096 x 2560) it took 16.2 / 8.5 at one row
+#: and 17.1 / 9.0 at 16 rows against 19.3 / 9.6 and 20.5 / 10.2 for :func:`launch_shape`'s two
+#: column blocks unrolled once, but the one decoding run with it on by default (run 4, another
+#: machine) was slower exactly where it applies (one-row plain steps +1.0-1.3 ms, one-slot rounds
+#: +3 ms) and not where it does not (4- and 8-slot rounds): unsettled until a same-process A/B
+#: (``plain_ab.py --env HF2Q_MM_NARROW --values 0,1``). Same bits either way (column blocks and
+#: unrolling do not change a row's sums). Grouped and dequantizing launches never take it.
 ONE_TILE_NARROW = (1, 2)
-#: HF2Q_MM_NARROW=0: :func:`launch_shape`'s launch there instead, for A/B runs (same bits).
+#: HF2Q_MM_NARROW=1: :data:`ONE_TILE_NARROW`'s launch there, for A/B runs.
 NARROW_ENV = "HF2Q_MM_NARROW"
 
 
@@ -537,7 +540,7 @@ def _layout(
 ) -> tuple[int, int, int, int, int]:
     """(m-tiles, column blocks, warps, unrolling, column-split warps or 1) of a launch."""
     mt, nb, warps, unroll = launch_shape(rows, K, N)
-    if mt == 1 and N % 32 == 0 and N < 32 * 264 and os.environ.get(NARROW_ENV, "1") != "0":
+    if mt == 1 and N % 32 == 0 and N < 32 * 264 and os.environ.get(NARROW_ENV, "0") == "1":
         nb, unroll = ONE_TILE_NARROW
     cw = 1
     if tune is not None:
