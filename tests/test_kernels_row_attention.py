@@ -134,6 +134,34 @@ def test_one_chunk_rows_get_the_same_bits_from_either_launch(emulated):
     assert mx.array_equal(short, long)
 
 
+def test_heads_a_block_change_no_bit(emulated, monkeypatch):
+    """HF2Q_ATTN_HEADS splits a KV head's query heads over blocks: every head's work and its order
+    stay the same, so a decode row and a verify block's rows keep their bits at every setting."""
+    q, k, v = _inputs(1, 4, 1, 3, 64, ca.CHUNK + 16, mx.bfloat16, seed=5)
+    off = mx.array([ca.CHUNK - 2])
+    got = {}
+    # C None: the whole buffer (keys in two chunks, the part and merge launches); 160: one launch
+    for heads, causal, C in [
+        ("4", True, None),
+        ("1", True, None),
+        ("4", False, 160),
+        ("2", False, 160),
+    ]:
+        monkeypatch.setenv(ca.HEADS_ENV, heads)
+        got[heads, causal] = ca.row_attention_cuda(
+            q, k[:, :, :C], v[:, :, :C], off if C is None else mx.array([150]), 0.125, causal=causal
+        )
+    assert mx.array_equal(got["1", True], got["4", True])
+    assert mx.array_equal(got["2", False], got["4", False])
+    monkeypatch.setenv(ca.HEADS_ENV, "3")
+    assert ca.heads_per_block(4, 64, 1) == 2 and ca.heads_per_block(6, 64, 16) == 3
+    monkeypatch.delenv(ca.HEADS_ENV)
+    assert ca.heads_per_block(4, 256, 1) == 2 and ca.heads_per_block(1, 64, 1) == 1
+    monkeypatch.setenv(ca.HEADS_ENV, "many")
+    with pytest.raises(ValueError, match=ca.HEADS_ENV):
+        ca.heads_per_block(4, 64, 1)
+
+
 def test_warps_depend_on_head_sizes_only():
     assert ca.warps(4, 256) == ca.WARPS  # the 4B's attention
     assert ca.warps(4, 64) == ca.WARPS  # the demo's
