@@ -21,9 +21,10 @@ visible keys follow from the position, and the whole cache buffer is read in pla
 no padding copy).
 
 Layout of the work: one thread block of :func:`warps` warps per (batch row, query row, KV head,
-chunk of :data:`CHUNK` keys at fixed absolute positions) computes that row for the KV head's
-group of query heads (GQA). Keys are cut into groups of 8 at fixed absolute positions; group t
-goes to warp ``t % warps``. Lane l holds elements ``l*D/32 ..`` of every query head, key and
+chunk of :data:`CHUNK` keys at fixed absolute positions, :func:`heads_per_block` of the KV head's
+group of query heads) computes that row for those heads (GQA). Keys are cut into groups of 8 at
+fixed absolute positions; group t goes to warp ``t % warps``, which issues the group's key and
+value loads before using any. Lane l holds elements ``l*D/32 ..`` of every query head, key and
 value row (coalesced loads of whole rows), so a score is a butterfly sum over the warp (every
 lane gets the same bits); each warp keeps a running (max, sum, output) online-softmax state in
 float32, rescaled once per group, and accumulates ``p * v`` key by key. The warps' states are
