@@ -4,7 +4,8 @@
 # blocks at one column block unrolled twice): (1) the GPU tests of the products, the compiled
 # step, greedy fidelity and slot isolation; (2) plain and DFlash decoding at 1024 positions
 # (plain_ab.py); (3) the headline runs of issue 5: the bf16 4B-shaped pair at 1, 4, 8 slots and
-# the demo pair through hf2q bench with a queue.
+# the demo pair through hf2q bench with a queue. (After this run the narrow launch became opt-in:
+# HF2Q_MM_NARROW=1 reproduces run 4's setting.)
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
