@@ -96,6 +96,9 @@ def test_emulated_narrow_one_tile_launch_is_opt_in_and_keeps_the_bits(emulated, 
     assert cm._layout(20, 512, 64, None, False)[1:4] == cm.launch_shape(20, 512, 64)[1:]
     if select.mm_columns_enabled():
         assert select.mm_key() != key
+    monkeypatch.setenv(cm.NARROW_ENV, "yes")
+    with pytest.raises(UsageError, match=f"{cm.NARROW_ENV}='yes' must be 0 or 1"):
+        cm.small_matmul_cuda(x, w)
 
 
 def test_emulated_kernel_many_rows_launch_keeps_each_rows_bits(emulated):

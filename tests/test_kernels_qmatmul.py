@@ -247,7 +247,7 @@ def test_launch_setting_keeps_the_warps_and_fits_the_rows(monkeypatch):
     assert cm._env_launch(64, 9216) == (default[1], 8, default[3])
     for bad, why in [("8x8", "NBxWARPSxUNROLL"), ("4x16x1", "1 to 8 warps")]:
         monkeypatch.setenv(cm.QMM_LAUNCH_ENV, bad)
-        with pytest.raises(ValueError, match=why):
+        with pytest.raises(UsageError, match=why):
             cm._env_launch(1, 9216)
 
 

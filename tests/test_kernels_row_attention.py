@@ -157,9 +157,10 @@ def test_heads_a_block_change_no_bit(emulated, monkeypatch):
     assert ca.heads_per_block(4, 64, 1) == 2 and ca.heads_per_block(6, 64, 16) == 3
     monkeypatch.delenv(ca.HEADS_ENV)
     assert ca.heads_per_block(4, 256, 1) == 2 and ca.heads_per_block(1, 64, 1) == 1
-    monkeypatch.setenv(ca.HEADS_ENV, "many")
-    with pytest.raises(ValueError, match=ca.HEADS_ENV):
-        ca.heads_per_block(4, 64, 1)
+    for bad in ("many", "0"):
+        monkeypatch.setenv(ca.HEADS_ENV, bad)
+        with pytest.raises(UsageError, match=f"{ca.HEADS_ENV}=.* unset it or fix it"):
+            ca.heads_per_block(4, 64, 1)
 
 
 def test_warps_depend_on_head_sizes_only():

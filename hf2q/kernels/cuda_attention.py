@@ -49,6 +49,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from hf2q.errors import UsageError
 from hf2q.kernels import select
 
 #: Warps per thread block where the merge buffer fits (see :func:`warps`).
@@ -450,11 +451,12 @@ def heads_per_block(group: int, head_dim: int, rows: int) -> int:
     raw = os.environ.get(HEADS_ENV, "").strip()
     want = 2
     if raw:
-        try:
-            want = int(raw)
-        except ValueError:
-            raise ValueError(f"{HEADS_ENV}={raw!r}: a number of query heads, e.g. 2") from None
-    want = max(1, min(want, group))
+        want = int(raw) if raw.isdigit() else 0
+        if want < 1:
+            raise UsageError(
+                f"{HEADS_ENV}={raw!r} must be a number of query heads, e.g. 2: unset it or fix it"
+            )
+    want = min(want, group)
     while group % want:
         want -= 1
     return want

@@ -40,6 +40,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from hf2q.errors import UsageError
+
 #: Most rows one launch takes (8 m-tiles of 16: eight slots of a 16-token verify).
 MAX_ROWS = 128
 #: K is consumed in chunks of this many elements (four mma k-steps).
@@ -535,12 +537,20 @@ ONE_TILE_NARROW = (1, 2)
 NARROW_ENV = "HF2Q_MM_NARROW"
 
 
+def narrow_enabled() -> bool:
+    """Whether ``HF2Q_MM_NARROW=1`` asks for :data:`ONE_TILE_NARROW` (unset or 0: no)."""
+    raw = os.environ.get(NARROW_ENV, "").strip() or "0"
+    if raw not in ("0", "1"):
+        raise UsageError(f"{NARROW_ENV}={raw!r} must be 0 or 1: unset it or fix it")
+    return raw == "1"
+
+
 def _layout(
     rows: int, K: int, N: int, tune: tuple[int, ...] | None, columns: bool
 ) -> tuple[int, int, int, int, int]:
     """(m-tiles, column blocks, warps, unrolling, column-split warps or 1) of a launch."""
     mt, nb, warps, unroll = launch_shape(rows, K, N)
-    if mt == 1 and N % 32 == 0 and N < 32 * 264 and os.environ.get(NARROW_ENV, "0") == "1":
+    if mt == 1 and N % 32 == 0 and N < 32 * 264 and narrow_enabled():
         nb, unroll = ONE_TILE_NARROW
     cw = 1
     if tune is not None:
@@ -672,9 +682,11 @@ def _env_launch(rows: int, N: int) -> tuple[int, int, int] | None:
     try:
         nb, warps, unroll = (int(v) for v in raw.lower().split("x"))
     except ValueError:
-        raise ValueError(f"{QMM_LAUNCH_ENV}={raw!r}: NBxWARPSxUNROLL, e.g. 8x8x2") from None
+        raise UsageError(
+            f"{QMM_LAUNCH_ENV}={raw!r} must be NBxWARPSxUNROLL, e.g. 8x8x2: unset it or fix it"
+        ) from None
     if not 1 <= warps <= 8:  # (512 threads with the accumulators of many rows do not launch)
-        raise ValueError(f"{QMM_LAUNCH_ENV}={raw!r}: 1 to 8 warps")
+        raise UsageError(f"{QMM_LAUNCH_ENV}={raw!r} must ask for 1 to 8 warps: unset it or fix it")
     mt = -(-rows // 16)
     if mt > 2:  # many rows: the default launch's blocks (they depend on rows and N only)
         _, nb, _, unroll = launch_shape(rows, K_CHUNK, N)
