@@ -154,13 +154,13 @@ def test_heads_a_block_change_no_bit(emulated, monkeypatch):
     assert mx.array_equal(got["1", True], got["4", True])
     assert mx.array_equal(got["2", False], got["4", False])
     monkeypatch.setenv(ca.HEADS_ENV, "3")
-    assert ca.heads_per_block(4, 64, 1) == 2 and ca.heads_per_block(6, 64, 16) == 3
+    assert ca.heads_per_block(4) == 2 and ca.heads_per_block(6) == 3
     monkeypatch.delenv(ca.HEADS_ENV)
-    assert ca.heads_per_block(4, 256, 1) == 2 and ca.heads_per_block(1, 64, 1) == 1
+    assert ca.heads_per_block(4) == 2 and ca.heads_per_block(1) == 1
     for bad in ("many", "0"):
         monkeypatch.setenv(ca.HEADS_ENV, bad)
         with pytest.raises(UsageError, match=f"{ca.HEADS_ENV}=.* unset it or fix it"):
-            ca.heads_per_block(4, 64, 1)
+            ca.heads_per_block(4)
 
 
 def test_warps_depend_on_head_sizes_only():

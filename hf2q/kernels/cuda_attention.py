@@ -265,10 +265,10 @@ _ROW = (
 # Template arguments: T (bf16/fp16), G (query heads per KV head), HB (query heads a block
 # computes: a divisor of G; each head's work is the same whatever HB, so HB changes no bit, only
 # how many blocks share the work and how many registers each thread holds), D (head size, a
-# multiple of 32), WARPS, CAUSAL (1: row i sees keys up to its own position; 0: every row sees the whole block, as
-# a DFlash draft block does), WINDOW (0: no sliding window; else keys within WINDOW of the row's
-# position); CH (keys per chunk) for the chunked pair. Inputs q
-# (B, NQ, L, D), k/v (B, NKV, C, D) cache buffers, off (B,) or (1,) int32 position of each batch
+# multiple of 32), WARPS, CAUSAL (1: row i sees keys up to its own position; 0: every row sees
+# the whole block, as a DFlash draft block does), WINDOW (0: no sliding window; else keys within
+# WINDOW of the row's position); CH (keys per chunk) for the chunked pair. Inputs q (B, NQ, L, D),
+# k/v (B, NKV, C, D) cache buffers, off (B,) or (1,) int32 position of each batch
 # row's first query row, scale (1,) float32.
 
 # Whole rows in one block (every row's keys fit one chunk), HB heads of a row a block: output o
@@ -440,7 +440,7 @@ def warps(group: int, head_dim: int) -> int:
 HEADS_ENV = "HF2Q_ATTN_HEADS"
 
 
-def heads_per_block(group: int, head_dim: int, rows: int) -> int:
+def heads_per_block(group: int) -> int:
     """Query heads of the KV head's group one thread block computes (a divisor of ``group``).
     Every head's work and its order are the same whatever this is, so it changes no bit: it
     trades blocks (each reads the group's keys and values again, from L2 after the first) for
@@ -530,7 +530,7 @@ def _launch(
     nkv, C = keys.shape[1], keys.shape[2]
     G = nq // nkv
     nw = warps(G, D)
-    hb = heads_per_block(G, D, L)
+    hb = heads_per_block(G)
     template = [
         ("T", q.dtype),
         ("G", G),
