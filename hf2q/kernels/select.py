@@ -290,13 +290,15 @@ def draft_mm_enabled(rows: int, largest: int, head: bool = False) -> bool:
     )
 
 
-def mm_key() -> tuple[bool, int, bool, bool | str]:
+def mm_key() -> tuple[bool, int, bool | tuple, bool | str]:
     """The settings a compiled runner's products depend on, for the caches of traced functions:
-    (:func:`grouped_mm_enabled`, :func:`small_mm_rows`, :func:`mm_columns_enabled` or with it
-    ``HF2Q_MM_NARROW`` where set, :func:`small_qmm_enabled` or with it ``HF2Q_QMM_LAUNCH`` where
-    set)."""
+    (:func:`grouped_mm_enabled`, :func:`small_mm_rows`, the single products' layout:
+    :func:`mm_columns_enabled`, paired with ``"narrow"`` under ``HF2Q_MM_NARROW=1``,
+    :func:`small_qmm_enabled` or with it ``HF2Q_QMM_LAUNCH`` where set)."""
     qmm = small_qmm_enabled() and (os.environ.get(cuda_matmul.QMM_LAUNCH_ENV, "") or True)
-    columns = mm_columns_enabled() and (os.environ.get(cuda_matmul.NARROW_ENV, "") or True)
+    columns: bool | tuple = mm_columns_enabled()
+    if cuda_matmul.narrow_enabled():  # a layout of its own, whether or not columns split
+        columns = (columns, "narrow")
     return grouped_mm_enabled(), small_mm_rows(), columns, qmm
 
 
