@@ -564,7 +564,8 @@ def _launch(
     threads = min(G * D, 1024)  # one thread an output element, up to a block's most
     (o,) = _kernel("merge")(
         inputs=[q, keys, offset, part, ml],
-        template=[*template, ("CH", CHUNK)],
+        # every head of the group, whichever heads a part block took: no HB to compile for
+        template=[*(a for a in template if a[0] != "HB"), ("CH", CHUNK)],
         grid=(rows * threads, 1, 1),
         threadgroup=(threads, 1, 1),
         output_shapes=[(B, L, nq, D)],
