@@ -172,14 +172,18 @@ def traced(
     events.close()
     if rounds == 0:
         raise SystemExit(f"{loop}: fewer than three rounds: raise --tokens")
+    return chrome_trace(prof), rounds, wall
+
+
+def chrome_trace(prof) -> dict:
+    """A stopped torch profiler's Chrome trace, as a dict (through a temporary file)."""
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
         prof.export_chrome_trace(path)
-        trace = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     finally:
         os.unlink(path)
-    return trace, rounds, wall
 
 
 def _each_in_its_own_process(args, counts: list[int], loops: list[str]) -> None:

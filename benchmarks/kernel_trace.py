@@ -27,7 +27,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import mlx.core as mx
@@ -35,7 +34,7 @@ import mlx.core as mx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_timeline import device_events  # noqa: E402
+from gpu_timeline import chrome_trace, device_events  # noqa: E402
 
 from hf2q.kernels import cuda_attention, cuda_matmul  # noqa: E402
 
@@ -137,13 +136,7 @@ def main() -> None:
         mx.synchronize()
     torch.cuda.synchronize()
     prof.stop()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        events = device_events(json.loads(Path(path).read_text()), cats=("kernel",))
-    finally:
-        os.unlink(path)
+    events = device_events(chrome_trace(prof), cats=("kernel",))
     # The jobs ran one after another: the i-th job's kernels are the ones named after hf2q's
     # kernels in order, reps launches (or 2 x reps for the attention's part and merge) a job.
     ours = [e for e in events if "hf2q" in e[2]]
