@@ -65,8 +65,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import hf2q.kernels.layers as layers
 
-    if args.runners:  # in this process only
-        layers.decode_runners_active = lambda: True
+    if args.runners:  # in this process only (verify reads the name it imported)
+        import hf2q.runtime.verify as verify
+
+        layers.decode_runners_active = verify.decode_runners_active = lambda: True
     if args.demo:
         from hf2q.runtime.bench import BUILTIN_PROMPTS
         from hf2q.runtime.pair import encode_prompt, load_pair

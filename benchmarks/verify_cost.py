@@ -394,6 +394,28 @@ class RuntimePath:
         return [c.state for c in cache]
 
 
+class RuntimeWholePath(RuntimePath):
+    """:class:`RuntimePath` as the runtime's rounds run it on CUDA: the verify of a full block
+    as one compiled graph (``hf2q.runtime.verify.whole_verify``, ``HF2Q_COMPILE_VERIFY``), made
+    once per cache and block length (where it does not apply, the layer path, as
+    ``runtime``)."""
+
+    def __init__(self, target: TargetModel) -> None:
+        super().__init__(target)
+        self._whole: dict[tuple, Any] = {}
+
+    def forward(self, tokens: mx.array, cache: Any, capture: list[int]):
+        from hf2q.runtime.verify import whole_verify
+
+        T = tokens.shape[1]
+        if T == 1:
+            return super().forward(tokens, cache, capture)
+        key = (id(cache), T, tuple(capture))
+        if key not in self._whole:
+            self._whole[key] = whole_verify(self.target, cache, T, capture)
+        return self._verify(self.target, tokens, cache, capture=capture, whole=self._whole[key])
+
+
 class StockPath:
     """mlx-lm's own layer calls (what plain mlx-lm runs); no exact rollback exists for it."""
 
@@ -445,6 +467,7 @@ def paths_for(backend: str) -> dict[str, Callable[[TargetModel], Any]]:
         )
     if importlib.util.find_spec("hf2q.runtime.verify") is not None:
         paths["runtime"] = RuntimePath  # the runtime's public verify, where it exists
+        paths["runtime-whole"] = RuntimeWholePath
     return paths
 
 
@@ -452,6 +475,7 @@ def paths_for(backend: str) -> dict[str, Callable[[TargetModel], Any]]:
 QUICK_PATHS = (
     "stock",
     "runtime",
+    "runtime-whole",
     "ops-states",
     "ops-compiled-final+proj",
     "fused-states",

@@ -1,4 +1,4 @@
-"""A whole plain decode step of a Qwen3.5 target as one ``mx.compile`` graph.
+"""A whole plain decode step, and a whole verify forward, of a Qwen3.5 target as one ``mx.compile`` graph.
 
 Why: on an H200 a Qwen3.5-4B-sized decode step is bound by the host, and about 2 ms of its
 5.5 ms is Python building the graph layer by layer (docs/BENCHMARKS.md, "H200, session 15"),
@@ -15,8 +15,13 @@ positions), when the cache's shape, hence the trace, changes; the compiled step 
 and settings, so later generations replay its traces. The caches stay mlx-lm's own objects
 (``ArraysCache`` states, ``KVCache`` buffers and offset), updated after each call.
 
-What it does not do: verify blocks, slots, quantized or rotating KV caches, padding, other
-architectures (:meth:`CompiledDecode.supports` says no, and the caller keeps the layer path).
+:class:`CompiledVerify` does the same for a DFlash verify forward of one sequence: a block of T
+tokens through every layer, each Gated-DeltaNet layer keeping what exact rollback needs (the
+record :func:`hf2q.runtime.verify.verify_forward` keeps through the layer runners), the KV rows
+written at the position and the position after it, the drafter's target features captured.
+
+What they do not do: slots, quantized or rotating KV caches, padding, other architectures
+(``supports`` says no, and the caller keeps the layer path).
 Plain decoding takes it where the runners run (CUDA) and its bits equal the layer path's
 (:meth:`CompiledDecode.exact`: the row-invariant attention kernel); ``HF2Q_COMPILE_FORWARD=0`` turns
 it off, ``=1`` forces it wherever it runs. On an H200 it made the 4B-shaped bf16 step 4.30 against
@@ -25,6 +30,7 @@ it off, ``=1`` forces it wherever it runs. On an H200 it made the 4B-shaped bf16
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -35,7 +41,7 @@ from mlx_lm.models.qwen3_next import Qwen3NextAttention
 
 from hf2q.kernels import cuda_attention, select
 from hf2q.kernels.attention import attention_pieces
-from hf2q.kernels.gdn import gdn_decoder_layer
+from hf2q.kernels.gdn import GdnRecord, gdn_decoder_layer, replay_rows
 from hf2q.kernels.layers import fused_projections, gdn_runnable
 
 
@@ -202,3 +208,188 @@ class CompiledDecode:
                 c.keys, c.values = a, b
                 c.offset += 1
         return res[0]
+
+
+# One traced verify forward per target and settings (as ``_steps``).
+_verifies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _verify_for(
+    target: Any, fuse_proj: bool, mm: bool, rows: bool, record: str, capture: tuple[int, ...]
+) -> tuple[list[tuple], Any]:
+    """``(parts, compiled verify forward)`` of ``target`` for these settings (see
+    :class:`CompiledVerify`)."""
+    per = _verifies.setdefault(target, {})
+    key = (
+        fuse_proj,
+        mm,
+        rows,
+        record,
+        capture,
+        select.mm_key(),
+        select.gdn_window_enabled(),
+        select.kernel_mode(),
+        select.backend(),
+        select.compile_enabled(),
+    )
+    hit = per.get(key)
+    if hit is not None:
+        return hit
+    parts: list[tuple] = []
+    for layer in target.layers:
+        if getattr(layer, "is_linear", False):
+            impl = select.gdn_impl(layer.linear_attn)
+            parts.append(("gdn", layer, impl, fused_projections(layer, fuse_proj)))
+        else:
+            parts.append(("attn", attention_pieces(layer, fuse_proj=fuse_proj, mm=mm)))
+    want = {lid: k for k, lid in enumerate(capture)}
+    ref = weakref.ref(target)
+
+    def forward(tokens: mx.array, offset: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
+        # arrays: two per layer, as the decode step's. Returns the logits, the captured
+        # features (when asked), then per Gated-DeltaNet layer its record (conv window, gate
+        # inputs a and b, states) and conv state after the block, per attention layer its
+        # key and value buffers.
+        t = ref()
+        T = tokens.shape[1]
+        h = t.embed(tokens)
+        at = (offset + mx.arange(T, dtype=mx.int32)).reshape(1, 1, T, 1)  # the rows' positions
+        captured: list[mx.array | None] = [None] * len(capture)
+        out: list[mx.array] = []
+        for i, part in enumerate(parts):
+            a, b = arrays[2 * i], arrays[2 * i + 1]
+            if part[0] == "gdn":
+                _, layer, impl, fused = part
+                h, rec = gdn_decoder_layer(
+                    layer, h, a, b, impl=impl, record=record, fused=fused, mm=mm
+                )
+                out += [rec.conv_input, rec.a, rec.b, rec.rec, mx.contiguous(rec.final_conv_state)]
+            else:
+                pieces = part[1]
+                q, k, v, gate = pieces.pre(h, offset)
+                a = mx.put_along_axis(a, at, k, axis=2)
+                b = mx.put_along_axis(b, at, v, axis=2)
+                if rows and cuda_attention.supported(q, a, b) is None:
+                    o = cuda_attention.row_attention_cuda(q, a, b, offset.reshape(1), pieces.scale)
+                    h = pieces.post_rows(h, o, gate)
+                else:  # the buffer whole, each row's later positions masked out
+                    keys = mx.arange(a.shape[2]).reshape(1, -1)
+                    valid = (keys <= at.reshape(-1, 1)).reshape(1, 1, T, -1)
+                    o = mx.fast.scaled_dot_product_attention(
+                        q, a, b, scale=pieces.scale, mask=valid
+                    )
+                    h = pieces.post(h, o, gate)
+                out += [a, b]
+            if i in want:
+                captured[want[i]] = h
+        feats = [mx.concatenate(captured, axis=-1)] if capture else []
+        return (t.logits(h, mm), *feats, *out)
+
+    hit = per[key] = (parts, mx.compile(forward))
+    return hit
+
+
+class CompiledVerify:
+    """A DFlash verify forward (one sequence, a block of T tokens) of ``target`` as one compiled
+    graph, recording for the rollback what :func:`hf2q.runtime.verify.verify_forward` records
+    through the layer runners.
+
+    Args:
+        target: a :class:`hf2q.runtime.target.TargetModel` of a Qwen3.5 model.
+        fuse_proj, mm, rows: as :class:`CompiledDecode`'s.
+        record: what the Gated-DeltaNet layers keep (``select.gdn_record``): ``"states"`` (the
+            state after every position) or ``"final"`` (the last state; the rollback replays).
+        capture: the layers whose outputs are the drafter's target features.
+        block: the block length its caller runs it for (:func:`hf2q.runtime.verify.whole_verify`).
+    """
+
+    def __init__(
+        self,
+        target: Any,
+        *,
+        fuse_proj: bool = False,
+        mm: bool = False,
+        rows: bool = False,
+        record: str = "states",
+        capture: Sequence[int] = (),
+        block: int = 0,
+    ):
+        self.block = int(block)
+        self._capture = tuple(int(i) for i in capture)
+        self._record = record
+        self._parts, self._fn = _verify_for(target, fuse_proj, mm, rows, record, self._capture)
+
+    @staticmethod
+    def supports(target: Any, cache: Sequence[Any]) -> bool:
+        """Whether every layer and cache is one this forward computes: the decode step's layers,
+        Gated-DeltaNet caches that record for the rollback (``GDNRollbackCache``), attention
+        caches whose buffer index is the position (mlx-lm's ``KVCache``, hf2q's bucketed one)."""
+        from hf2q.runtime.cache import BucketedKVCache, GDNRollbackCache
+
+        for layer, c in zip(target.layers, cache, strict=True):
+            if getattr(layer, "is_linear", False):
+                if not (
+                    isinstance(c, GDNRollbackCache)
+                    and gdn_runnable(layer, c)
+                    and c[0] is not None
+                    and c[1] is not None
+                    and select.gdn_impl(layer.linear_attn) != "mlx"
+                ):
+                    return False
+            elif not (
+                isinstance(getattr(layer, "self_attn", None), Qwen3NextAttention)
+                and type(c) in (KVCache, BucketedKVCache)
+                and c.keys is not None
+            ):
+                return False
+        return True
+
+    exact = staticmethod(CompiledDecode.exact)
+
+    def __call__(self, tokens: mx.array, cache: Any) -> tuple[mx.array, mx.array | None]:
+        """``(logits (1, T, vocab), features (1, T, len(capture) * H) or None)`` of ``tokens``
+        (1, T); ``cache`` (a ``TargetCache`` whose ``begin_verify(T)`` was called) advanced by T
+        positions, each Gated-DeltaNet layer holding its record for ``cache.rollback``."""
+        T = tokens.shape[1]
+        arrays: list[mx.array] = []
+        offset = None
+        for part, c in zip(self._parts, cache, strict=True):
+            if part[0] == "gdn":
+                arrays += [c[0], c[1]]  # the state before the block stays: a replay starts there
+            else:
+                _reserve(c, T)
+                if offset is None:
+                    offset = c.offset
+                elif c.offset != offset:
+                    raise ValueError("attention caches at different positions")
+                arrays += [c.keys, c.values]
+                c.keys = c.values = None  # the graph holds the only reference: written in place
+        # Each Gated-DeltaNet layer's state before the block (a replay's start); not the KV
+        # buffers, whose only reference the graph must hold to write them in place.
+        before = [arrays[2 * j + 1] if p[0] == "gdn" else None for j, p in enumerate(self._parts)]
+        res = self._fn(tokens, mx.array(offset or 0, dtype=mx.int32), *arrays)
+        del arrays
+        logits = res[0]
+        feats = res[1] if self._capture else None
+        i = 2 if self._capture else 1
+        for part, c, state0 in zip(self._parts, cache, before, strict=True):
+            if part[0] == "gdn":
+                conv_input, a, b, rec, conv = res[i : i + 5]
+                i += 5
+                if self._record == "final":
+                    record = GdnRecord(conv_input, a, b, state0, rec, "final")
+                    replay = functools.partial(
+                        replay_rows, part[1].linear_attn, record, impl=part[2]
+                    )
+                    c.set_record(conv_input, rec, replay=replay, steps=T)
+                    c[1] = rec
+                else:
+                    c.set_record(conv_input, rec)
+                    c[1] = rec[:, -1]
+                c[0] = conv
+                c.advance(T)
+            else:
+                c.keys, c.values = res[i], res[i + 1]
+                i += 2
+                c.offset += T
+        return logits, feats

@@ -130,6 +130,11 @@ PREFILL_RUNNERS_ENV = "HF2Q_PREFILL_RUNNERS"
 #: bits equal the layer path's, see :func:`compile_forward_enabled`); 0 turns it off.
 COMPILE_FORWARD_ENV = "HF2Q_COMPILE_FORWARD"
 
+#: HF2Q_COMPILE_VERIFY: a single sequence's DFlash verify runs the target's whole forward over
+#: the block as one compiled graph (:class:`hf2q.kernels.forward.CompiledVerify`), as the plain
+#: step does (same default, same rule: where the bits equal the layer path's); 0 turns it off.
+COMPILE_VERIFY_ENV = "HF2Q_COMPILE_VERIFY"
+
 #: HF2Q_LAGGED_ROUNDS: DFlash without lookup (``hf2q generate --dflash --no-lookup``,
 #: ``hf2q bench --no-lookup``) queues each round before reading the previous round's acceptance
 #: (default on CUDA, off elsewhere; 0 or 1 forces it).
@@ -466,6 +471,24 @@ def compile_forward_forced() -> bool:
     return compile_forward_enabled() and COMPILE_FORWARD_ENV in os.environ
 
 
+def compile_verify_enabled() -> bool:
+    """Whether a single sequence's verify forward may run as one compiled graph
+    (``HF2Q_COMPILE_VERIFY``; default on CUDA, where the layer runners run). Unset, only where
+    its bits equal the layer path's (the row-invariant attention kernel,
+    :meth:`hf2q.kernels.forward.CompiledVerify.exact`); ``1`` forces it wherever it runs
+    (:func:`compile_verify_forced`), ``0`` turns it off. Why: the round of a model the size of
+    Qwen3.5-4B on an H200 waits for the host building the verify's graph layer by layer (about
+    100 us of Python a layer, docs/BENCHMARKS.md session 28); one compiled graph is replayed
+    from C++ instead, as the plain step's (1.91 against 0.85 ms to build, session 38)."""
+    return _flag(COMPILE_VERIFY_ENV, "1" if backend() == "cuda" else "0")
+
+
+def compile_verify_forced() -> bool:
+    """Whether ``HF2Q_COMPILE_VERIFY`` is set on (not just on by default): the verify then runs
+    as one graph even where its attention is MLX's over the whole masked buffer."""
+    return compile_verify_enabled() and COMPILE_VERIFY_ENV in os.environ
+
+
 def flush_layers(lagged: bool = False) -> int:
     """After how many layers a verify forward queues what it has built (0: never):
     ``HF2Q_FLUSH_LAYERS`` when set, else :data:`LAGGED_FLUSH_LAYERS` in a lagged round
@@ -665,6 +688,12 @@ def describe(attn: object | None = None) -> dict[str, str]:
             if compile_forward_forced()
             else "one compiled graph where attention is the row-invariant kernel"
         )
+    if runners and compile_verify_enabled():
+        info["verify_graph"] = (
+            "one compiled graph (one sequence)"
+            if compile_verify_forced()
+            else "one compiled graph (one sequence) where attention is the row-invariant kernel"
+        )
     if lagged_rounds_enabled():
         info["rounds"] = (
             "lagged (with lookup: synchronous while a lookup draft is due)"
@@ -703,6 +732,8 @@ def summary(model: object | None = None) -> str:
     parts.append(f"prefill through {info['prefill']}")
     if "decode_step" in info:
         parts.append(f"decode step {info['decode_step']}")
+    if "verify_graph" in info:
+        parts.append(f"verify {info['verify_graph']}")
     if "rounds" in info:
         parts.append(f"rounds {info['rounds']}")
     if "draft_ahead" in info:

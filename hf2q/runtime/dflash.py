@@ -56,7 +56,7 @@ from hf2q.runtime.sampling import (
     probs,
 )
 from hf2q.runtime.target import TargetModel
-from hf2q.runtime.verify import verify_forward
+from hf2q.runtime.verify import verify_forward, whole_verify
 
 #: Prompt positions processed per target forward during prefill (mlx-lm's default).
 PREFILL_STEP_SIZE = 2048
@@ -199,7 +199,8 @@ def block_and_steps(
 ) -> tuple[tuple[mx.array, mx.array | None], tuple[mx.array, mx.array | None]]:
     """The target over ``tokens`` (1, T) after ``prompt``, the two ways decoding computes them.
 
-    Once as one DFlash verify block (the DFlash cache, :func:`verify_forward`) and once as T
+    Once as one DFlash verify block (the DFlash cache, :func:`verify_forward`, as one compiled
+    graph where DFlash's rounds run it: :func:`~hf2q.runtime.verify.whole_verify`) and once as T
     plain decoding steps (plain decoding's cache and layer function), each after its own
     :func:`prefill`. Returns ``((logits, features) of the block, (logits, features) of the steps
     joined over the T positions)``, as :meth:`TargetModel.forward` returns them. Greedy DFlash
@@ -207,7 +208,8 @@ def block_and_steps(
     """
     cache = make_target_cache(target.model)
     prefill(target, prompt, cache)
-    block = verify_forward(target, tokens, cache, capture=capture)
+    whole = whole_verify(target, cache, tokens.shape[1], capture)
+    block = verify_forward(target, tokens, cache, capture=capture, whole=whole)
     cache = target.make_cache()
     prefill(target, prompt, cache)
     fn = decode_layer_fn()
@@ -386,6 +388,7 @@ def _dflash(
     yield PrefillDone(len(prompt), prefill_time, len(prompt) / prefill_time, token, finish)
 
     chooser = LookupChooser([*prompt, token]) if lookup else None
+    whole = whole_verify(target, tcache, B, ids)  # full blocks as one compiled graph (CUDA)
     unseen: list[mx.array] = []  # verified context rows the drafter has not been given yet
 
     def submit_draft(last: int, ctx: mx.array) -> tuple[mx.array, mx.array | None, int, str]:
@@ -423,7 +426,7 @@ def _dflash(
         draft, q, bs, source = pending
         last = tokens[-1]
         vin = mx.concatenate([mx.array([last], dtype=mx.int32), draft])[None]  # (1, bs)
-        vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
+        vlogits, feats = verify_forward(target, vin, tcache, capture=ids, whole=whole)
         if sampling.greedy:
             a_arr, bonus_arr = accept_greedy(draft, mx.argmax(vlogits[0], axis=-1).astype(mx.int32))
         else:

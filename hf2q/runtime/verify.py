@@ -32,6 +32,7 @@ import mlx.nn as nn
 from mlx_lm.models.gated_delta import compute_g, normalize_qk
 
 from hf2q.kernels import select
+from hf2q.kernels.forward import CompiledVerify
 from hf2q.kernels.gated_delta import gated_delta_steps
 from hf2q.kernels.gdn import LayerRunner, _alive, empty_states, fused_block, replay_rows
 from hf2q.kernels.layers import (
@@ -246,6 +247,34 @@ def use_runners() -> bool:
     return decode_runners_active() and select.compile_enabled()
 
 
+def whole_verify(
+    target: TargetModel, cache: TargetCache, block: int, capture: Sequence[int] = ()
+) -> CompiledVerify | None:
+    """The verify forward of a single sequence's full blocks (``block`` tokens) as one compiled
+    graph (:class:`~hf2q.kernels.forward.CompiledVerify`), for :func:`verify_forward`'s
+    ``whole``; None where the layer path runs instead: where verify does not run the layer
+    runners (:func:`use_runners`), ``HF2Q_COMPILE_VERIFY=0``, layers or caches the graph does not
+    compute (a prefilled ``cache`` is asked), or where its bits would not be the layer path's
+    (MLX's attention; ``HF2Q_COMPILE_VERIFY=1`` forces it there). Decided once a generation, with
+    the settings the layer path reads on each call (:func:`verify_forward`)."""
+    if not (use_runners() and select.compile_verify_enabled()):
+        return None
+    rows = select.row_attention_enabled()
+    if not CompiledVerify.supports(target, cache):
+        return None
+    if not (select.compile_verify_forced() or CompiledVerify.exact(target, rows)):
+        return None
+    return CompiledVerify(
+        target,
+        fuse_proj=select.fuse_proj_enabled(),
+        mm=select.small_mm_enabled(),
+        rows=rows,
+        record=select.gdn_record(block * target.gdn_state_size * 4),
+        capture=capture,
+        block=block,
+    )
+
+
 def verify_forward(
     target: TargetModel,
     tokens: mx.array,
@@ -254,6 +283,7 @@ def verify_forward(
     capture: Sequence[int] = (),
     runners: bool | None = None,
     lagged: bool = False,
+    whole: CompiledVerify | None = None,
 ) -> tuple[mx.array, mx.array | None]:
     """Run the target over ``tokens`` (B, T) so that ``cache.rollback(n_keep)`` can follow.
 
@@ -262,12 +292,17 @@ def verify_forward(
             None: :func:`use_runners`.
         lagged: the forward is a lagged round's (``hf2q.runtime.slots``): its graph is queued
             every ``select.flush_layers(lagged=True)`` layers as it is built.
+        whole: from :func:`whole_verify` (same ``capture``): blocks of its length run as its
+            one compiled graph (shorter ones, a generation's last, keep the layer path rather
+            than trace another graph).
 
     Returns:
         ``(logits, features)`` as :meth:`TargetModel.forward`: logits (B, T, vocab) and the
         captured layer outputs (B, T, len(capture)*H) or None.
     """
     cache.begin_verify(tokens.shape[1])
+    if whole is not None and tokens.shape == (1, whole.block):
+        return whole(tokens, cache)
     mm = select.small_mm_enabled()  # read once a forward, for the layers and the head
     if use_runners() if runners is None else runners:
         record_bytes = tokens.size * target.gdn_state_size * 4  # a layer's float32 step states
