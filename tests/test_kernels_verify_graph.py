@@ -159,10 +159,44 @@ def test_the_traced_verify_is_kept_per_target_and_goes_with_it(fitted_pairs):
     gc.collect()
     lm, target, drafter = load_fitted(*fitted_pairs["qwen35"])
     first = CompiledVerify(target, capture=(1, 2), block=4)
-    assert CompiledVerify(target, capture=(1, 2), block=8)._fn is first._fn  # shapes: MLX's
-    assert CompiledVerify(target, capture=(1,))._fn is not first._fn
-    assert CompiledVerify(target, capture=(1, 2), record="final")._fn is not first._fn
+    fn = first.graph("states")[1]
+    # another block length (shapes: MLX's traces) and a later generation replay the same graph
+    assert CompiledVerify(target, capture=(1, 2), block=8).graph("states")[1] is fn
+    assert CompiledVerify(target, capture=(1,)).graph("states")[1] is not fn
+    assert first.graph("final")[1] is not fn
     n = len(forward._verifies)
     del first, target, lm, drafter
     gc.collect()
     assert len(forward._verifies) == n - 1
+
+
+@pytest.mark.parametrize("lagged", [False, True])
+def test_batched_rounds_through_the_graph_equal_plain(
+    lagged, fitted_pairs, runners_on, monkeypatch
+):
+    # Slot caches: a position per row, rows finishing at different times and the queue refilling
+    # them (continuous batching, the batch compacted), lagged rounds moving offsets on the device.
+    from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
+
+    lm, target, drafter = load_fitted(*fitted_pairs["qwen35"])
+    eos = lm.tokenizer.eos_token_ids
+    prompts = [lm.tokenizer.encode(t) for t in FIT_TEXTS[:5]]
+    lengths = [18, 30, 9, 24, 14]
+    want = [
+        run(plain_generate(target, p, max_tokens=n, eos_token_ids=eos)).tokens
+        for p, n in zip(prompts, lengths, strict=True)
+    ]
+    rows = []
+    real = CompiledVerify.__call__
+
+    def counted(self, tokens, cache):  # the real graph; count the rows it verified
+        rows.append(tokens.shape[0])
+        return real(self, tokens, cache)
+
+    monkeypatch.setattr(CompiledVerify, "__call__", counted)
+    reqs = [Request(p, max_tokens=n) for p, n in zip(prompts, lengths, strict=True)]
+    events = slots_dflash_generate(
+        target, drafter, reqs, slots=3, block_size=4, eos_token_ids=eos, lagged=lagged
+    )
+    assert [s.tokens for s in run_slots(events).requests] == want
+    assert 3 in rows  # the rounds of full blocks ran the graph over the batch

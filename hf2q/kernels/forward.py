@@ -250,10 +250,13 @@ def _verify_for(
         # features (when asked), then per Gated-DeltaNet layer its record (conv window, gate
         # inputs a and b, states) and conv state after the block, per attention layer its
         # key and value buffers.
+        # offset: the position of the block's first token, a scalar (one sequence) or one per
+        # batch row (N,) (slot caches), as the layer path's attention runners pass it.
         t = ref()
         T = tokens.shape[1]
         h = t.embed(tokens)
-        at = (offset + mx.arange(T, dtype=mx.int32)).reshape(1, 1, T, 1)  # the rows' positions
+        first = offset.reshape(-1)  # (1,) or (N,)
+        at = first.reshape(-1, 1, 1, 1) + mx.arange(T, dtype=mx.int32).reshape(1, 1, T, 1)
         captured: list[mx.array | None] = [None] * len(capture)
         out: list[mx.array] = []
         for i, part in enumerate(parts):
@@ -270,11 +273,10 @@ def _verify_for(
                 a = mx.put_along_axis(a, at, k, axis=2)
                 b = mx.put_along_axis(b, at, v, axis=2)
                 if rows and cuda_attention.supported(q, a, b) is None:
-                    o = cuda_attention.row_attention_cuda(q, a, b, offset.reshape(1), pieces.scale)
+                    o = cuda_attention.row_attention_cuda(q, a, b, first, pieces.scale)
                     h = pieces.post_rows(h, o, gate)
                 else:  # the buffer whole, each row's later positions masked out
-                    keys = mx.arange(a.shape[2]).reshape(1, -1)
-                    valid = (keys <= at.reshape(-1, 1)).reshape(1, 1, T, -1)
+                    valid = mx.arange(a.shape[2]).reshape(1, 1, 1, -1) <= at  # (1 or N, 1, T, K)
                     o = mx.fast.scaled_dot_product_attention(
                         q, a, b, scale=pieces.scale, mask=valid
                     )
@@ -290,15 +292,17 @@ def _verify_for(
 
 
 class CompiledVerify:
-    """A DFlash verify forward (one sequence, a block of T tokens) of ``target`` as one compiled
-    graph, recording for the rollback what :func:`hf2q.runtime.verify.verify_forward` records
-    through the layer runners.
+    """A DFlash verify forward (a block of T tokens for one sequence, or for each row of a slot
+    cache) of ``target`` as one compiled graph, recording for the rollback what
+    :func:`hf2q.runtime.verify.verify_forward` records through the layer runners.
 
     Args:
         target: a :class:`hf2q.runtime.target.TargetModel` of a Qwen3.5 model.
         fuse_proj, mm, rows: as :class:`CompiledDecode`'s.
-        record: what the Gated-DeltaNet layers keep (``select.gdn_record``): ``"states"`` (the
-            state after every position) or ``"final"`` (the last state; the rollback replays).
+        record: what the Gated-DeltaNet layers keep: ``"states"`` (the state after every
+            position) or ``"final"`` (the last state; the rollback replays); None: per call, as
+            the layer path picks it (``select.gdn_record`` of the block's per-step record size,
+            which grows with the rows).
         capture: the layers whose outputs are the drafter's target features.
         block: the block length its caller runs it for (:func:`hf2q.runtime.verify.whole_verify`).
     """
@@ -310,21 +314,35 @@ class CompiledVerify:
         fuse_proj: bool = False,
         mm: bool = False,
         rows: bool = False,
-        record: str = "states",
+        record: str | None = None,
         capture: Sequence[int] = (),
         block: int = 0,
     ):
         self.block = int(block)
         self._capture = tuple(int(i) for i in capture)
         self._record = record
-        self._parts, self._fn = _verify_for(target, fuse_proj, mm, rows, record, self._capture)
+        self._step_bytes = int(target.gdn_state_size) * 4  # a layer's float32 state, one row
+        # (parts, compiled forward) per record kind, traced on first use.
+        self._graphs = {
+            r: functools.partial(_verify_for, target, fuse_proj, mm, rows, r, self._capture)
+            for r in ("states", "final")
+        }
+
+    def graph(self, record: str) -> tuple[list[tuple], Any]:
+        """``(parts, compiled forward)`` recording ``record``."""
+        got = self._graphs[record]
+        if isinstance(got, functools.partial):
+            got = self._graphs[record] = got()
+        return got
 
     @staticmethod
     def supports(target: Any, cache: Sequence[Any]) -> bool:
         """Whether every layer and cache is one this forward computes: the decode step's layers,
         Gated-DeltaNet caches that record for the rollback (``GDNRollbackCache``), attention
-        caches whose buffer index is the position (mlx-lm's ``KVCache``, hf2q's bucketed one)."""
+        caches whose buffer index is the position (mlx-lm's ``KVCache``, hf2q's bucketed and
+        slot caches), holding positions already."""
         from hf2q.runtime.cache import BucketedKVCache, GDNRollbackCache
+        from hf2q.runtime.slot_cache import SlotKVCache
 
         for layer, c in zip(target.layers, cache, strict=True):
             if getattr(layer, "is_linear", False):
@@ -338,7 +356,7 @@ class CompiledVerify:
                     return False
             elif not (
                 isinstance(getattr(layer, "self_attn", None), Qwen3NextAttention)
-                and type(c) in (KVCache, BucketedKVCache)
+                and type(c) in (KVCache, BucketedKVCache, SlotKVCache)
                 and c.keys is not None
             ):
                 return False
@@ -347,40 +365,49 @@ class CompiledVerify:
     exact = staticmethod(CompiledDecode.exact)
 
     def __call__(self, tokens: mx.array, cache: Any) -> tuple[mx.array, mx.array | None]:
-        """``(logits (1, T, vocab), features (1, T, len(capture) * H) or None)`` of ``tokens``
-        (1, T); ``cache`` (a ``TargetCache`` whose ``begin_verify(T)`` was called) advanced by T
-        positions, each Gated-DeltaNet layer holding its record for ``cache.rollback``."""
+        """``(logits (N, T, vocab), features (N, T, len(capture) * H) or None)`` of ``tokens``
+        (N, T); ``cache`` (a ``TargetCache`` or ``SlotTargetCache`` whose ``begin_verify(T)`` was
+        called) advanced by T positions, each Gated-DeltaNet layer holding its record for
+        ``cache.rollback``."""
         T = tokens.shape[1]
+        record = self._record or select.gdn_record(tokens.size * self._step_bytes)
+        parts, fn = self.graph(record)
         arrays: list[mx.array] = []
         offset = None
-        for part, c in zip(self._parts, cache, strict=True):
+        slots = False
+        for part, c in zip(parts, cache, strict=True):
             if part[0] == "gdn":
                 arrays += [c[0], c[1]]  # the state before the block stays: a replay starts there
+                continue
+            if isinstance(c.offset, mx.array):  # a slot cache: a position per row
+                c.reserve_block(T)
+                if offset is None:  # every layer's rows are at the same positions
+                    offset, slots = c.offset, True
             else:
                 _reserve(c, T)
                 if offset is None:
                     offset = c.offset
                 elif c.offset != offset:
                     raise ValueError("attention caches at different positions")
-                arrays += [c.keys, c.values]
-                c.keys = c.values = None  # the graph holds the only reference: written in place
+            arrays += [c.keys, c.values]
+            c.keys = c.values = None  # the graph holds the only reference: written in place
+        if not slots:
+            offset = mx.array(offset or 0, dtype=mx.int32)
         # Each Gated-DeltaNet layer's state before the block (a replay's start); not the KV
         # buffers, whose only reference the graph must hold to write them in place.
-        before = [arrays[2 * j + 1] if p[0] == "gdn" else None for j, p in enumerate(self._parts)]
-        res = self._fn(tokens, mx.array(offset or 0, dtype=mx.int32), *arrays)
+        before = [arrays[2 * j + 1] if p[0] == "gdn" else None for j, p in enumerate(parts)]
+        res = fn(tokens, offset, *arrays)
         del arrays
         logits = res[0]
         feats = res[1] if self._capture else None
         i = 2 if self._capture else 1
-        for part, c, state0 in zip(self._parts, cache, before, strict=True):
+        for part, c, state0 in zip(parts, cache, before, strict=True):
             if part[0] == "gdn":
                 conv_input, a, b, rec, conv = res[i : i + 5]
                 i += 5
-                if self._record == "final":
-                    record = GdnRecord(conv_input, a, b, state0, rec, "final")
-                    replay = functools.partial(
-                        replay_rows, part[1].linear_attn, record, impl=part[2]
-                    )
+                if record == "final":
+                    kept = GdnRecord(conv_input, a, b, state0, rec, "final")
+                    replay = functools.partial(replay_rows, part[1].linear_attn, kept, impl=part[2])
                     c.set_record(conv_input, rec, replay=replay, steps=T)
                     c[1] = rec
                 else:
@@ -391,5 +418,8 @@ class CompiledVerify:
             else:
                 c.keys, c.values = res[i], res[i + 1]
                 i += 2
-                c.offset += T
+                if slots:
+                    c.written(T)
+                else:
+                    c.offset += T
         return logits, feats

@@ -222,6 +222,20 @@ class SlotKVCache(_BaseCache):
             )
             self.keys = mx.put_along_axis(self.keys, at_k, keys, axis=2)
             self.values = mx.put_along_axis(self.values, at_v, values, axis=2)
+        self.written(L)
+        return self.keys[..., :view, :], self.values[..., :view, :]
+
+    def reserve_block(self, L: int) -> None:
+        """Make room for a write of ``L`` positions at every row's offset, as
+        :meth:`update_and_fetch` does before writing (for a caller that writes the buffers
+        itself: ``hf2q.kernels.forward.CompiledVerify``, then :meth:`written`)."""
+        used = max(self.lengths) + L
+        self._reserve(bucketed(used, self.bucket) if L > 1 else used, self.keys, self.values)
+
+    def written(self, L: int) -> None:
+        """Advance the rows after ``L`` positions were written at their offsets: each row by its
+        prepared length (:meth:`prepare`) or by ``L``."""
+        N = self.rows
         adv = self._advance if self._advance is not None else [L] * N
         self._advance = None
         if isinstance(adv, mx.array):  # lagged: the offsets move on the device, the bound by L
@@ -233,7 +247,6 @@ class SlotKVCache(_BaseCache):
         self.lengths = [n + g for n, g in zip(self.lengths, grow)]
         self._grown = [n + g for n, g in zip(self._grown, grow)]
         self.offset = _moved(self.offset, 1, adv)
-        return self.keys[..., :view, :], self.values[..., :view, :]
 
     def keys_and_values(self) -> tuple[mx.array, mx.array] | tuple[None, None]:
         """The used buffer (N, H, max(lengths), D); row i's valid entries are ``[0, offset[i])``."""

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from hf2q.errors import UsageError
+from hf2q.kernels.forward import CompiledVerify
 from hf2q.kernels.layers import decode_layer_fn
 from hf2q.kernels.select import (
     draft_ahead_enabled,
@@ -79,7 +80,7 @@ from hf2q.runtime.slot_cache import (
     make_slot_target_cache,
 )
 from hf2q.runtime.target import TargetModel
-from hf2q.runtime.verify import verify_forward
+from hf2q.runtime.verify import verify_forward, whole_verify
 
 IDLE_POLICIES = ("compact", "keep")
 
@@ -493,6 +494,13 @@ def _dflash_slots(
     ctx: mx.array | None = None  # (R, S, n_ids*H) new drafter context per row
     ctx_len = [1] * slots  # rows of ``ctx`` each row appends
     st = _Stats(slots, B)
+    graphs: list[CompiledVerify | None] = []  # the verify as one compiled graph (CUDA), decided at the first
+
+    def whole() -> CompiledVerify | None:
+        """:func:`whole_verify` for the rows' full blocks, decided once the rows hold a prompt."""
+        if not graphs:
+            graphs.append(whole_verify(target, tcache, B, ids))
+        return graphs[0]
 
     def sample_drafts(
         dlogits: mx.array | None,
@@ -745,7 +753,9 @@ def _dflash_slots(
                 if draft_first:  # the device drafts while the host builds the verify
                     mx.async_eval(draft, [q for q in q_rows if q is not None])
                 vin = mx.concatenate([last[:, None], draft], axis=1)
-                vlogits, feats = verify_forward(target, vin, tcache, capture=ids, lagged=True)
+                vlogits, feats = verify_forward(
+                    target, vin, tcache, capture=ids, lagged=True, whole=whole()
+                )
                 a_arr, last = accept(draft, q_rows, vlogits, [B - 1] * R)
                 keep = a_arr + 1
                 tcache.rollback(keep)
@@ -857,7 +867,7 @@ def _dflash_slots(
         bs = draft.shape[1] + 1
 
         vin = mx.concatenate([mx.array(last, dtype=mx.int32)[:, None], draft], axis=1)  # (R, bs)
-        vlogits, feats = verify_forward(target, vin, tcache, capture=ids)
+        vlogits, feats = verify_forward(target, vin, tcache, capture=ids, whole=whole())
         a_arr, bonus_arr = accept(draft, q_rows, vlogits, [b - 1 for b in bs_row])
         ahead = held = None
         if draft_ahead and "drafter" in sources and all(x is not None for x in rows):

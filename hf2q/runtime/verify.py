@@ -250,8 +250,9 @@ def use_runners() -> bool:
 def whole_verify(
     target: TargetModel, cache: TargetCache, block: int, capture: Sequence[int] = ()
 ) -> CompiledVerify | None:
-    """The verify forward of a single sequence's full blocks (``block`` tokens) as one compiled
-    graph (:class:`~hf2q.kernels.forward.CompiledVerify`), for :func:`verify_forward`'s
+    """The verify forward of full blocks (``block`` tokens a row, one sequence or a slot cache's
+    rows) as one compiled graph (:class:`~hf2q.kernels.forward.CompiledVerify`), for
+    :func:`verify_forward`'s
     ``whole``; None where the layer path runs instead: where verify does not run the layer
     runners (:func:`use_runners`), ``HF2Q_COMPILE_VERIFY=0``, layers or caches the graph does not
     compute (a prefilled ``cache`` is asked), or where its bits would not be the layer path's
@@ -269,7 +270,6 @@ def whole_verify(
         fuse_proj=select.fuse_proj_enabled(),
         mm=select.small_mm_enabled(),
         rows=rows,
-        record=select.gdn_record(block * target.gdn_state_size * 4),
         capture=capture,
         block=block,
     )
@@ -301,7 +301,7 @@ def verify_forward(
         captured layer outputs (B, T, len(capture)*H) or None.
     """
     cache.begin_verify(tokens.shape[1])
-    if whole is not None and tokens.shape == (1, whole.block):
+    if whole is not None and tokens.shape[1] == whole.block:
         return whole(tokens, cache)
     mm = select.small_mm_enabled()  # read once a forward, for the layers and the head
     if use_runners() if runners is None else runners:
