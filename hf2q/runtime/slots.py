@@ -494,7 +494,9 @@ def _dflash_slots(
     ctx: mx.array | None = None  # (R, S, n_ids*H) new drafter context per row
     ctx_len = [1] * slots  # rows of ``ctx`` each row appends
     st = _Stats(slots, B)
-    graphs: list[CompiledVerify | None] = []  # the verify as one compiled graph (CUDA), decided at the first
+    graphs: list[
+        CompiledVerify | None
+    ] = []  # the verify as one compiled graph (CUDA), decided at the first
 
     def whole() -> CompiledVerify | None:
         """:func:`whole_verify` for the rows' full blocks, decided once the rows hold a prompt."""
