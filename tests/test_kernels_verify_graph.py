@@ -48,7 +48,7 @@ def test_compile_verify_switch_reads_the_environment(monkeypatch):
     assert not select.compile_verify_forced()
     monkeypatch.setenv(select.COMPILE_VERIFY_ENV, "1")
     assert select.compile_verify_enabled() and select.compile_verify_forced()
-    assert ("verify one compiled graph (one sequence)" in select.summary()) == on_cuda
+    assert ("verify one compiled graph (full blocks)" in select.summary()) == on_cuda
     monkeypatch.setenv(select.COMPILE_VERIFY_ENV, "0")
     assert not select.compile_verify_enabled() and not select.compile_verify_forced()
     monkeypatch.setenv(select.COMPILE_VERIFY_ENV, "twice")

@@ -15,17 +15,20 @@ positions), when the cache's shape, hence the trace, changes; the compiled step 
 and settings, so later generations replay its traces. The caches stay mlx-lm's own objects
 (``ArraysCache`` states, ``KVCache`` buffers and offset), updated after each call.
 
-:class:`CompiledVerify` does the same for a DFlash verify forward of one sequence: a block of T
-tokens through every layer, each Gated-DeltaNet layer keeping what exact rollback needs (the
-record :func:`hf2q.runtime.verify.verify_forward` keeps through the layer runners), the KV rows
-written at the position and the position after it, the drafter's target features captured.
+:class:`CompiledVerify` does the same for a DFlash verify forward: a block of T tokens, for one
+sequence or for every row of a slot cache (a position per row), through every layer, each
+Gated-DeltaNet layer keeping what exact rollback needs (the record
+:func:`hf2q.runtime.verify.verify_forward` keeps through the layer runners), the KV rows written
+at the rows' positions, the drafter's target features captured.
 
-What they do not do: slots, quantized or rotating KV caches, padding, other architectures
-(``supports`` says no, and the caller keeps the layer path).
-Plain decoding takes it where the runners run (CUDA) and its bits equal the layer path's
+What they do not do: quantized or rotating KV caches, padding, other architectures, and for the
+decode step slots (``supports`` says no, and the caller keeps the layer path).
+
+Plain decoding takes the step where the runners run (CUDA) and its bits equal the layer path's
 (:meth:`CompiledDecode.exact`: the row-invariant attention kernel); ``HF2Q_COMPILE_FORWARD=0`` turns
 it off, ``=1`` forces it wherever it runs. On an H200 it made the 4B-shaped bf16 step 4.30 against
-5.09 ms (docs/BENCHMARKS.md, session 38).
+5.09 ms (docs/BENCHMARKS.md, session 38). DFlash's rounds verify their full blocks through the
+verify graph by the same rule (``HF2Q_COMPILE_VERIFY``, :func:`hf2q.runtime.verify.whole_verify`).
 """
 
 from __future__ import annotations

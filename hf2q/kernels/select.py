@@ -130,9 +130,10 @@ PREFILL_RUNNERS_ENV = "HF2Q_PREFILL_RUNNERS"
 #: bits equal the layer path's, see :func:`compile_forward_enabled`); 0 turns it off.
 COMPILE_FORWARD_ENV = "HF2Q_COMPILE_FORWARD"
 
-#: HF2Q_COMPILE_VERIFY: a single sequence's DFlash verify runs the target's whole forward over
-#: the block as one compiled graph (:class:`hf2q.kernels.forward.CompiledVerify`), as the plain
-#: step does (same default, same rule: where the bits equal the layer path's); 0 turns it off.
+#: HF2Q_COMPILE_VERIFY: a DFlash verify of full blocks (one sequence, or every row of a batched
+#: round) runs the target's whole forward as one compiled graph
+#: (:class:`hf2q.kernels.forward.CompiledVerify`), as the plain step does (same default, same
+#: rule: where the bits equal the layer path's); 0 turns it off.
 COMPILE_VERIFY_ENV = "HF2Q_COMPILE_VERIFY"
 
 #: HF2Q_LAGGED_ROUNDS: DFlash without lookup (``hf2q generate --dflash --no-lookup``,
@@ -472,7 +473,7 @@ def compile_forward_forced() -> bool:
 
 
 def compile_verify_enabled() -> bool:
-    """Whether a single sequence's verify forward may run as one compiled graph
+    """Whether a verify forward of full blocks may run as one compiled graph
     (``HF2Q_COMPILE_VERIFY``; default on CUDA, where the layer runners run). Unset, only where
     its bits equal the layer path's (the row-invariant attention kernel,
     :meth:`hf2q.kernels.forward.CompiledVerify.exact`); ``1`` forces it wherever it runs
@@ -690,9 +691,9 @@ def describe(attn: object | None = None) -> dict[str, str]:
         )
     if runners and compile_verify_enabled():
         info["verify_graph"] = (
-            "one compiled graph (one sequence)"
+            "one compiled graph (full blocks)"
             if compile_verify_forced()
-            else "one compiled graph (one sequence) where attention is the row-invariant kernel"
+            else "one compiled graph (full blocks) where attention is the row-invariant kernel"
         )
     if lagged_rounds_enabled():
         info["rounds"] = (
