@@ -200,3 +200,39 @@ def test_batched_rounds_through_the_graph_equal_plain(
     )
     assert [s.tokens for s in run_slots(events).requests] == want
     assert 3 in rows  # the rounds of full blocks ran the graph over the batch
+
+
+def test_the_graphs_buffers_grow_in_large_steps():
+    from hf2q.kernels.forward import GRAPH_GROW, graph_capacity
+
+    # at least what is needed, at least GRAPH_GROW or half the buffer more, in steps of 256
+    assert graph_capacity(257, 256) == 256 + GRAPH_GROW == 1280
+    assert graph_capacity(3000, 1280) == 3072  # more needed than the step gives
+    assert graph_capacity(4100, 4096) == 6144  # half again
+    assert all(graph_capacity(n, h) % 256 == 0 for n, h in [(300, 17), (9999, 8000)])
+
+
+def test_a_long_run_traces_the_graph_again_rarely(fitted_pairs, runners_on, monkeypatch):
+    # Each buffer growth is a new trace of the whole forward: 300 positions of rounds grow the
+    # buffer once (at 256), not every 256 positions as mlx-lm's own growth would.
+    lm, target, drafter = load_fitted(*fitted_pairs["qwen35"])
+    cache = _prefilled(target, lm.tokenizer.encode(FIT_TEXTS[0])[:8])
+    ids = drafter.config.target_layer_ids
+    whole = verify.whole_verify(target, cache, 4, ids)
+    rounds = []
+    real = whole.graph
+
+    def graph(record):
+        rounds.append(record)
+        return real(record)
+
+    whole.graph = graph
+    sizes = set()
+    for r in range(80):
+        block = mx.array([[r % 50 + j for j in range(4)]], dtype=mx.int32)
+        out = verify.verify_forward(target, block, cache, capture=ids, whole=whole)
+        mx.eval(out)
+        cache.rollback(4)
+        sizes.add(next(c.keys.shape[2] for c in cache if hasattr(c, "keys")))
+    assert cache.offset == 8 + 80 * 4 and len(rounds) == 80  # every round through the graph
+    assert sizes == {256, 1280}

@@ -47,19 +47,42 @@ from hf2q.kernels.attention import attention_pieces
 from hf2q.kernels.gdn import GdnRecord, gdn_decoder_layer, replay_rows
 from hf2q.kernels.layers import fused_projections, gdn_runnable
 
+#: The least a compiled graph's KV buffers grow by (positions), and the rounding of their size.
+GRAPH_GROW, GRAPH_STEP = 1024, 256
+
+
+def graph_capacity(need: int, have: int) -> int:
+    """The buffer size (positions) to grow a KV buffer of ``have`` positions to when a compiled
+    graph needs ``need``: at least ``need``, and at least half again ``have`` or
+    :data:`GRAPH_GROW` more, in steps of :data:`GRAPH_STEP`.
+
+    Why: a graph's trace depends on its buffers' shapes, so each growth traces the whole model
+    again (20-46 ms of host time against 4 to replay for an 8-layer target on this repository's
+    CPU host, ``benchmarks/graph_retrace.py``, session 40; several times that for 32 layers),
+    while the layer path's compiled pieces never see the buffer. mlx-lm grows by 256 positions: a retrace every 256 tokens of plain decoding,
+    or every ~50 rounds of DFlash at tau 5, each costing what those rounds save. Growing by at
+    least 1024 or half the buffer makes retraces rare (logarithmic in the context) for at most
+    half again the KV memory; the bits do not depend on it (the row-invariant kernel reads each
+    row up to its position).
+    """
+    size = max(need, have + max(GRAPH_GROW, have // 2))
+    return -(-size // GRAPH_STEP) * GRAPH_STEP
+
 
 def _reserve(cache: KVCache, n: int) -> None:
-    """Make room for ``n`` more positions in ``cache``'s buffers by mlx-lm's own growth rule
-    (``KVCache.update_and_fetch`` with placeholder rows, the offset then set back), so the
-    compiled step can write them in place."""
-    if cache.offset + n <= cache.keys.shape[2]:
+    """Make room for ``n`` more positions in ``cache``'s buffers (growing them by
+    :func:`graph_capacity`, zeros past the held positions as mlx-lm's own growth leaves them), so
+    the compiled graph can write them in place."""
+    have = cache.keys.shape[2]
+    if cache.offset + n <= have:
         return
+    grow = graph_capacity(cache.offset + n, have) - have
     B, heads, _, dk = cache.keys.shape
-    cache.update_and_fetch(
-        mx.zeros((B, heads, n, dk), cache.keys.dtype),
-        mx.zeros((B, heads, n, cache.values.shape[3]), cache.values.dtype),
+    dv = cache.values.shape[3]
+    cache.keys = mx.concatenate([cache.keys, mx.zeros((B, heads, grow, dk), cache.keys.dtype)], 2)
+    cache.values = mx.concatenate(
+        [cache.values, mx.zeros((B, heads, grow, dv), cache.values.dtype)], 2
     )
-    cache.offset -= n
 
 
 # One traced step per target and settings, kept while the target lives: a plain generation
@@ -322,12 +345,12 @@ class CompiledVerify:
         block: int = 0,
     ):
         self.block = int(block)
-        self._capture = tuple(int(i) for i in capture)
+        self.capture = tuple(int(i) for i in capture)
         self._record = record
         self._step_bytes = int(target.gdn_state_size) * 4  # a layer's float32 state, one row
         # (parts, compiled forward) per record kind, traced on first use.
         self._graphs = {
-            r: functools.partial(_verify_for, target, fuse_proj, mm, rows, r, self._capture)
+            r: functools.partial(_verify_for, target, fuse_proj, mm, rows, r, self.capture)
             for r in ("states", "final")
         }
 
@@ -383,7 +406,7 @@ class CompiledVerify:
                 arrays += [c[0], c[1]]  # the state before the block stays: a replay starts there
                 continue
             if isinstance(c.offset, mx.array):  # a slot cache: a position per row
-                c.reserve_block(T)
+                c.reserve_block(T, graph_capacity)
                 if offset is None:  # every layer's rows are at the same positions
                     offset, slots = c.offset, True
             else:
@@ -402,8 +425,8 @@ class CompiledVerify:
         res = fn(tokens, offset, *arrays)
         del arrays
         logits = res[0]
-        feats = res[1] if self._capture else None
-        i = 2 if self._capture else 1
+        feats = res[1] if self.capture else None
+        i = 2 if self.capture else 1
         for part, c, state0 in zip(parts, cache, before, strict=True):
             if part[0] == "gdn":
                 conv_input, a, b, rec, conv = res[i : i + 5]

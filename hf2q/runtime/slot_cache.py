@@ -225,12 +225,17 @@ class SlotKVCache(_BaseCache):
         self.written(L)
         return self.keys[..., :view, :], self.values[..., :view, :]
 
-    def reserve_block(self, L: int) -> None:
+    def reserve_block(self, L: int, grow: Callable[[int, int], int] | None = None) -> None:
         """Make room for a write of ``L`` positions at every row's offset, as
         :meth:`update_and_fetch` does before writing (for a caller that writes the buffers
-        itself: ``hf2q.kernels.forward.CompiledVerify``, then :meth:`written`)."""
+        itself: ``hf2q.kernels.forward.CompiledVerify``, then :meth:`written`). ``grow(need,
+        capacity)``: the size to grow to when the buffer is too small (default: ``need``, in
+        steps of :attr:`step`)."""
         used = max(self.lengths) + L
-        self._reserve(bucketed(used, self.bucket) if L > 1 else used, self.keys, self.values)
+        need = bucketed(used, self.bucket) if L > 1 else used
+        if grow is not None and need > self.capacity:
+            need = grow(need, self.capacity)
+        self._reserve(need, self.keys, self.values)
 
     def written(self, L: int) -> None:
         """Advance the rows after ``L`` positions were written at their offsets: each row by its

@@ -292,16 +292,16 @@ def verify_forward(
             None: :func:`use_runners`.
         lagged: the forward is a lagged round's (``hf2q.runtime.slots``): its graph is queued
             every ``select.flush_layers(lagged=True)`` layers as it is built.
-        whole: from :func:`whole_verify` (same ``capture``): blocks of its length run as its
-            one compiled graph (shorter ones, a generation's last, keep the layer path rather
-            than trace another graph).
+        whole: from :func:`whole_verify`: blocks of its length, capturing what it captures, run
+            as its one compiled graph (shorter ones, a generation's last, keep the layer path
+            rather than trace another graph).
 
     Returns:
         ``(logits, features)`` as :meth:`TargetModel.forward`: logits (B, T, vocab) and the
         captured layer outputs (B, T, len(capture)*H) or None.
     """
     cache.begin_verify(tokens.shape[1])
-    if whole is not None and tokens.shape[1] == whole.block:
+    if whole is not None and tokens.shape[1] == whole.block and tuple(capture) == whole.capture:
         return whole(tokens, cache)
     mm = select.small_mm_enabled()  # read once a forward, for the layers and the head
     if use_runners() if runners is None else runners:
