@@ -494,12 +494,11 @@ def _dflash_slots(
     ctx: mx.array | None = None  # (R, S, n_ids*H) new drafter context per row
     ctx_len = [1] * slots  # rows of ``ctx`` each row appends
     st = _Stats(slots, B)
-    graphs: list[
-        CompiledVerify | None
-    ] = []  # the verify as one compiled graph (CUDA), decided at the first
+    graphs: list[CompiledVerify | None] = []  # what whole() decided
 
     def whole() -> CompiledVerify | None:
-        """:func:`whole_verify` for the rows' full blocks, decided once the rows hold a prompt."""
+        """The verify of the rows' full blocks as one compiled graph (:func:`whole_verify`; CUDA),
+        decided at the first verify, once the rows hold their prompts."""
         if not graphs:
             graphs.append(whole_verify(target, tcache, B, ids))
         return graphs[0]

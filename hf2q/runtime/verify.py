@@ -252,12 +252,11 @@ def whole_verify(
 ) -> CompiledVerify | None:
     """The verify forward of full blocks (``block`` tokens a row, one sequence or a slot cache's
     rows) as one compiled graph (:class:`~hf2q.kernels.forward.CompiledVerify`), for
-    :func:`verify_forward`'s
-    ``whole``; None where the layer path runs instead: where verify does not run the layer
-    runners (:func:`use_runners`), ``HF2Q_COMPILE_VERIFY=0``, layers or caches the graph does not
-    compute (a prefilled ``cache`` is asked), or where its bits would not be the layer path's
-    (MLX's attention; ``HF2Q_COMPILE_VERIFY=1`` forces it there). Decided once a generation, with
-    the settings the layer path reads on each call (:func:`verify_forward`)."""
+    :func:`verify_forward`'s ``whole``; None where the layer path runs instead: where verify does
+    not run the layer runners (:func:`use_runners`), ``HF2Q_COMPILE_VERIFY=0``, layers or caches
+    the graph does not compute (a prefilled ``cache`` is asked), or where its bits would not be
+    the layer path's (MLX's attention; ``HF2Q_COMPILE_VERIFY=1`` forces it there). Decided once a
+    generation, with the settings the layer path reads on each call (:func:`verify_forward`)."""
     if not (use_runners() and select.compile_verify_enabled()):
         return None
     rows = select.row_attention_enabled()
