@@ -9,8 +9,15 @@ only the call that builds the graph, then evaluates it untimed, and reports medi
 decode step as one compiled graph (``hf2q.kernels.forward.CompiledDecode``,
 ``HF2Q_COMPILE_FORWARD=1``).
 
+With ``--retrace N``: instead, N verify blocks through the verify graph (``CompiledVerify``,
+forced, the runners made the path as on CUDA) from ``--prompt-tokens`` positions, each call's
+graph building timed; the calls that found a new KV buffer size (a new trace of the whole model:
+a graph's trace depends on its buffers' shapes) are reported apart from the replays. The graphs'
+buffers grow by ``hf2q.kernels.forward.graph_capacity``.
+
 Usage (a random-weight pair of benchmarks/slots_synthetic.py's shapes):
     python benchmarks/forward_build.py --synthetic small --reps 200
+    python benchmarks/forward_build.py --synthetic small --retrace 40
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--synthetic", choices=("small", "4b"), default="small")
     ap.add_argument("--reps", type=int, default=200, help="timed forwards per kind")
     ap.add_argument("--block", type=int, default=16, help="verify block length")
+    ap.add_argument("--retrace", type=int, default=0, help="N: time N graph verifies instead")
+    ap.add_argument("--prompt-tokens", type=int, default=200, help="positions before --retrace")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
 
@@ -45,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     from hf2q.runtime.verify import verify_forward
 
     pair = synthetic_pair(args.synthetic)
+    if args.retrace:
+        return retrace(pair, args)
     target = pair.target
     ids = pair.drafter.config.target_layer_ids
     vocab = target.args.vocab_size
@@ -115,6 +126,53 @@ def main(argv: list[str] | None = None) -> int:
         report[f"{kind}_build_us_per_layer"] = round(
             statistics.median(ms) * 1e3 / target.num_layers, 1
         )
+    text = json.dumps(report)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+def retrace(pair, args) -> int:
+    """``--retrace``: graph verifies' build times, new traces apart from replays."""
+    import os
+
+    from hf2q.kernels import layers, select
+    from hf2q.runtime import verify
+    from hf2q.runtime.cache import make_target_cache
+    from hf2q.runtime.dflash import prefill
+
+    layers.decode_runners_active = verify.decode_runners_active = lambda: True  # this process
+    os.environ[select.COMPILE_VERIFY_ENV] = "1"
+    target, ids = pair.target, pair.drafter.config.target_layer_ids
+    vocab = target.args.vocab_size
+    cache = make_target_cache(target.model)
+    prefill(target, [(7 * i) % vocab for i in range(args.prompt_tokens)], cache)
+    mx.eval(cache.state)
+    whole = verify.whole_verify(target, cache, args.block, ids)
+    seen: set[int] = set()
+    trace_ms, replay_ms = [], []
+    for r in range(args.retrace):
+        block = mx.array([[(r * 31 + j) % vocab for j in range(args.block)]], dtype=mx.int32)
+        tic = time.perf_counter()
+        out = verify.verify_forward(target, block, cache, capture=ids, whole=whole)
+        ms = (time.perf_counter() - tic) * 1e3
+        mx.eval(out)
+        cache.rollback(args.block)
+        mx.eval(cache.state)
+        size = next(c.keys.shape[2] for c in cache if hasattr(c, "keys"))
+        (replay_ms if size in seen else trace_ms).append(ms)
+        seen.add(size)
+    report = {
+        "model": f"synthetic {args.synthetic}",
+        "layers": target.num_layers,
+        "device": str(mx.default_device()),
+        "rounds": args.retrace,
+        "positions": [args.prompt_tokens, cache.offset],
+        "buffer_sizes": sorted(seen),
+        "trace_ms": [round(t, 2) for t in trace_ms],
+        "replay_ms_median": round(statistics.median(replay_ms), 3) if replay_ms else None,
+    }
     text = json.dumps(report)
     print(text)
     if args.out:

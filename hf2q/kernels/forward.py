@@ -57,13 +57,13 @@ def graph_capacity(need: int, have: int) -> int:
     :data:`GRAPH_GROW` more, in steps of :data:`GRAPH_STEP`.
 
     Why: a graph's trace depends on its buffers' shapes, so each growth traces the whole model
-    again (20-46 ms of host time against 4 to replay for an 8-layer target on this repository's
-    CPU host, ``benchmarks/graph_retrace.py``, session 40; several times that for 32 layers),
-    while the layer path's compiled pieces never see the buffer. mlx-lm grows by 256 positions: a retrace every 256 tokens of plain decoding,
-    or every ~50 rounds of DFlash at tau 5, each costing what those rounds save. Growing by at
-    least 1024 or half the buffer makes retraces rare (logarithmic in the context) for at most
-    half again the KV memory; the bits do not depend on it (the row-invariant kernel reads each
-    row up to its position).
+    again (20-49 ms of host time against 3-4 to replay for an 8-layer target on this
+    repository's CPU host, ``benchmarks/forward_build.py --retrace``, session 40; several times
+    that for 32 layers), while the layer path's compiled pieces never see the buffer. mlx-lm
+    grows by 256 positions: a retrace every 256 tokens of plain decoding, or every ~50 rounds of
+    DFlash at tau 5, each costing what those rounds save. Growing by at least 1024 or half the
+    buffer makes retraces rare (logarithmic in the context) for at most half again the KV memory;
+    the bits do not depend on it (the row-invariant kernel reads each row up to its position).
     """
     size = max(need, have + max(GRAPH_GROW, have // 2))
     return -(-size // GRAPH_STEP) * GRAPH_STEP
@@ -85,6 +85,36 @@ def _reserve(cache: KVCache, n: int) -> None:
     )
 
 
+def _traced_settings() -> tuple:
+    """The settings a whole-model trace reads besides its arguments (its cache key's rest)."""
+    return (
+        select.mm_key(),
+        select.gdn_window_enabled(),
+        select.kernel_mode(),
+        select.backend(),
+        select.compile_enabled(),
+    )
+
+
+def _parts(target: Any, fuse_proj: bool, mm: bool) -> list[tuple]:
+    """Per layer of ``target``: ``("gdn", layer, impl, fused projections or None)`` or
+    ``("attn", AttentionPieces)``, what a whole-model trace runs."""
+    parts: list[tuple] = []
+    for layer in target.layers:
+        if getattr(layer, "is_linear", False):
+            impl = select.gdn_impl(layer.linear_attn)
+            parts.append(("gdn", layer, impl, fused_projections(layer, fuse_proj)))
+        else:
+            parts.append(("attn", attention_pieces(layer, fuse_proj=fuse_proj, mm=mm)))
+    return parts
+
+
+def _gdn_layer(part: tuple, h: mx.array, conv: mx.array, state: mx.array, record: str, mm: bool):
+    """A ``("gdn", ...)`` part of :func:`_parts` over ``h``: ``(out, GdnRecord)``."""
+    _, layer, impl, fused = part
+    return gdn_decoder_layer(layer, h, conv, state, impl=impl, record=record, fused=fused, mm=mm)
+
+
 # One traced step per target and settings, kept while the target lives: a plain generation
 # after the first replays it instead of tracing the whole model again.
 _steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -93,26 +123,11 @@ _steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _step_for(target: Any, fuse_proj: bool, mm: bool, rows: bool) -> tuple[list[tuple], Any]:
     """``(parts, compiled step)`` of ``target`` for these settings (see :class:`CompiledDecode`)."""
     per = _steps.setdefault(target, {})
-    key = (
-        fuse_proj,
-        mm,
-        rows,
-        select.mm_key(),
-        select.gdn_window_enabled(),
-        select.kernel_mode(),
-        select.backend(),
-        select.compile_enabled(),
-    )
+    key = (fuse_proj, mm, rows, *_traced_settings())
     hit = per.get(key)
     if hit is not None:
         return hit
-    parts: list[tuple] = []
-    for layer in target.layers:
-        if getattr(layer, "is_linear", False):
-            impl = select.gdn_impl(layer.linear_attn)
-            parts.append(("gdn", layer, impl, fused_projections(layer, fuse_proj)))
-        else:
-            parts.append(("attn", attention_pieces(layer, fuse_proj=fuse_proj, mm=mm)))
+    parts = _parts(target, fuse_proj, mm)
     ref = weakref.ref(target)  # the kept step must not keep its target alive
 
     def step(tokens: mx.array, offset: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
@@ -125,10 +140,7 @@ def _step_for(target: Any, fuse_proj: bool, mm: bool, rows: bool) -> tuple[list[
         for i, part in enumerate(parts):
             a, b = arrays[2 * i], arrays[2 * i + 1]
             if part[0] == "gdn":
-                _, layer, impl, fused = part
-                h, rec = gdn_decoder_layer(
-                    layer, h, a, b, impl=impl, record="final", fused=fused, mm=mm
-                )
+                h, rec = _gdn_layer(part, h, a, b, "final", mm)
                 out += [rec.final_conv_state, rec.final_state]
                 continue
             pieces = part[1]
@@ -246,28 +258,11 @@ def _verify_for(
     """``(parts, compiled verify forward)`` of ``target`` for these settings (see
     :class:`CompiledVerify`)."""
     per = _verifies.setdefault(target, {})
-    key = (
-        fuse_proj,
-        mm,
-        rows,
-        record,
-        capture,
-        select.mm_key(),
-        select.gdn_window_enabled(),
-        select.kernel_mode(),
-        select.backend(),
-        select.compile_enabled(),
-    )
+    key = (fuse_proj, mm, rows, record, capture, *_traced_settings())
     hit = per.get(key)
     if hit is not None:
         return hit
-    parts: list[tuple] = []
-    for layer in target.layers:
-        if getattr(layer, "is_linear", False):
-            impl = select.gdn_impl(layer.linear_attn)
-            parts.append(("gdn", layer, impl, fused_projections(layer, fuse_proj)))
-        else:
-            parts.append(("attn", attention_pieces(layer, fuse_proj=fuse_proj, mm=mm)))
+    parts = _parts(target, fuse_proj, mm)
     want = {lid: k for k, lid in enumerate(capture)}
     ref = weakref.ref(target)
 
@@ -288,10 +283,7 @@ def _verify_for(
         for i, part in enumerate(parts):
             a, b = arrays[2 * i], arrays[2 * i + 1]
             if part[0] == "gdn":
-                _, layer, impl, fused = part
-                h, rec = gdn_decoder_layer(
-                    layer, h, a, b, impl=impl, record=record, fused=fused, mm=mm
-                )
+                h, rec = _gdn_layer(part, h, a, b, record, mm)
                 out += [rec.conv_input, rec.a, rec.b, rec.rec, mx.contiguous(rec.final_conv_state)]
             else:
                 pieces = part[1]
