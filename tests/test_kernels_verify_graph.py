@@ -31,6 +31,7 @@ def runners_on(monkeypatch):
     """Verify and plain decoding through the compiled layer runners, as on CUDA."""
     monkeypatch.setattr(layers, "decode_runners_active", lambda: True)
     monkeypatch.setattr(verify, "decode_runners_active", lambda: True)
+    monkeypatch.delenv(select.COMPILE_ENV, raising=False)  # (HF2Q_COMPILE=0: no runners, no graph)
     monkeypatch.setenv(select.COMPILE_VERIFY_ENV, "1")
 
 
@@ -60,6 +61,7 @@ def test_off_cuda_by_default_the_layer_path_verifies(fitted_pairs, monkeypatch):
     lm, target, drafter = load_fitted(*fitted_pairs["qwen35"])
     cache = _prefilled(target, lm.tokenizer.encode(FIT_TEXTS[0]))
     monkeypatch.delenv(select.COMPILE_VERIFY_ENV, raising=False)
+    monkeypatch.delenv(select.COMPILE_ENV, raising=False)
     if select.backend() != "cuda":
         assert verify.whole_verify(target, cache, 8, drafter.config.target_layer_ids) is None
     monkeypatch.setattr(verify, "decode_runners_active", lambda: True)
