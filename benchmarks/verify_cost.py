@@ -397,8 +397,7 @@ class RuntimePath:
 class RuntimeWholePath(RuntimePath):
     """:class:`RuntimePath` as the runtime's rounds run it on CUDA: the verify of a full block
     as one compiled graph (``hf2q.runtime.verify.whole_verify``, ``HF2Q_COMPILE_VERIFY``), made
-    once per cache and block length (where it does not apply, the layer path, as
-    ``runtime``)."""
+    once per block length (where it does not apply, the layer path, as ``runtime``)."""
 
     def __init__(self, target: TargetModel) -> None:
         super().__init__(target)
@@ -410,7 +409,7 @@ class RuntimeWholePath(RuntimePath):
         T = tokens.shape[1]
         if T == 1:
             return super().forward(tokens, cache, capture)
-        key = (id(cache), T, tuple(capture))
+        key = (T, tuple(capture))
         if key not in self._whole:
             self._whole[key] = whole_verify(self.target, cache, T, capture)
         return self._verify(self.target, tokens, cache, capture=capture, whole=self._whole[key])

@@ -1,5 +1,6 @@
 """A whole plain decode step as one compiled graph (``HF2Q_COMPILE_FORWARD``) computes what the
-layer-by-layer runners compute.
+layer-by-layer runners compute (and the switches of it and of the verify's graph read the
+environment).
 
 The compiled step writes each attention layer's KV buffer at the position given as an array and
 attends over the whole buffer (the positions after the token masked), so one trace serves every
@@ -30,20 +31,39 @@ def _prefilled(target, prompt):
     return logits, cache
 
 
-def test_compile_forward_switch_reads_the_environment(monkeypatch):
+@pytest.mark.parametrize(
+    "env, enabled, forced, text, bad",
+    [
+        (
+            select.COMPILE_FORWARD_ENV,
+            select.compile_forward_enabled,
+            select.compile_forward_forced,
+            "decode step one compiled graph",
+            "yes please",
+        ),
+        (  # the verify's graph (tests/test_kernels_verify_graph.py)
+            select.COMPILE_VERIFY_ENV,
+            select.compile_verify_enabled,
+            select.compile_verify_forced,
+            "verify one compiled graph (full blocks)",
+            "twice",
+        ),
+    ],
+)
+def test_compile_switches_read_the_environment(env, enabled, forced, text, bad, monkeypatch):
     on_cuda = select.backend() == "cuda"
-    monkeypatch.delenv(select.COMPILE_FORWARD_ENV, raising=False)
-    assert select.compile_forward_enabled() == on_cuda  # default on CUDA only
-    assert not select.compile_forward_forced()
-    assert ("decode step one compiled graph where attention is" in select.summary()) == on_cuda
-    monkeypatch.setenv(select.COMPILE_FORWARD_ENV, "1")
-    assert select.compile_forward_enabled() and select.compile_forward_forced()
-    assert ("decode step one compiled graph" in select.summary()) == on_cuda
-    monkeypatch.setenv(select.COMPILE_FORWARD_ENV, "0")
-    assert not select.compile_forward_enabled() and not select.compile_forward_forced()
-    monkeypatch.setenv(select.COMPILE_FORWARD_ENV, "yes please")
-    with pytest.raises(UsageError, match="HF2Q_COMPILE_FORWARD='yes please' must be 0 or 1"):
-        select.compile_forward_enabled()
+    monkeypatch.delenv(env, raising=False)
+    assert enabled() == on_cuda  # default on CUDA only
+    assert not forced()
+    assert (f"{text} where attention is" in select.summary()) == on_cuda
+    monkeypatch.setenv(env, "1")
+    assert enabled() and forced()
+    assert (text in select.summary()) == on_cuda
+    monkeypatch.setenv(env, "0")
+    assert not enabled() and not forced()
+    monkeypatch.setenv(env, bad)
+    with pytest.raises(UsageError, match=f"{env}='{bad}' must be 0 or 1"):
+        enabled()
 
 
 def test_compiled_steps_equal_the_runners_and_mlx_lm_across_a_buffer_growth(fitted_pairs):

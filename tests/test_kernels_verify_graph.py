@@ -18,7 +18,6 @@ import pytest
 from conftest import FIT_TEXTS, load_fitted
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
-from hf2q.errors import UsageError
 from hf2q.kernels import layers, select
 from hf2q.kernels.forward import CompiledVerify
 from hf2q.runtime import verify
@@ -40,21 +39,6 @@ def _prefilled(target, prompt):
     logits, _ = prefill(target, prompt, cache)
     mx.eval(logits, cache.state)
     return cache
-
-
-def test_compile_verify_switch_reads_the_environment(monkeypatch):
-    on_cuda = select.backend() == "cuda"
-    monkeypatch.delenv(select.COMPILE_VERIFY_ENV, raising=False)
-    assert select.compile_verify_enabled() == on_cuda  # default on CUDA only
-    assert not select.compile_verify_forced()
-    monkeypatch.setenv(select.COMPILE_VERIFY_ENV, "1")
-    assert select.compile_verify_enabled() and select.compile_verify_forced()
-    assert ("verify one compiled graph (full blocks)" in select.summary()) == on_cuda
-    monkeypatch.setenv(select.COMPILE_VERIFY_ENV, "0")
-    assert not select.compile_verify_enabled() and not select.compile_verify_forced()
-    monkeypatch.setenv(select.COMPILE_VERIFY_ENV, "twice")
-    with pytest.raises(UsageError, match="HF2Q_COMPILE_VERIFY='twice' must be 0 or 1"):
-        select.compile_verify_enabled()
 
 
 def test_off_cuda_by_default_the_layer_path_verifies(fitted_pairs, monkeypatch):

@@ -539,10 +539,9 @@ NARROW_ENV = "HF2Q_MM_NARROW"
 
 def narrow_enabled() -> bool:
     """Whether ``HF2Q_MM_NARROW=1`` asks for :data:`ONE_TILE_NARROW` (unset or 0: no)."""
-    raw = os.environ.get(NARROW_ENV, "").strip() or "0"
-    if raw not in ("0", "1"):
-        raise UsageError(f"{NARROW_ENV}={raw!r} must be 0 or 1: unset it or fix it")
-    return raw == "1"
+    from hf2q.kernels import select  # (select imports this module)
+
+    return select._flag(NARROW_ENV, "0")
 
 
 def _layout(

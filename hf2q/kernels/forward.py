@@ -115,6 +115,34 @@ def _gdn_layer(part: tuple, h: mx.array, conv: mx.array, state: mx.array, record
     return gdn_decoder_layer(layer, h, conv, state, impl=impl, record=record, fused=fused, mm=mm)
 
 
+def _supported(target: Any, cache: Sequence[Any], gdn_cache: type, kv_caches: tuple) -> bool:
+    """Whether every layer and cache is one a whole-model trace computes: Gated-DeltaNet layers
+    the runners take over a ``gdn_cache`` holding states (not Apple GPUs' kernel), Qwen3.5
+    attention layers over a cache of exactly one of ``kv_caches`` holding positions."""
+    for layer, c in zip(target.layers, cache, strict=True):
+        if getattr(layer, "is_linear", False):
+            if not (isinstance(c, gdn_cache) and gdn_runnable(layer, c)):
+                return False
+            if c[0] is None or c[1] is None or select.gdn_impl(layer.linear_attn) == "mlx":
+                return False
+        elif not (
+            isinstance(getattr(layer, "self_attn", None), Qwen3NextAttention)
+            and type(c) in kv_caches
+            and c.keys is not None
+        ):
+            return False
+    return True
+
+
+def _held(cache: KVCache, n: int, offset: int | None) -> int:
+    """``cache``'s position, its buffers made room for ``n`` more (:func:`_reserve`); every
+    attention layer must be at ``offset``, the first layer's (None: this is the first)."""
+    _reserve(cache, n)
+    if offset is not None and cache.offset != offset:
+        raise ValueError("attention caches at different positions")
+    return cache.offset
+
+
 # One traced step per target and settings, kept while the target lives: a plain generation
 # after the first replays it instead of tracing the whole model again.
 _steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -181,19 +209,7 @@ class CompiledDecode:
     @staticmethod
     def supports(target: Any, cache: Sequence[Any]) -> bool:
         """Whether every layer and cache is one this step computes (else use the layer path)."""
-        for layer, c in zip(target.layers, cache, strict=True):
-            if getattr(layer, "is_linear", False):
-                if not (isinstance(c, ArraysCache) and gdn_runnable(layer, c)):
-                    return False
-                if c[0] is None or c[1] is None or select.gdn_impl(layer.linear_attn) == "mlx":
-                    return False
-            elif not (
-                isinstance(getattr(layer, "self_attn", None), Qwen3NextAttention)
-                and type(c) is KVCache
-                and c.keys is not None
-            ):
-                return False
-        return True
+        return _supported(target, cache, ArraysCache, (KVCache,))
 
     @staticmethod
     def exact(target: Any, rows: bool) -> bool:
@@ -228,11 +244,7 @@ class CompiledDecode:
                 arrays += [c[0], c[1]]
                 c[0] = c[1] = None  # the graph holds the only reference: updated in place
             else:
-                _reserve(c, 1)
-                if offset is None:
-                    offset = c.offset
-                elif c.offset != offset:
-                    raise ValueError("attention caches at different positions")
+                offset = _held(c, 1, offset)
                 arrays += [c.keys, c.values]
                 c.keys = c.values = None
         res = self._fn(tokens, mx.array(offset or 0, dtype=mx.int32), *arrays)
@@ -317,11 +329,11 @@ class CompiledVerify:
     Args:
         target: a :class:`hf2q.runtime.target.TargetModel` of a Qwen3.5 model.
         fuse_proj, mm, rows: as :class:`CompiledDecode`'s.
-        record: what the Gated-DeltaNet layers keep: ``"states"`` (the state after every
-            position) or ``"final"`` (the last state; the rollback replays); None: per call, as
-            the layer path picks it (``select.gdn_record`` of the block's per-step record size,
-            which grows with the rows).
         capture: the layers whose outputs are the drafter's target features.
+
+    What the Gated-DeltaNet layers keep (per-step states, or the final state for a replay) is
+    picked per call as the layer path picks it (``select.gdn_record`` of the block's per-step
+    record size, which grows with the rows); each kind is its own graph.
         block: the block length its caller runs it for (:func:`hf2q.runtime.verify.whole_verify`).
     """
 
@@ -332,25 +344,20 @@ class CompiledVerify:
         fuse_proj: bool = False,
         mm: bool = False,
         rows: bool = False,
-        record: str | None = None,
         capture: Sequence[int] = (),
         block: int = 0,
     ):
         self.block = int(block)
         self.capture = tuple(int(i) for i in capture)
-        self._record = record
         self._step_bytes = int(target.gdn_state_size) * 4  # a layer's float32 state, one row
-        # (parts, compiled forward) per record kind, traced on first use.
-        self._graphs = {
-            r: functools.partial(_verify_for, target, fuse_proj, mm, rows, r, self.capture)
-            for r in ("states", "final")
-        }
+        self._make = functools.partial(_verify_for, target, fuse_proj, mm, rows)
+        self._graphs: dict[str, tuple[list[tuple], Any]] = {}  # record kind -> traced on first use
 
     def graph(self, record: str) -> tuple[list[tuple], Any]:
         """``(parts, compiled forward)`` recording ``record``."""
-        got = self._graphs[record]
-        if isinstance(got, functools.partial):
-            got = self._graphs[record] = got()
+        got = self._graphs.get(record)
+        if got is None:
+            got = self._graphs[record] = self._make(record, self.capture)
         return got
 
     @staticmethod
@@ -362,23 +369,7 @@ class CompiledVerify:
         from hf2q.runtime.cache import BucketedKVCache, GDNRollbackCache
         from hf2q.runtime.slot_cache import SlotKVCache
 
-        for layer, c in zip(target.layers, cache, strict=True):
-            if getattr(layer, "is_linear", False):
-                if not (
-                    isinstance(c, GDNRollbackCache)
-                    and gdn_runnable(layer, c)
-                    and c[0] is not None
-                    and c[1] is not None
-                    and select.gdn_impl(layer.linear_attn) != "mlx"
-                ):
-                    return False
-            elif not (
-                isinstance(getattr(layer, "self_attn", None), Qwen3NextAttention)
-                and type(c) in (KVCache, BucketedKVCache, SlotKVCache)
-                and c.keys is not None
-            ):
-                return False
-        return True
+        return _supported(target, cache, GDNRollbackCache, (KVCache, BucketedKVCache, SlotKVCache))
 
     exact = staticmethod(CompiledDecode.exact)
 
@@ -388,7 +379,7 @@ class CompiledVerify:
         called) advanced by T positions, each Gated-DeltaNet layer holding its record for
         ``cache.rollback``."""
         T = tokens.shape[1]
-        record = self._record or select.gdn_record(tokens.size * self._step_bytes)
+        record = select.gdn_record(tokens.size * self._step_bytes)
         parts, fn = self.graph(record)
         arrays: list[mx.array] = []
         offset = None
@@ -402,11 +393,7 @@ class CompiledVerify:
                 if offset is None:  # every layer's rows are at the same positions
                     offset, slots = c.offset, True
             else:
-                _reserve(c, T)
-                if offset is None:
-                    offset = c.offset
-                elif c.offset != offset:
-                    raise ValueError("attention caches at different positions")
+                offset = _held(c, T, offset)
             arrays += [c.keys, c.values]
             c.keys = c.values = None  # the graph holds the only reference: written in place
         if not slots:
