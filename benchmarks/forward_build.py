@@ -9,6 +9,12 @@ only the call that builds the graph, then evaluates it untimed, and reports medi
 decode step as one compiled graph (``hf2q.kernels.forward.CompiledDecode``,
 ``HF2Q_COMPILE_FORWARD=1``).
 
+With ``--draft``: instead, the drafter's forward of a full block (what every DFlash round
+drafts), layer by layer (``HF2Q_COMPILE_DRAFT=0``: the fast layers on CUDA, the layer calls
+elsewhere) against one compiled graph (``=1``, ``hf2q.runtime.draft_graph.CompiledDraft``), each
+call's graph building timed, for one sequence and for ``--rows`` slot rows with the kept counts
+on the device (lagged rounds); the new context rows cycle through 1..block as acceptance would.
+
 With ``--retrace N``: instead, N verify blocks through the verify graph (``CompiledVerify``,
 forced, the runners made the path as on CUDA) from ``--prompt-tokens`` positions, each call's
 graph building timed; the calls that found a new KV buffer size (a new trace of the whole model:
@@ -18,6 +24,7 @@ buffers grow by ``hf2q.kernels.forward.graph_capacity``.
 Usage (a random-weight pair of benchmarks/slots_synthetic.py's shapes):
     python benchmarks/forward_build.py --synthetic small --reps 200
     python benchmarks/forward_build.py --synthetic small --retrace 40
+    python benchmarks/forward_build.py --synthetic small --draft --reps 100
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=200, help="timed forwards per kind")
     ap.add_argument("--block", type=int, default=16, help="verify block length")
     ap.add_argument("--retrace", type=int, default=0, help="N: time N graph verifies instead")
+    ap.add_argument("--draft", action="store_true", help="time the drafter's forward instead")
+    ap.add_argument("--rows", type=int, default=4, help="slot rows of --draft's batched case")
     ap.add_argument("--prompt-tokens", type=int, default=200, help="positions before --retrace")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -56,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     pair = synthetic_pair(args.synthetic)
     if args.retrace:
         return retrace(pair, args)
+    if args.draft:
+        return draft(pair, args)
     target = pair.target
     ids = pair.drafter.config.target_layer_ids
     vocab = target.args.vocab_size
@@ -126,6 +137,70 @@ def main(argv: list[str] | None = None) -> int:
         report[f"{kind}_build_us_per_layer"] = round(
             statistics.median(ms) * 1e3 / target.num_layers, 1
         )
+    text = json.dumps(report)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+def draft(pair, args) -> int:
+    """``--draft``: the drafter forward's build time, layer by layer against one graph."""
+    import os
+
+    from hf2q.kernels import select
+    from hf2q.runtime.slot_cache import make_slot_draft_cache
+
+    drafter = pair.drafter
+    B, F = args.block, len(drafter.config.target_layer_ids) * drafter.config.hidden_size
+    dtype = pair.target.dtype
+    report = {
+        "model": f"synthetic {args.synthetic}",
+        "drafter_layers": len(drafter.layers),
+        "device": str(mx.default_device()),
+        "block": B,
+        "reps": args.reps,
+    }
+    for rows in (1, args.rows):
+        for kind, flag in (("layers", "0"), ("graph", "1")):
+            os.environ[select.COMPILE_DRAFT_ENV] = flag
+            mx.random.seed(3)
+            if rows == 1:
+                cache = drafter.make_cache()
+            else:
+                cache = make_slot_draft_cache(drafter, rows)
+            drafter.add_context(mx.random.normal((rows, 32, F)).astype(dtype), cache)
+            mx.eval([c.state for c in cache])
+            if rows > 1:
+                for c in cache:
+                    c.lagged = True
+            graph = drafter.graph(B)  # None with the switch off: the layer path
+            times = []
+            for i in range(args.reps + 5):
+                S = 1 + (7 * i) % B  # the kept rows of the last round
+                feats = mx.random.normal((rows, B, F)).astype(dtype)
+                if rows == 1:
+                    feats = feats[:, :S]
+                else:  # lagged rounds: every row's features, its count on the device
+                    counts = mx.array([1 + (S + r) % B for r in range(rows)], dtype=mx.int32)
+                    mx.eval(counts)
+                block = mx.array([[i % 97] + [drafter.mask_token_id] * (B - 1)] * rows)
+                mx.eval(feats, block)
+                tic = time.perf_counter()
+                if rows > 1:
+                    for c in cache:
+                        c.prepare(lengths=counts)
+                logits = drafter(block.astype(mx.int32), feats, cache, graph)
+                times.append(time.perf_counter() - tic)
+                mx.eval(logits, [c.state for c in cache])
+            ms = sorted(t * 1e3 for t in times[5:])
+            name = f"{kind}_rows{rows}"
+            report[f"{name}_build_ms"] = round(statistics.median(ms), 4)
+            report[f"{name}_build_ms_p10_p90"] = [
+                round(ms[len(ms) // 10], 4),
+                round(ms[(9 * len(ms)) // 10], 4),
+            ]
+    os.environ.pop(select.COMPILE_DRAFT_ENV, None)
     text = json.dumps(report)
     print(text)
     if args.out:

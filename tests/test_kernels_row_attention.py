@@ -397,3 +397,73 @@ def test_drafter_fast_path_is_chosen_where_it_applies():
     assert not layer.fast_supported(x.astype(mx.float32), KVCache())
     assert not layer.fast_supported(x, RotatingKVCache(max_size=8))
     assert drafter.fast_enabled() == select.row_attention_enabled()
+
+
+def _graph_rounds(drafter, caches, graph, kept, rows=1, prepare=None):
+    """Draft rounds (new context rows ``kept[r]``; slot rows prepared with ``prepare[r]``)
+    through ``drafter(...)``: the layer path's fast layers, or ``graph``; each round's logits."""
+    mx.random.seed(5)
+    F = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
+    outs = []
+    for r, S in enumerate(kept):
+        feats = (mx.random.normal((rows, S, F)) * 0.5).astype(mx.bfloat16)
+        block = mx.concatenate(
+            [mx.full((rows, 1), 3 + r), mx.full((rows, 7), drafter.mask_token_id)], axis=1
+        ).astype(mx.int32)
+        if prepare is not None:
+            for c in caches:
+                c.prepare(lengths=prepare[r])
+        outs.append(drafter(block, feats, caches, graph).astype(mx.float32))
+        mx.eval(outs[-1], [c.state for c in caches])
+    return outs
+
+
+@pytest.mark.parametrize("lagged", [None, False, True], ids=["one", "host-counts", "device-counts"])
+def test_draft_graph_with_the_kernel_equals_the_fast_layers(emulated, monkeypatch, lagged):
+    """The drafter's forward as one compiled graph (``HF2Q_COMPILE_DRAFT=1``), attending with
+    the row-invariant kernel, drafts the fast layers' logits bit for bit and leaves every row's
+    kept context as they do: one sequence, and ragged slot rows (products over the padded
+    context rows change no bit where they are row-invariant, as here). (Emulated, the graph's
+    function runs without ``mx.compile``: the emulator reads its inputs; on a GPU, traced.)"""
+    from hf2q.runtime.drafter import DFlashDraftModel
+    from hf2q.runtime.slot_cache import make_slot_draft_cache
+
+    monkeypatch.setattr(DFlashDraftModel, "fast_enabled", staticmethod(lambda: True))
+    monkeypatch.setattr(select, "row_attention_enabled", lambda: True)
+    monkeypatch.setenv(select.COMPILE_DRAFT_ENV, "1")
+    drafter = _drafter()
+    rows = 1 if lagged is None else 2
+    lengths = [[5, 2], [8, 3], [1, 8]] if rows == 2 else None
+    kept = [5, 8, 1] if rows == 1 else [max(n) for n in lengths]
+
+    def caches():
+        made = drafter.make_cache() if rows == 1 else make_slot_draft_cache(drafter, rows)
+        F = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
+        feats = (mx.random.normal((rows, 4, F), key=mx.random.key(2)) * 0.5).astype(mx.bfloat16)
+        drafter.add_context(feats, made)
+        for c in made:
+            c.lagged = bool(lagged)
+        return made
+
+    ref_cache, got_cache = caches(), caches()
+    counts = lengths
+    if lagged:
+        counts = [mx.array(n, dtype=mx.int32) for n in lengths]
+    ref = _graph_rounds(drafter, ref_cache, None, kept, rows, counts)
+    graph = drafter.graph(8)
+    if emulated:  # the emulator evaluates its inputs: the graph's function runs untraced
+        mx.disable_compile()
+    try:
+        got = _graph_rounds(drafter, got_cache, graph, kept, rows, counts)
+    finally:
+        mx.enable_compile()
+    for a, b in zip(ref, got, strict=True):
+        assert mx.array_equal(a, b), float(mx.abs(a - b).max())
+    ends = [4 + sum(kept)] if rows == 1 else [4 + sum(n[r] for n in lengths) for r in range(rows)]
+    for rc, gc in zip(ref_cache, got_cache, strict=True):
+        got_ends = [gc.offset] if rows == 1 else gc.offset.tolist()
+        assert got_ends == ends
+        for r, n in enumerate(ends):
+            for x, y in ((rc.keys, gc.keys), (rc.values, gc.values)):
+                a, b = x[r, :, :n].astype(mx.float32), y[r, :, :n].astype(mx.float32)
+                assert mx.array_equal(a, b), float(mx.abs(a - b).max())

@@ -136,6 +136,11 @@ COMPILE_FORWARD_ENV = "HF2Q_COMPILE_FORWARD"
 #: rule: where the bits equal the layer path's); 0 turns it off.
 COMPILE_VERIFY_ENV = "HF2Q_COMPILE_VERIFY"
 
+#: HF2Q_COMPILE_DRAFT=1: the drafter's forward of a full block runs as one compiled graph
+#: (:class:`hf2q.runtime.draft_graph.CompiledDraft`) instead of layer by layer (default off
+#: until an H200 run measures it; see :func:`compile_draft_enabled`).
+COMPILE_DRAFT_ENV = "HF2Q_COMPILE_DRAFT"
+
 #: HF2Q_LAGGED_ROUNDS: DFlash without lookup (``hf2q generate --dflash --no-lookup``,
 #: ``hf2q bench --no-lookup``) queues each round before reading the previous round's acceptance
 #: (default on CUDA, off elsewhere; 0 or 1 forces it).
@@ -490,6 +495,17 @@ def compile_verify_forced() -> bool:
     return compile_verify_enabled() and COMPILE_VERIFY_ENV in os.environ
 
 
+def compile_draft_enabled() -> bool:
+    """Whether the drafter's forward of a full block may run as one compiled graph
+    (``HF2Q_COMPILE_DRAFT=1``; off unless set). Why: a round waits for the host, and the
+    drafter's forward is built layer by layer (its compiled pieces, cache writes and attention
+    called from Python per layer), where one compiled graph is replayed from C++ (as the
+    verify's: 12.6% shorter demo-pair rounds on an H200, docs/BENCHMARKS.md session 40). Off by
+    default until an H200 run measures it; its drafts are the layer path's where products are
+    row-invariant, and the target decides the output whatever the drafts are."""
+    return _flag(COMPILE_DRAFT_ENV, "0")
+
+
 def flush_layers(lagged: bool = False) -> int:
     """After how many layers a verify forward queues what it has built (0: never):
     ``HF2Q_FLUSH_LAYERS`` when set, else :data:`LAGGED_FLUSH_LAYERS` in a lagged round
@@ -695,6 +711,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
             if compile_verify_forced()
             else "one compiled graph (full blocks) where attention is the row-invariant kernel"
         )
+    if compile_draft_enabled():
+        info["draft_graph"] = "one compiled graph (full blocks)"
     if lagged_rounds_enabled():
         info["rounds"] = (
             "lagged (with lookup: synchronous while a lookup draft is due)"
@@ -735,6 +753,8 @@ def summary(model: object | None = None) -> str:
         parts.append(f"decode step {info['decode_step']}")
     if "verify_graph" in info:
         parts.append(f"verify {info['verify_graph']}")
+    if "draft_graph" in info:
+        parts.append(f"draft {info['draft_graph']}")
     if "rounds" in info:
         parts.append(f"rounds {info['rounds']}")
     if "draft_ahead" in info:

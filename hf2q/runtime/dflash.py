@@ -389,6 +389,7 @@ def _dflash(
 
     chooser = LookupChooser([*prompt, token]) if lookup else None
     whole = whole_verify(target, tcache, B, ids)  # full blocks as one compiled graph (CUDA)
+    dgraph = drafter.graph(B)  # the drafts of full blocks as one graph (HF2Q_COMPILE_DRAFT=1)
     unseen: list[mx.array] = []  # verified context rows the drafter has not been given yet
 
     def submit_draft(last: int, ctx: mx.array) -> tuple[mx.array, mx.array | None, int, str]:
@@ -402,7 +403,7 @@ def _dflash(
         rows = unseen[0] if len(unseen) == 1 else mx.concatenate(unseen, axis=1)
         unseen.clear()
         block = mx.array([[last] + [mask_id] * (bs - 1)], dtype=mx.int32)
-        dlogits = drafter(block, rows, dcache)[0]  # (bs-1, V)
+        dlogits = drafter(block, rows, dcache, dgraph)[0]  # (bs-1, V)
         if sampling.greedy:
             draft, q = mx.argmax(dlogits, axis=-1).astype(mx.int32), None
         else:

@@ -32,6 +32,7 @@ from hf2q.kernels.gdn import concat_linears, mlp_fused
 from hf2q.kernels.linear import FROZEN, Frozen, kept, linear, swiglu_mlp
 from hf2q.kernels.select import (
     bucketed,
+    compile_draft_enabled,
     compile_enabled,
     draft_mm_enabled,
     fuse_proj_enabled,
@@ -39,6 +40,7 @@ from hf2q.kernels.select import (
     sdpa_bucket,
     small_mm_enabled,
 )
+from hf2q.runtime.draft_graph import CompiledDraft
 
 DRAFTER_ARCHITECTURE = "DFlashDraftModel"
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -733,14 +735,31 @@ class DFlashDraftModel(nn.Module):
             h = layer(h, ctx, c, fw)
         return self.norm(h)
 
-    def __call__(self, block: mx.array, features: mx.array, cache: list[KVCache]) -> mx.array:
+    def __call__(
+        self,
+        block: mx.array,
+        features: mx.array,
+        cache: list[KVCache],
+        graph: CompiledDraft | None = None,
+    ) -> mx.array:
         """Draft logits (B, L-1, vocab) for block positions 1..L-1 (products through the small-M
         kernel up to ``select.draft_mm_rows()`` block rows, the head up to
-        ``select.draft_head_mm_rows()``, MLX's matmul beyond)."""
+        ``select.draft_head_mm_rows()``, MLX's matmul beyond); through ``graph`` (from
+        :meth:`graph`) where it takes the block."""
+        if graph is not None and graph.takes(block, features, cache):
+            return graph(block, features, cache)
         h = self.hidden(block, features, cache, mm=self.kernel_products(block.size))[:, 1:]
         if self._head_takes_mm and not self.kernel_products(block.size, head=True):
             return self._head(h, mm=FROZEN)  # inference: the weight's transposed view kept
         return self._head(h)
+
+    def graph(self, block_size: int) -> CompiledDraft | None:
+        """A generation's drafts of full blocks (``block_size`` long) as one compiled graph each
+        (:class:`hf2q.runtime.draft_graph.CompiledDraft`, ``HF2Q_COMPILE_DRAFT=1``), or None
+        (off, or not bound to a target yet). Pass it to every call of the generation."""
+        if not compile_draft_enabled() or not self.is_bound:
+            return None
+        return CompiledDraft(self, block_size)
 
 
 def load_drafter_config(path: str | Path) -> DFlashConfig:

@@ -237,6 +237,17 @@ class SlotKVCache(_BaseCache):
             need = grow(need, self.capacity)
         self._reserve(need, self.keys, self.values)
 
+    def prepared(self, L: int) -> mx.array:
+        """The counts (rows,) int32 the next write of ``L`` positions advances the rows by (what
+        :meth:`prepare` set, else ``L`` each), for a caller that writes the buffers itself
+        (``hf2q.runtime.draft_graph.CompiledDraft``, then :meth:`written`)."""
+        adv = self._advance
+        if isinstance(adv, mx.array):
+            return adv if adv.dtype == mx.int32 else adv.astype(mx.int32)
+        if adv is not None and any(not 0 <= a <= L for a in adv):
+            raise ValueError(f"prepared lengths must be in 0..{L}, got {adv}")
+        return _offsets(adv if adv is not None else [L] * self.rows)
+
     def written(self, L: int) -> None:
         """Advance the rows after ``L`` positions were written at their offsets: each row by its
         prepared length (:meth:`prepare`) or by ``L``."""

@@ -495,6 +495,7 @@ def _dflash_slots(
     ctx_len = [1] * slots  # rows of ``ctx`` each row appends
     st = _Stats(slots, B)
     graphs: list[CompiledVerify | None] = []  # what whole() decided
+    dgraph = drafter.graph(B)  # the drafts of full blocks as one graph (HF2Q_COMPILE_DRAFT=1)
 
     def whole() -> CompiledVerify | None:
         """The verify of the rows' full blocks as one compiled graph (:func:`whole_verify`; CUDA),
@@ -588,7 +589,7 @@ def _dflash_slots(
             for c in dcache:
                 c.prepare(lengths=ctx_len)
             block = mx.array([[t] + [mask_id] * (bs - 1) for t in last], dtype=mx.int32)
-            dlogits = drafter(block, ctx, dcache)  # (R, bs-1, V)
+            dlogits = drafter(block, ctx, dcache, dgraph)  # (R, bs-1, V)
         q_rows: list[mx.array | None] = []
         if sampling.greedy:
             if ahead is not None:
@@ -692,7 +693,7 @@ def _dflash_slots(
         array only the device has read: lagged caches)."""
         for c in dcache:
             c.prepare(lengths=counts)
-        return drafter(mx.concatenate([first[:, None], masks], axis=1), context, dcache)
+        return drafter(mx.concatenate([first[:, None], masks], axis=1), context, dcache, dgraph)
 
     def lookup_due() -> bool:
         """Whether a row would draft its next round from its lookup proposal (``lookup=True``):

@@ -1,0 +1,237 @@
+"""The drafter's forward of a full block as one ``mx.compile`` graph (``HF2Q_COMPILE_DRAFT``).
+
+Why: a DFlash round on a GPU waits for the host. The target's verify and the plain step already
+run as one compiled graph each (:mod:`hf2q.kernels.forward`); the drafter's forward was still
+built layer by layer on the host: per layer a compiled projection piece, the cache writes, the
+attention kernel, the dropping of the block's entries and a compiled output piece, each a call
+from Python, then the context projection, the final norm and the target's head. One compiled
+graph for the whole forward is replayed from C++ instead.
+
+What it does: :class:`CompiledDraft` runs a block of ``block_size`` tokens for one sequence
+(mlx-lm's ``KVCache`` per layer) or for every row of a slot cache
+(:class:`hf2q.runtime.slot_cache.SlotKVCache`, a position and a kept context count per row):
+the target features through ``fc`` and ``hidden_norm``, every layer, the final norm and the
+target's head, in one function. Each layer writes its new context rows' keys and values into the
+cache buffers by a scatter at the rows' positions, then the block's right after each row's kept
+context rows, and the block attends over the buffers in place: the row-invariant CUDA kernel
+where the layer path's fast layers use it, else MLX's attention over the whole buffer with a
+mask. The new context rows are padded to the block length (zeros; a row keeps its own count), so
+one trace serves every round whatever was accepted: the padding's entries lie past the row's
+end and the block's write covers them (the block is as long as the padding), and nothing ever
+reads a position before it is written again. The caches keep the verified context only, as the
+layer path leaves them: each row's offset moves by its kept count.
+
+Same values as the layer path: the layers' math is the same pieces in the same order; products
+are computed over more rows (the padding), which changes no bit where the products are
+row-invariant (hf2q's small-M kernel on CUDA) and may round otherwise. Drafts only propose:
+whatever their bits, DFlash's output is the target's (greedy tokens equal plain decoding's).
+
+What it does not do: blocks shorter than the drafter's block size (a generation's last), more
+new context rows than a block (after lookup rounds), caches holding nothing yet, or any other
+cache type: :meth:`hf2q.runtime.drafter.DFlashDraftModel.__call__` keeps the layer path there.
+Training never runs it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from hf2q.kernels import cuda_attention, select
+from hf2q.kernels.forward import _held, graph_capacity
+from hf2q.kernels.linear import FROZEN, linear, swiglu_mlp
+from hf2q.runtime.slot_cache import SlotKVCache
+
+#: The drafter attribute holding its traced forwards, by settings.
+_KEPT = "_hf2q_draft_graphs"
+
+
+def _drafter_weights(drafter: Any) -> list[mx.array]:
+    """Every array a trace of ``drafter`` holds as a constant (a trace is rebuilt when one of
+    them was replaced: new weights loaded, a dtype change)."""
+    from hf2q.runtime.drafter import _layer_weights
+
+    out = [drafter.fc.weight, drafter.hidden_norm.weight, drafter.norm.weight]
+    for layer in drafter.layers:
+        out += _layer_weights(layer)
+    return out
+
+
+def _layer(lay: Any, x: mx.array, ctx: mx.array, off, first, K, V, mm, rows: bool):
+    """One drafter layer of the graph over block rows ``x`` (R, L, H) and padded new context
+    rows ``ctx`` (R, P, H): ``(out, K, V)`` with the layer's buffers written."""
+    a = lay.self_attn
+    R, L, _ = x.shape
+    P = ctx.shape[1]
+    h = lay.input_layernorm(x)
+    # Context and block rows through one k and one v product (rows are independent), rotated
+    # at their own positions: the context at the row's offset, the block after its kept rows.
+    both = mx.concatenate([ctx, h], axis=1)
+    k = a.k_norm(a._heads(linear(a.k_proj, both, mm), a.n_kv_heads))
+    v = a._heads(linear(a.v_proj, both, mm), a.n_kv_heads)
+    k_ctx = a.rope(k[:, :, :P], offset=off)
+    k_blk = a.rope(k[:, :, P:], offset=first)
+    q = a.queries(h, first, mm)
+    at_ctx = off.reshape(-1, 1, 1, 1) + mx.arange(P, dtype=mx.int32).reshape(1, 1, P, 1)
+    at_blk = first.reshape(-1, 1, 1, 1) + mx.arange(L, dtype=mx.int32).reshape(1, 1, L, 1)
+    # The context first, then the block: where the padding and the block meet, the block wins.
+    K = mx.put_along_axis(K, at_ctx, k_ctx, axis=2)
+    V = mx.put_along_axis(V, at_ctx, v[:, :, :P], axis=2)
+    K = mx.put_along_axis(K, at_blk, k_blk, axis=2)
+    V = mx.put_along_axis(V, at_blk, v[:, :, P:], axis=2)
+    if rows and cuda_attention.supported(q, K, V) is None:
+        o = cuda_attention.row_attention_cuda(
+            q, K, V, first, a.scale, window=a.sliding_window, causal=a.is_causal
+        )  # (R, L, heads, d)
+    else:  # the buffer whole; each query row sees its row's keys up to the block's end
+        kpos = mx.arange(K.shape[2], dtype=mx.int32).reshape(1, 1, 1, -1)
+        qpos = at_blk.reshape(-1, 1, L, 1)
+        vis = kpos < first.reshape(-1, 1, 1, 1) + L
+        if a.is_causal:
+            vis = vis & (kpos <= qpos)
+        if a.sliding_window is not None:
+            vis = vis & (qpos - kpos < a.sliding_window)
+        o = mx.fast.scaled_dot_product_attention(q, K, V, scale=a.scale, mask=vis)
+        o = o.transpose(0, 2, 1, 3)
+    h = linear(a.o_proj, o.reshape(R, L, -1), mm, add=x)
+    return swiglu_mlp(lay.mlp, lay.post_attention_layernorm(h), mm, add=h), K, V
+
+
+def _graph_for(drafter: Any, mm: bool, head_mm: bool | None, rows: bool) -> Any:
+    """The compiled forward of ``drafter`` for these settings (see :class:`CompiledDraft`), kept
+    on the drafter as a plain attribute (not a parameter; it goes with the drafter), so a later
+    generation replays its traces."""
+    per = drafter.__dict__.get(_KEPT)
+    if per is None:
+        per = {}
+        object.__setattr__(drafter, _KEPT, per)
+    key = (
+        mm,
+        head_mm,
+        rows,
+        select.mm_key(),
+        select.kernel_mode(),
+        select.backend(),
+        select.compile_enabled(),
+    )
+    weights = _drafter_weights(drafter)
+    hit = per.get(key)
+    if (
+        hit is not None
+        and hit[1] is drafter._head
+        and hit[2] is drafter._embed
+        and len(hit[0]) == len(weights)
+        and all(a is b for a, b in zip(hit[0], weights))
+    ):
+        return hit[3]
+    ref = weakref.ref(drafter)  # the kept trace must not keep its drafter alive
+    on = mm or FROZEN  # inference: products off the kernel read kept transposed views
+
+    def forward(
+        block: mx.array, features: mx.array, off: mx.array, count: mx.array, *arrays: mx.array
+    ) -> tuple[mx.array, ...]:
+        # block (R, L) token ids; features (R, P, n_ids*H) new context, padded; off (R,) each
+        # row's position (its context's first); count (R,) the context rows each row keeps;
+        # arrays: (keys, values) buffers per layer, returned written after the logits.
+        d = ref()
+        x = d._embed(block)
+        ctx = d.context(features, on)
+        first = off + count
+        out: list[mx.array] = []
+        for i, lay in enumerate(d.layers):
+            x, K, V = _layer(lay, x, ctx, off, first, arrays[2 * i], arrays[2 * i + 1], on, rows)
+            out += [K, V]
+        h = d.norm(x)[:, 1:]
+        logits = d._head(h) if head_mm is None else d._head(h, mm=head_mm)
+        return (logits, *out)
+
+    fn = mx.compile(forward)
+    per[key] = (weights, drafter._head, drafter._embed, fn)
+    return fn
+
+
+class CompiledDraft:
+    """One generation's drafter forwards of full blocks (see the module docstring) as one
+    compiled graph (:meth:`hf2q.runtime.drafter.DFlashDraftModel.graph` makes it).
+
+    Args:
+        drafter: a bound :class:`hf2q.runtime.drafter.DFlashDraftModel`.
+        block: the generation's block length; shorter blocks keep the layer path (:meth:`takes`).
+
+    The settings a trace depends on are read when a row count is first drafted: whether the
+    products run the small-M kernel (``drafter.kernel_products``, by the block's rows, and for
+    the head), and whether attention is the row-invariant kernel (``select.row_attention_enabled``);
+    traces are kept on the drafter by those settings and its weights (a later generation
+    replays them; new weights trace again).
+    """
+
+    def __init__(self, drafter: Any, block: int) -> None:
+        self.block = int(block)
+        self._drafter = drafter
+        self._fns: dict[int, Any] = {}  # block rows (R x L) -> the compiled forward
+
+    def takes(self, block: mx.array, features: mx.array, cache: Sequence[Any]) -> bool:
+        """Whether this graph drafts ``block`` (R, L) after new context ``features`` (R, S, F):
+        a full block, 1..L new rows, every layer's cache mlx-lm's ``KVCache`` (exactly) or hf2q's
+        slot cache, holding positions already (a prompt was added)."""
+        L, S = block.shape[1], features.shape[1]
+        return (
+            self.block == L
+            and 0 < S <= L
+            and all(
+                (type(c) is KVCache or isinstance(c, SlotKVCache)) and c.keys is not None
+                for c in cache
+            )
+        )
+
+    def _fn(self, rows: int) -> Any:
+        fn = self._fns.get(rows)
+        if fn is None:
+            d = self._drafter
+            head_mm = FROZEN if d._head_takes_mm and not d.kernel_products(rows, True) else None
+            mm, attn = d.kernel_products(rows), select.row_attention_enabled()
+            fn = self._fns[rows] = _graph_for(d, mm, head_mm, attn)
+        return fn
+
+    def __call__(self, block: mx.array, features: mx.array, cache: Sequence[Any]) -> mx.array:
+        """Draft logits (R, L-1, vocab) of ``block`` (R, L) after each row appends its new context
+        ``features`` (R, S, n_ids*H), where :meth:`takes` it: all S rows for one sequence, each
+        row's prepared count for a slot cache (``prepare(lengths=...)``, as before a layer-path
+        call). The caches advance by those counts."""
+        R, L = block.shape
+        S = features.shape[1]
+        P = L  # the new context rows, padded: one trace whatever was accepted
+        if S < P:
+            pad = mx.zeros((R, P - S, features.shape[2]), dtype=features.dtype)
+            features = mx.concatenate([features, pad], axis=1)
+        arrays: list[mx.array] = []
+        off = count = None
+        held: int | None = None
+        for c in cache:
+            if isinstance(c, SlotKVCache):
+                c.reserve_block(P + L, graph_capacity)
+                if off is None:  # the layers hold the same positions and counts
+                    off, count = c.offset, c.prepared(S)
+            else:
+                held = _held(c, P + L, held)
+            arrays += [c.keys, c.values]
+            c.keys = c.values = None  # the graph holds the only reference: written in place
+        if off is None:  # one sequence: every layer at ``held``, keeping all S rows
+            off = mx.array([held], dtype=mx.int32)
+            count = mx.array([S], dtype=mx.int32)
+        res = self._fn(R * L)(block, features, off, count, *arrays)
+        del arrays
+        for i, c in enumerate(cache):
+            c.keys, c.values = res[1 + 2 * i], res[2 + 2 * i]
+            if isinstance(c, SlotKVCache):
+                c.written(S)
+            else:
+                c.offset += S
+        return res[0]
+
+
+__all__ = ["CompiledDraft"]
