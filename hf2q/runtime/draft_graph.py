@@ -61,12 +61,36 @@ def _drafter_weights(drafter: Any) -> list[mx.array]:
     return out
 
 
-def _layer(lay: Any, x: mx.array, ctx: mx.array, off, first, K, V, mm, rows: bool):
+def _positions(off: mx.array, first: mx.array, P: int, L: int) -> tuple[mx.array, mx.array]:
+    """Where the padded context rows and the block's rows go in each row's buffer (R, 1, n, 1):
+    the layers share them (one set of nodes per forward, not per layer)."""
+    at_ctx = off.reshape(-1, 1, 1, 1) + mx.arange(P, dtype=mx.int32).reshape(1, 1, P, 1)
+    at_blk = first.reshape(-1, 1, 1, 1) + mx.arange(L, dtype=mx.int32).reshape(1, 1, L, 1)
+    return at_ctx, at_blk
+
+
+def _visible(a: Any, at_blk: mx.array, first: mx.array, L: int, C: int) -> mx.array:
+    """MLX attention's mask (R, 1, L, C) over a whole buffer of C positions: each block row sees
+    its row's keys up to the block's end (and, causal, up to itself; within the window)."""
+    kpos = mx.arange(C, dtype=mx.int32).reshape(1, 1, 1, -1)
+    qpos = at_blk.reshape(-1, 1, L, 1)
+    vis = kpos < first.reshape(-1, 1, 1, 1) + L
+    if a.is_causal:
+        vis = vis & (kpos <= qpos)
+    if a.sliding_window is not None:
+        vis = vis & (qpos - kpos < a.sliding_window)
+    return vis
+
+
+def _layer(lay: Any, x: mx.array, ctx: mx.array, where: tuple, K, V, mm, rows: bool, masks: dict):
     """One drafter layer of the graph over block rows ``x`` (R, L, H) and padded new context
-    rows ``ctx`` (R, P, H): ``(out, K, V)`` with the layer's buffers written."""
+    rows ``ctx`` (R, P, H): ``(out, K, V)`` with the layer's buffers written. ``where``: the
+    rows' offsets, the block's first positions and :func:`_positions`; ``masks``: MLX
+    attention's masks made so far, by kind of layer."""
     a = lay.self_attn
     R, L, _ = x.shape
     P = ctx.shape[1]
+    off, first, at_ctx, at_blk = where
     h = lay.input_layernorm(x)
     # Context and block rows through one k and one v product (rows are independent), rotated
     # at their own positions: the context at the row's offset, the block after its kept rows.
@@ -76,8 +100,6 @@ def _layer(lay: Any, x: mx.array, ctx: mx.array, off, first, K, V, mm, rows: boo
     k_ctx = a.rope(k[:, :, :P], offset=off)
     k_blk = a.rope(k[:, :, P:], offset=first)
     q = a.queries(h, first, mm)
-    at_ctx = off.reshape(-1, 1, 1, 1) + mx.arange(P, dtype=mx.int32).reshape(1, 1, P, 1)
-    at_blk = first.reshape(-1, 1, 1, 1) + mx.arange(L, dtype=mx.int32).reshape(1, 1, L, 1)
     # The context first, then the block: where the padding and the block meet, the block wins.
     K = mx.put_along_axis(K, at_ctx, k_ctx, axis=2)
     V = mx.put_along_axis(V, at_ctx, v[:, :, :P], axis=2)
@@ -87,15 +109,11 @@ def _layer(lay: Any, x: mx.array, ctx: mx.array, off, first, K, V, mm, rows: boo
         o = cuda_attention.row_attention_cuda(
             q, K, V, first, a.scale, window=a.sliding_window, causal=a.is_causal
         )  # (R, L, heads, d)
-    else:  # the buffer whole; each query row sees its row's keys up to the block's end
-        kpos = mx.arange(K.shape[2], dtype=mx.int32).reshape(1, 1, 1, -1)
-        qpos = at_blk.reshape(-1, 1, L, 1)
-        vis = kpos < first.reshape(-1, 1, 1, 1) + L
-        if a.is_causal:
-            vis = vis & (kpos <= qpos)
-        if a.sliding_window is not None:
-            vis = vis & (qpos - kpos < a.sliding_window)
-        o = mx.fast.scaled_dot_product_attention(q, K, V, scale=a.scale, mask=vis)
+    else:  # the buffer whole, masked
+        kind = (a.is_causal, a.sliding_window, K.shape[2])
+        if kind not in masks:
+            masks[kind] = _visible(a, at_blk, first, L, K.shape[2])
+        o = mx.fast.scaled_dot_product_attention(q, K, V, scale=a.scale, mask=masks[kind])
         o = o.transpose(0, 2, 1, 3)
     h = linear(a.o_proj, o.reshape(R, L, -1), mm, add=x)
     return swiglu_mlp(lay.mlp, lay.post_attention_layernorm(h), mm, add=h), K, V
@@ -141,9 +159,12 @@ def _graph_for(drafter: Any, mm: bool, head_mm: bool | None, rows: bool) -> Any:
         x = d._embed(block)
         ctx = d.context(features, on)
         first = off + count
+        where = (off, first, *_positions(off, first, ctx.shape[1], block.shape[1]))
+        masks: dict = {}
         out: list[mx.array] = []
         for i, lay in enumerate(d.layers):
-            x, K, V = _layer(lay, x, ctx, off, first, arrays[2 * i], arrays[2 * i + 1], on, rows)
+            K, V = arrays[2 * i], arrays[2 * i + 1]
+            x, K, V = _layer(lay, x, ctx, where, K, V, on, rows, masks)
             out += [K, V]
         h = d.norm(x)[:, 1:]
         logits = d._head(h) if head_mm is None else d._head(h, mm=head_mm)
