@@ -11,15 +11,16 @@ What it does: :class:`CompiledDraft` runs a block of ``block_size`` tokens for o
 (mlx-lm's ``KVCache`` per layer) or for every row of a slot cache
 (:class:`hf2q.runtime.slot_cache.SlotKVCache`, a position and a kept context count per row):
 the target features through ``fc`` and ``hidden_norm``, every layer, the final norm and the
-target's head, in one function. Each layer writes its new context rows' keys and values into the
-cache buffers by a scatter at the rows' positions, then the block's right after each row's kept
-context rows, and the block attends over the buffers in place: the row-invariant CUDA kernel
-where the layer path's fast layers use it, else MLX's attention over the whole buffer with a
-mask. The new context rows are padded to the block length (zeros; a row keeps its own count), so
-one trace serves every round whatever was accepted: the padding's entries lie past the row's
-end and the block's write covers them (the block is as long as the padding), and nothing ever
-reads a position before it is written again. The caches keep the verified context only, as the
-layer path leaves them: each row's offset moves by its kept count.
+target's head, in one function. The new context rows are padded to the block length (zeros; a
+row keeps its own count), so one trace serves every round whatever was accepted. Each layer
+takes its context and block rows in the order of their positions (a row's kept context rows,
+its block right after them, its padding rows past the block's end: one gather), computes their
+keys and values in one product each, rotates them from the row's offset in one RoPE call and
+writes them into the cache buffers by one scatter each; the block attends over the buffers in
+place: the row-invariant CUDA kernel where the layer path's fast layers use it, else MLX's
+attention over the whole buffer with a mask. Nothing reads a position past the block's end,
+and the next round writes every position it reads before reading it. The caches keep the
+verified context only, as the layer path leaves them: each row's offset moves by its kept count.
 
 Same values as the layer path: the layers' math is the same pieces in the same order; products
 are computed over more rows (the padding), which changes no bit where the products are
@@ -61,19 +62,23 @@ def _drafter_weights(drafter: Any) -> list[mx.array]:
     return out
 
 
-def _positions(off: mx.array, first: mx.array, P: int, L: int) -> tuple[mx.array, mx.array]:
-    """Where the padded context rows and the block's rows go in each row's buffer (R, 1, n, 1):
-    the layers share them (one set of nodes per forward, not per layer)."""
-    at_ctx = off.reshape(-1, 1, 1, 1) + mx.arange(P, dtype=mx.int32).reshape(1, 1, P, 1)
-    at_blk = first.reshape(-1, 1, 1, 1) + mx.arange(L, dtype=mx.int32).reshape(1, 1, L, 1)
-    return at_ctx, at_blk
+def _positions(off: mx.array, count: mx.array, P: int, L: int) -> tuple[mx.array, mx.array]:
+    """``(order, at)``, what every layer writes by: ``order`` (R, P+L) picks, from a layer's
+    context rows then block rows, the rows in the order of their positions (each row's kept
+    context rows, then its block, then its padding rows, which go past the block's end); ``at``
+    (R, 1, P+L, 1) are those positions, ``off`` onwards. The layers share them."""
+    s = mx.arange(P + L, dtype=mx.int32).reshape(1, -1)
+    n = count.reshape(-1, 1)
+    order = mx.where(s < n, s, mx.where(s < n + L, P + s - n, s - L))
+    at = off.reshape(-1, 1, 1, 1) + s.reshape(1, 1, -1, 1)
+    return order, at
 
 
-def _visible(a: Any, at_blk: mx.array, first: mx.array, L: int, C: int) -> mx.array:
+def _visible(a: Any, first: mx.array, L: int, C: int) -> mx.array:
     """MLX attention's mask (R, 1, L, C) over a whole buffer of C positions: each block row sees
     its row's keys up to the block's end (and, causal, up to itself; within the window)."""
     kpos = mx.arange(C, dtype=mx.int32).reshape(1, 1, 1, -1)
-    qpos = at_blk.reshape(-1, 1, L, 1)
+    qpos = first.reshape(-1, 1, 1, 1) + mx.arange(L, dtype=mx.int32).reshape(1, 1, L, 1)
     vis = kpos < first.reshape(-1, 1, 1, 1) + L
     if a.is_causal:
         vis = vis & (kpos <= qpos)
@@ -89,22 +94,17 @@ def _layer(lay: Any, x: mx.array, ctx: mx.array, where: tuple, K, V, mm, rows: b
     attention's masks made so far, by kind of layer."""
     a = lay.self_attn
     R, L, _ = x.shape
-    P = ctx.shape[1]
-    off, first, at_ctx, at_blk = where
+    off, first, order, at = where
     h = lay.input_layernorm(x)
-    # Context and block rows through one k and one v product (rows are independent), rotated
-    # at their own positions: the context at the row's offset, the block after its kept rows.
-    both = mx.concatenate([ctx, h], axis=1)
-    k = a.k_norm(a._heads(linear(a.k_proj, both, mm), a.n_kv_heads))
-    v = a._heads(linear(a.v_proj, both, mm), a.n_kv_heads)
-    k_ctx = a.rope(k[:, :, :P], offset=off)
-    k_blk = a.rope(k[:, :, P:], offset=first)
+    # Context and block rows in the order of their positions (a gather), through one k and one
+    # v product (rows are independent), rotated from the row's offset, written by one scatter
+    # each: contiguous positions per row, the padding's past the block's end.
+    rows_in_order = mx.take_along_axis(mx.concatenate([ctx, h], axis=1), order[..., None], axis=1)
+    k = a.k_norm(a._heads(linear(a.k_proj, rows_in_order, mm), a.n_kv_heads))
+    v = a._heads(linear(a.v_proj, rows_in_order, mm), a.n_kv_heads)
+    K = mx.put_along_axis(K, at, a.rope(k, offset=off), axis=2)
+    V = mx.put_along_axis(V, at, v, axis=2)
     q = a.queries(h, first, mm)
-    # The context first, then the block: where the padding and the block meet, the block wins.
-    K = mx.put_along_axis(K, at_ctx, k_ctx, axis=2)
-    V = mx.put_along_axis(V, at_ctx, v[:, :, :P], axis=2)
-    K = mx.put_along_axis(K, at_blk, k_blk, axis=2)
-    V = mx.put_along_axis(V, at_blk, v[:, :, P:], axis=2)
     if rows and cuda_attention.supported(q, K, V) is None:
         o = cuda_attention.row_attention_cuda(
             q, K, V, first, a.scale, window=a.sliding_window, causal=a.is_causal
@@ -112,7 +112,7 @@ def _layer(lay: Any, x: mx.array, ctx: mx.array, where: tuple, K, V, mm, rows: b
     else:  # the buffer whole, masked
         kind = (a.is_causal, a.sliding_window, K.shape[2])
         if kind not in masks:
-            masks[kind] = _visible(a, at_blk, first, L, K.shape[2])
+            masks[kind] = _visible(a, first, L, K.shape[2])
         o = mx.fast.scaled_dot_product_attention(q, K, V, scale=a.scale, mask=masks[kind])
         o = o.transpose(0, 2, 1, 3)
     h = linear(a.o_proj, o.reshape(R, L, -1), mm, add=x)
@@ -159,7 +159,7 @@ def _graph_for(drafter: Any, mm: bool, head_mm: bool | None, rows: bool) -> Any:
         x = d._embed(block)
         ctx = d.context(features, on)
         first = off + count
-        where = (off, first, *_positions(off, first, ctx.shape[1], block.shape[1]))
+        where = (off, first, *_positions(off, count, ctx.shape[1], block.shape[1]))
         masks: dict = {}
         out: list[mx.array] = []
         for i, lay in enumerate(d.layers):
