@@ -44,7 +44,7 @@ from mlx_lm.models.cache import KVCache
 
 from hf2q.kernels import cuda_attention, select
 from hf2q.kernels.forward import _held, graph_capacity
-from hf2q.kernels.linear import FROZEN, linear, swiglu_mlp
+from hf2q.kernels.linear import FROZEN, linear, linears, swiglu_mlp
 from hf2q.runtime.slot_cache import SlotKVCache
 
 #: The drafter attribute holding its traced forwards, by settings.
@@ -96,12 +96,13 @@ def _layer(lay: Any, x: mx.array, ctx: mx.array, where: tuple, K, V, mm, rows: b
     R, L, _ = x.shape
     off, first, order, at = where
     h = lay.input_layernorm(x)
-    # Context and block rows in the order of their positions (a gather), through one k and one
-    # v product (rows are independent), rotated from the row's offset, written by one scatter
-    # each: contiguous positions per row, the padding's past the block's end.
+    # Context and block rows in the order of their positions (a gather), through the k and v
+    # products (one grouped launch on CUDA; rows are independent), rotated from the row's offset,
+    # written by one scatter each: contiguous positions per row, the padding's past the block's end.
     rows_in_order = mx.take_along_axis(mx.concatenate([ctx, h], axis=1), order[..., None], axis=1)
-    k = a.k_norm(a._heads(linear(a.k_proj, rows_in_order, mm), a.n_kv_heads))
-    v = a._heads(linear(a.v_proj, rows_in_order, mm), a.n_kv_heads)
+    k, v = linears([a.k_proj, a.v_proj], rows_in_order, mm)  # one launch where grouped
+    k = a.k_norm(a._heads(k, a.n_kv_heads))
+    v = a._heads(v, a.n_kv_heads)
     K = mx.put_along_axis(K, at, a.rope(k, offset=off), axis=2)
     V = mx.put_along_axis(V, at, v, axis=2)
     q = a.queries(h, first, mm)
