@@ -5,7 +5,7 @@ Off CUDA the graph attends with MLX's attention over the whole buffer, each row'
 its block masked out (``tests/test_kernels_row_attention.py`` checks it with the row-invariant
 kernel, emulated, against the fast layers). These tests run it in float32 against the layer
 calls: logits and the kept context of every layer after rounds keeping different numbers of
-context rows, for one sequence and for ragged slot rows (counts on the host, and only on the
+context rows (up to several blocks, as after lookup rounds), for one sequence and for ragged slot rows (counts on the host, and only on the
 device as lagged rounds keep them); one trace whatever a round kept; new weights traced again;
 then greedy DFlash through it against plain greedy decoding, one sequence and batched.
 """
@@ -81,7 +81,7 @@ def test_one_sequence_graph_drafts_what_the_layer_path_drafts(graph_on, override
     graph = drafter.graph(B)
     ref_cache = _prompted(drafter, drafter.make_cache())
     got_cache = _prompted(drafter, drafter.make_cache())
-    kept = [3, 8, 1, 5, 2]  # a full block's context, one row, and between
+    kept = [3, 8, 1, 19, 5, 2]  # a full block's context, one row, more than two blocks
     ref = _rounds(drafter, ref_cache, None, kept)
     got = _rounds(drafter, got_cache, graph, kept)
     for a, b in zip(ref, got, strict=True):
@@ -98,7 +98,7 @@ def test_one_sequence_graph_drafts_what_the_layer_path_drafts(graph_on, override
 def test_slot_rows_graph_drafts_what_the_layer_path_drafts(graph_on, lagged):
     drafter = _drafter()
     graph = drafter.graph(B)
-    counts = [[3, 1], [8, 5], [1, 8], [0, 2]]  # ragged; a row keeping no new row
+    counts = [[3, 1], [8, 5], [1, 8], [0, 2], [11, 4]]  # ragged; a row keeping none; > a block
     ref_cache = _prompted(drafter, make_slot_draft_cache(drafter, 2), rows=2)
     got_cache = _prompted(drafter, make_slot_draft_cache(drafter, 2), rows=2)
     for c in got_cache:
@@ -134,8 +134,10 @@ def test_one_trace_whatever_a_round_kept_and_new_weights_trace_again(graph_on, m
     cache = _prompted(drafter, drafter.make_cache())
     _rounds(drafter, cache, drafter.graph(B), [1, 8, 4, 2])
     assert len(traced) == len(drafter.layers)  # one trace for all four rounds
+    _rounds(drafter, cache, drafter.graph(B), [12, 9])  # two blocks of new rows: one more
+    assert len(traced) == 2 * len(drafter.layers)
     _rounds(drafter, cache, drafter.graph(B), [3])  # a later generation replays it
-    assert len(traced) == len(drafter.layers)
+    assert len(traced) == 2 * len(drafter.layers)
     # New weights (a checkpoint loaded into the same model): traced again, and followed.
     mlp = drafter.layers[-1].mlp
     mlp.down_proj.weight = -mlp.down_proj.weight
@@ -143,7 +145,7 @@ def test_one_trace_whatever_a_round_kept_and_new_weights_trace_again(graph_on, m
     got_cache = _prompted(drafter, drafter.make_cache())
     ref = _rounds(drafter, ref_cache, None, [4])
     got = _rounds(drafter, got_cache, drafter.graph(B), [4])
-    assert len(traced) == 2 * len(drafter.layers)
+    assert len(traced) == 3 * len(drafter.layers)
     assert mx.allclose(ref[0], got[0], rtol=1e-4, atol=1e-5)
 
 
@@ -156,7 +158,8 @@ def test_the_graph_takes_full_blocks_over_the_caches_it_writes(graph_on, monkeyp
     assert graph.takes(block, mx.zeros((1, 3, F)), held)
     assert graph.takes(block, mx.zeros((1, B, F)), held)
     assert not graph.takes(block[:, :5], mx.zeros((1, 3, F)), held)  # a last, shorter block
-    assert not graph.takes(block, mx.zeros((1, B + 1, F)), held)  # context after lookup rounds
+    assert graph.takes(block, mx.zeros((1, B + 1, F)), held)  # context after lookup rounds
+    assert not graph.takes(block, mx.zeros((1, 4 * B + 1, F)), held)  # more than 4 blocks
     assert not graph.takes(block, mx.zeros((1, 3, F)), drafter.make_cache())  # nothing held yet
     rotating = [RotatingKVCache(max_size=64) for _ in drafter.layers]
     assert not graph.takes(block, mx.zeros((1, 3, F)), _prompted(drafter, rotating))
@@ -174,12 +177,12 @@ def test_the_graph_takes_full_blocks_over_the_caches_it_writes(graph_on, monkeyp
         drafter.graph(B)
 
 
-def _counting(monkeypatch) -> list[int]:
-    calls: list[int] = []
+def _counting(monkeypatch) -> list[tuple[int, int]]:
+    calls: list[tuple[int, int]] = []
     real = CompiledDraft.__call__
 
-    def counted(self, block, features, cache):  # the real graph; count the rows it drafted
-        calls.append(block.shape[0])
+    def counted(self, block, features, cache):  # the real graph; count what it drafted
+        calls.append((block.shape[0], features.shape[1] > block.shape[1]))
         return real(self, block, features, cache)
 
     monkeypatch.setattr(CompiledDraft, "__call__", counted)
@@ -212,7 +215,22 @@ def test_greedy_dflash_through_the_graph_equals_plain(fitted_pairs, graph_on, mo
                         )
                     )
                     assert got.tokens == want, f"{name} prompt {i} block {block} lookup {lookup}"
-    assert calls and set(calls) == {1}
+    assert {r for r, _ in calls} == {1}
+    # The demo pair drafts by lookup in runs, after which the drafter catches up on more than a
+    # block of rows: through the graph too (padded to whole blocks).
+    from hf2q.runtime.bench import BenchConfig, make_prompts
+    from hf2q.runtime.pair import load_pair
+
+    pair = load_pair(None, None)
+    calls.clear()
+    prompt = make_prompts(BenchConfig(), 1, tokenizer=pair.tokenizer)[0]
+    want = run(plain_generate(pair.target, prompt, max_tokens=128)).tokens
+    events = dflash_generate(
+        pair.target, pair.drafter, prompt, max_tokens=128, block_size=4, lookup=True
+    )
+    got = run(events)
+    assert got.tokens == want and got.lookup_rounds
+    assert any(more for _, more in calls)
 
 
 @pytest.mark.parametrize("lagged", [False, True], ids=["sync", "lagged"])
@@ -234,4 +252,4 @@ def test_batched_rounds_through_the_graph_equal_plain(lagged, fitted_pairs, grap
         target, drafter, reqs, slots=3, block_size=4, eos_token_ids=eos, lagged=lagged
     )
     assert [s.tokens for s in run_slots(events).requests] == want
-    assert 3 in calls  # full blocks of every row through the graph
+    assert 3 in {r for r, _ in calls}  # full blocks of every row through the graph

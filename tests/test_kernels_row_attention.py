@@ -433,8 +433,8 @@ def test_draft_graph_with_the_kernel_equals_the_fast_layers(emulated, monkeypatc
     monkeypatch.setenv(select.COMPILE_DRAFT_ENV, "1")
     drafter = _drafter()
     rows = 1 if lagged is None else 2
-    lengths = [[5, 2], [8, 3], [1, 8]] if rows == 2 else None
-    kept = [5, 8, 1] if rows == 1 else [max(n) for n in lengths]
+    lengths = [[5, 2], [8, 3], [1, 8], [11, 6]] if rows == 2 else None  # (11: past a block)
+    kept = [5, 8, 1, 11] if rows == 1 else [max(n) for n in lengths]
 
     def caches():
         made = drafter.make_cache() if rows == 1 else make_slot_draft_cache(drafter, rows)

@@ -12,7 +12,9 @@ What it does: :class:`CompiledDraft` runs a block of ``block_size`` tokens for o
 (:class:`hf2q.runtime.slot_cache.SlotKVCache`, a position and a kept context count per row):
 the target features through ``fc`` and ``hidden_norm``, every layer, the final norm and the
 target's head, in one function. The new context rows are padded to the block length (zeros; a
-row keeps its own count), so one trace serves every round whatever was accepted. Each layer
+row keeps its own count), so one trace serves every round whatever was accepted; the context a
+run of lookup rounds leaves the drafter (more than a block) is padded to a multiple of it, up to
+:data:`MAX_CONTEXT_BLOCKS` blocks, a trace each. Each layer
 takes its context and block rows in the order of their positions (a row's kept context rows,
 its block right after them, its padding rows past the block's end: one gather), computes their
 keys and values in one product each, rotates them from the row's offset in one RoPE call and
@@ -27,8 +29,8 @@ are computed over more rows (the padding), which changes no bit where the produc
 row-invariant (hf2q's small-M kernel on CUDA) and may round otherwise. Drafts only propose:
 whatever their bits, DFlash's output is the target's (greedy tokens equal plain decoding's).
 
-What it does not do: blocks shorter than the drafter's block size (a generation's last), more
-new context rows than a block (after lookup rounds), caches holding nothing yet, or any other
+What it does not do: blocks shorter than the generation's block size (its last), more new
+context rows than :data:`MAX_CONTEXT_BLOCKS` blocks, caches holding nothing yet, or any other
 cache type: :meth:`hf2q.runtime.drafter.DFlashDraftModel.__call__` keeps the layer path there.
 Training never runs it.
 """
@@ -46,6 +48,10 @@ from hf2q.kernels import cuda_attention, select
 from hf2q.kernels.forward import _held, graph_capacity
 from hf2q.kernels.linear import FROZEN, linear, linears, swiglu_mlp
 from hf2q.runtime.slot_cache import SlotKVCache
+
+#: The most new context rows a graph takes, in blocks (padded to a multiple of the block, a trace
+#: each): a run of lookup rounds leaves the drafter their rows to catch up on.
+MAX_CONTEXT_BLOCKS = 4
 
 #: The drafter attribute holding its traced forwards, by settings.
 _KEPT = "_hf2q_draft_graphs"
@@ -198,12 +204,12 @@ class CompiledDraft:
 
     def takes(self, block: mx.array, features: mx.array, cache: Sequence[Any]) -> bool:
         """Whether this graph drafts ``block`` (R, L) after new context ``features`` (R, S, F):
-        a full block, 1..L new rows, every layer's cache mlx-lm's ``KVCache`` (exactly) or hf2q's
+        a full block, 1 to :data:`MAX_CONTEXT_BLOCKS` blocks of new rows, every layer's cache mlx-lm's ``KVCache`` (exactly) or hf2q's
         slot cache, holding positions already (a prompt was added)."""
         L, S = block.shape[1], features.shape[1]
         return (
             self.block == L
-            and 0 < S <= L
+            and 0 < S <= MAX_CONTEXT_BLOCKS * L
             and all(
                 (type(c) is KVCache or isinstance(c, SlotKVCache)) and c.keys is not None
                 for c in cache
@@ -226,7 +232,7 @@ class CompiledDraft:
         call). The caches advance by those counts."""
         R, L = block.shape
         S = features.shape[1]
-        P = L  # the new context rows, padded: one trace whatever was accepted
+        P = -(-S // L) * L  # the new context rows, padded: one trace whatever was accepted
         if S < P:
             pad = mx.zeros((R, P - S, features.shape[2]), dtype=features.dtype)
             features = mx.concatenate([features, pad], axis=1)
