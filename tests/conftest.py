@@ -276,3 +276,27 @@ def assert_fitted_greedy_dflash_equals_plain(
         slots=2,
         eos=lm.tokenizer.eos_token_ids,
     )
+
+
+def assert_fitted_batched_equals_plain(
+    fitted_pairs, *, lagged: bool, lengths=(18, 30, 9, 24, 14), slots: int = 3, block: int = 4
+) -> None:
+    """Greedy batched DFlash on the fitted ``qwen35`` pair (the first ``len(lengths)`` of
+    ``FIT_TEXTS``, ``lengths[i]`` new tokens each, on ``slots`` slots: rows finishing at
+    different times and the queue refilling them, the batch compacted; ``lagged`` rounds or not)
+    gives each prompt's plain greedy tokens."""
+    from hf2q.runtime.dflash import plain_generate, run
+    from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
+
+    lm, target, drafter = load_fitted(*fitted_pairs["qwen35"])
+    eos = lm.tokenizer.eos_token_ids
+    prompts = [lm.tokenizer.encode(t) for t in FIT_TEXTS[: len(lengths)]]
+    want = [
+        run(plain_generate(target, p, max_tokens=n, eos_token_ids=eos)).tokens
+        for p, n in zip(prompts, lengths, strict=True)
+    ]
+    reqs = [Request(p, max_tokens=n) for p, n in zip(prompts, lengths, strict=True)]
+    events = slots_dflash_generate(
+        target, drafter, reqs, slots=slots, block_size=block, eos_token_ids=eos, lagged=lagged
+    )
+    assert [s.tokens for s in run_slots(events).requests] == want

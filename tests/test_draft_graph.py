@@ -16,7 +16,7 @@ import checkpoints as ck
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from conftest import FIT_TEXTS, load_fitted
+from conftest import FIT_TEXTS, assert_fitted_batched_equals_plain, load_fitted
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from hf2q.kernels import select
@@ -235,21 +235,6 @@ def test_greedy_dflash_through_the_graph_equals_plain(fitted_pairs, graph_on, mo
 
 @pytest.mark.parametrize("lagged", [False, True], ids=["sync", "lagged"])
 def test_batched_rounds_through_the_graph_equal_plain(lagged, fitted_pairs, graph_on, monkeypatch):
-    from hf2q.runtime.dflash import plain_generate, run
-    from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
-
     calls = _counting(monkeypatch)
-    lm, target, drafter = load_fitted(*fitted_pairs["qwen35"])
-    eos = lm.tokenizer.eos_token_ids
-    prompts = [lm.tokenizer.encode(t) for t in FIT_TEXTS[:5]]
-    lengths = [18, 30, 9, 24, 14]
-    want = [
-        run(plain_generate(target, p, max_tokens=n, eos_token_ids=eos)).tokens
-        for p, n in zip(prompts, lengths, strict=True)
-    ]
-    reqs = [Request(p, max_tokens=n) for p, n in zip(prompts, lengths, strict=True)]
-    events = slots_dflash_generate(
-        target, drafter, reqs, slots=3, block_size=4, eos_token_ids=eos, lagged=lagged
-    )
-    assert [s.tokens for s in run_slots(events).requests] == want
+    assert_fitted_batched_equals_plain(fitted_pairs, lagged=lagged)
     assert 3 in {r for r, _ in calls}  # full blocks of every row through the graph

@@ -318,7 +318,10 @@ def _drafter(**overrides):
 
 
 def _draft_rounds(drafter, caches, fast, ctx_rows, rows=1, prepare=None):
-    """Three drafting rounds (new context rows ``ctx_rows[r]``); the hidden states of each."""
+    """Drafting rounds (new context rows ``ctx_rows[r]``; slot rows prepared with
+    ``prepare[r]``): the hidden states of each, through the fast layers or the layer calls
+    (``fast``), or, ``fast`` a :class:`~hf2q.runtime.draft_graph.CompiledDraft` or None, the
+    logits of ``drafter(...)`` through it (None: the layer path)."""
     mx.random.seed(5)
     F = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
     outs = []
@@ -330,8 +333,12 @@ def _draft_rounds(drafter, caches, fast, ctx_rows, rows=1, prepare=None):
         if prepare is not None:
             for c in caches:
                 c.prepare(lengths=prepare[r])
-        outs.append(drafter.hidden(block, feats, caches, fast=fast).astype(mx.float32))
-        mx.eval(outs[-1])
+        if isinstance(fast, bool):
+            out = drafter.hidden(block, feats, caches, fast=fast)
+        else:
+            out = drafter(block, feats, caches, fast)
+        outs.append(out.astype(mx.float32))
+        mx.eval(outs[-1], [c.state for c in caches])
     return outs
 
 
@@ -399,25 +406,6 @@ def test_drafter_fast_path_is_chosen_where_it_applies():
     assert drafter.fast_enabled() == select.row_attention_enabled()
 
 
-def _graph_rounds(drafter, caches, graph, kept, rows=1, prepare=None):
-    """Draft rounds (new context rows ``kept[r]``; slot rows prepared with ``prepare[r]``)
-    through ``drafter(...)``: the layer path's fast layers, or ``graph``; each round's logits."""
-    mx.random.seed(5)
-    F = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
-    outs = []
-    for r, S in enumerate(kept):
-        feats = (mx.random.normal((rows, S, F)) * 0.5).astype(mx.bfloat16)
-        block = mx.concatenate(
-            [mx.full((rows, 1), 3 + r), mx.full((rows, 7), drafter.mask_token_id)], axis=1
-        ).astype(mx.int32)
-        if prepare is not None:
-            for c in caches:
-                c.prepare(lengths=prepare[r])
-        outs.append(drafter(block, feats, caches, graph).astype(mx.float32))
-        mx.eval(outs[-1], [c.state for c in caches])
-    return outs
-
-
 @pytest.mark.parametrize("lagged", [None, False, True], ids=["one", "host-counts", "device-counts"])
 def test_draft_graph_with_the_kernel_equals_the_fast_layers(emulated, monkeypatch, lagged):
     """The drafter's forward as one compiled graph (``HF2Q_COMPILE_DRAFT=1``), attending with
@@ -449,12 +437,12 @@ def test_draft_graph_with_the_kernel_equals_the_fast_layers(emulated, monkeypatc
     counts = lengths
     if lagged:
         counts = [mx.array(n, dtype=mx.int32) for n in lengths]
-    ref = _graph_rounds(drafter, ref_cache, None, kept, rows, counts)
+    ref = _draft_rounds(drafter, ref_cache, None, kept, rows, counts)
     graph = drafter.graph(8)
     if emulated:  # the emulator evaluates its inputs: the graph's function runs untraced
         mx.disable_compile()
     try:
-        got = _graph_rounds(drafter, got_cache, graph, kept, rows, counts)
+        got = _draft_rounds(drafter, got_cache, graph, kept, rows, counts)
     finally:
         mx.enable_compile()
     for a, b in zip(ref, got, strict=True):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from conftest import FIT_TEXTS, load_fitted
+from conftest import FIT_TEXTS, assert_fitted_batched_equals_plain, load_fitted
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from hf2q.kernels import layers, select
@@ -162,16 +162,6 @@ def test_batched_rounds_through_the_graph_equal_plain(
 ):
     # Slot caches: a position per row, rows finishing at different times and the queue refilling
     # them (continuous batching, the batch compacted), lagged rounds moving offsets on the device.
-    from hf2q.runtime.slots import Request, run_slots, slots_dflash_generate
-
-    lm, target, drafter = load_fitted(*fitted_pairs["qwen35"])
-    eos = lm.tokenizer.eos_token_ids
-    prompts = [lm.tokenizer.encode(t) for t in FIT_TEXTS[:5]]
-    lengths = [18, 30, 9, 24, 14]
-    want = [
-        run(plain_generate(target, p, max_tokens=n, eos_token_ids=eos)).tokens
-        for p, n in zip(prompts, lengths, strict=True)
-    ]
     rows = []
     real = CompiledVerify.__call__
 
@@ -180,11 +170,7 @@ def test_batched_rounds_through_the_graph_equal_plain(
         return real(self, tokens, cache)
 
     monkeypatch.setattr(CompiledVerify, "__call__", counted)
-    reqs = [Request(p, max_tokens=n) for p, n in zip(prompts, lengths, strict=True)]
-    events = slots_dflash_generate(
-        target, drafter, reqs, slots=3, block_size=4, eos_token_ids=eos, lagged=lagged
-    )
-    assert [s.tokens for s in run_slots(events).requests] == want
+    assert_fitted_batched_equals_plain(fitted_pairs, lagged=lagged)
     assert 3 in rows  # the rounds of full blocks ran the graph over the batch
 
 
