@@ -14,12 +14,11 @@ the target features through ``fc`` and ``hidden_norm``, every layer, the final n
 target's head, in one function. The new context rows are padded to the block length (zeros; a
 row keeps its own count), so one trace serves every round whatever was accepted; the context a
 run of lookup rounds leaves the drafter (more than a block) is padded to a multiple of it, up to
-:data:`MAX_CONTEXT_BLOCKS` blocks, a trace each. Each layer
-takes its context and block rows in the order of their positions (a row's kept context rows,
-its block right after them, its padding rows past the block's end: one gather), computes their
-keys and values in one product each, rotates them from the row's offset in one RoPE call and
-writes them into the cache buffers by one scatter each; the block attends over the buffers in
-place: the row-invariant CUDA kernel where the layer path's fast layers use it, else MLX's
+:data:`MAX_CONTEXT_BLOCKS` blocks, a trace each. Each layer takes its context and block rows in
+the order of their positions (a row's kept context rows, its block right after them, its
+padding rows past the block's end: one gather), computes their keys and values (one grouped
+launch on CUDA), rotates them from the row's offset in one RoPE call and writes them into the
+cache buffers by one scatter each; the block attends over the buffers in place: the row-invariant CUDA kernel where the layer path's fast layers use it, else MLX's
 attention over the whole buffer with a mask. Nothing reads a position past the block's end,
 and the next round writes every position it reads before reading it. The caches keep the
 verified context only, as the layer path leaves them: each row's offset moves by its kept count.
@@ -204,8 +203,9 @@ class CompiledDraft:
 
     def takes(self, block: mx.array, features: mx.array, cache: Sequence[Any]) -> bool:
         """Whether this graph drafts ``block`` (R, L) after new context ``features`` (R, S, F):
-        a full block, 1 to :data:`MAX_CONTEXT_BLOCKS` blocks of new rows, every layer's cache mlx-lm's ``KVCache`` (exactly) or hf2q's
-        slot cache, holding positions already (a prompt was added)."""
+        a full block, 1 row to :data:`MAX_CONTEXT_BLOCKS` blocks of new rows, every layer's cache
+        mlx-lm's ``KVCache`` (exactly) or hf2q's slot cache, holding positions already (a prompt
+        was added)."""
         L, S = block.shape[1], features.shape[1]
         return (
             self.block == L
