@@ -5,9 +5,10 @@ Off CUDA the graph attends with MLX's attention over the whole buffer, each row'
 its block masked out (``tests/test_kernels_row_attention.py`` checks it with the row-invariant
 kernel, emulated, against the fast layers). These tests run it in float32 against the layer
 calls: logits and the kept context of every layer after rounds keeping different numbers of
-context rows (up to several blocks, as after lookup rounds), for one sequence and for ragged slot rows (counts on the host, and only on the
-device as lagged rounds keep them); one trace whatever a round kept; new weights traced again;
-then greedy DFlash through it against plain greedy decoding, one sequence and batched.
+context rows (up to several blocks, as after lookup rounds), for one sequence and for ragged
+slot rows (counts on the host, and only on the device as lagged rounds keep them); one trace
+whatever a round kept; new weights traced again; then greedy DFlash through it against plain
+greedy decoding, one sequence and batched.
 """
 
 from __future__ import annotations

@@ -18,10 +18,11 @@ run of lookup rounds leaves the drafter (more than a block) is padded to a multi
 the order of their positions (a row's kept context rows, its block right after them, its
 padding rows past the block's end: one gather), computes their keys and values (one grouped
 launch on CUDA), rotates them from the row's offset in one RoPE call and writes them into the
-cache buffers by one scatter each; the block attends over the buffers in place: the row-invariant CUDA kernel where the layer path's fast layers use it, else MLX's
-attention over the whole buffer with a mask. Nothing reads a position past the block's end,
-and the next round writes every position it reads before reading it. The caches keep the
-verified context only, as the layer path leaves them: each row's offset moves by its kept count.
+cache buffers by one scatter each; the block attends over the buffers in place: the
+row-invariant CUDA kernel where the layer path's fast layers use it, else MLX's attention over
+the whole buffer with a mask. Nothing reads a position past the block's end, and the next
+round writes every position it reads before reading it. The caches keep the verified context
+only, as the layer path leaves them: each row's offset moves by its kept count.
 
 Same values as the layer path: the layers' math is the same pieces in the same order; products
 are computed over more rows (the padding), which changes no bit where the products are
