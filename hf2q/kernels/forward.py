@@ -134,7 +134,7 @@ def _supported(target: Any, cache: Sequence[Any], gdn_cache: type, kv_caches: tu
     return True
 
 
-def _held(cache: KVCache, n: int, offset: int | None) -> int:
+def held_position(cache: KVCache, n: int, offset: int | None) -> int:
     """``cache``'s position, its buffers made room for ``n`` more (:func:`_reserve`); every
     attention layer must be at ``offset``, the first layer's (None: this is the first)."""
     _reserve(cache, n)
@@ -244,7 +244,7 @@ class CompiledDecode:
                 arrays += [c[0], c[1]]
                 c[0] = c[1] = None  # the graph holds the only reference: updated in place
             else:
-                offset = _held(c, 1, offset)
+                offset = held_position(c, 1, offset)
                 arrays += [c.keys, c.values]
                 c.keys = c.values = None
         res = self._fn(tokens, mx.array(offset or 0, dtype=mx.int32), *arrays)
@@ -393,7 +393,7 @@ class CompiledVerify:
                 if offset is None:  # every layer's rows are at the same positions
                     offset, slots = c.offset, True
             else:
-                offset = _held(c, T, offset)
+                offset = held_position(c, T, offset)
             arrays += [c.keys, c.values]
             c.keys = c.values = None  # the graph holds the only reference: written in place
         if not slots:

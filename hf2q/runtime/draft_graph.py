@@ -45,7 +45,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from hf2q.kernels import cuda_attention, select
-from hf2q.kernels.forward import _held, graph_capacity
+from hf2q.kernels.forward import graph_capacity, held_position
 from hf2q.kernels.linear import FROZEN, linear, linears, swiglu_mlp
 from hf2q.runtime.slot_cache import SlotKVCache
 
@@ -246,7 +246,7 @@ class CompiledDraft:
                 if off is None:  # the layers hold the same positions and counts
                     off, count = c.offset, c.prepared(S)
             else:
-                held = _held(c, P + L, held)
+                held = held_position(c, P + L, held)
             arrays += [c.keys, c.values]
             c.keys = c.values = None  # the graph holds the only reference: written in place
         if off is None:  # one sequence: every layer at ``held``, keeping all S rows
