@@ -2,7 +2,8 @@
 # For the next H200 calls (after the three keep.sh calls and install.sh; not yet run: session 41
 # was lent no GPU). PART=1 (first call): the drafter's forward as one compiled graph
 # (HF2Q_COMPILE_DRAFT, commit ab9efdd, opt-in until measured): its tests on CUDA (bit-equal to
-# the fast layers), its host build time against the fast layers (forward_build.py --draft), and
+# the fast layers; the bf16 exactness tests' greedy DFlash through it), its host build time
+# against the fast layers (forward_build.py --draft), and
 # rounds alternating off / on in one process: the 4B-shaped pair's lagged one-slot rounds after
 # 1024 positions and the demo pair's synchronous rounds with lookup.
 # PART=2: the 4-slot round (issue 5's ratio, session 40: device-bound after the verify graph):
@@ -17,8 +18,11 @@ set -uo pipefail
 host_speed
 case "${PART:-1}" in
 1)
-  gpu_pytest pytest_draft_graph 150 tests/test_draft_graph.py tests/test_kernels_row_attention.py
-  timeout 90 python3 benchmarks/forward_build.py --synthetic 4b --draft --reps 100 \
+  gpu_pytest pytest_draft_graph 120 -n 2 -k draft tests/test_draft_graph.py \
+    tests/test_kernels_row_attention.py
+  (export HF2Q_COMPILE_DRAFT=1; gpu_pytest pytest_bf16_draft 100 -n 2 \
+    -k "greedy_dflash or lagged" tests/test_runtime_bf16_exact.py)
+  timeout 60 python3 benchmarks/forward_build.py --synthetic 4b --draft --reps 50 \
     --out "$OUT/draft_build.json" > "$OUT/draft_build.log" 2>&1
   echo "draft_build exit $? $(el)"; tail -n 1 "$OUT/draft_build.log" | cut -c1-600
   ab_run ab_draft1024 140 --synthetic 4b --modes plain,dflash --tokens 48 --prompt-tokens 1024 \
