@@ -184,13 +184,15 @@ def draft(pair, args) -> int:
                 else:  # lagged rounds: every row's features, its count on the device
                     counts = mx.array([1 + (S + r) % B for r in range(rows)], dtype=mx.int32)
                     mx.eval(counts)
-                block = mx.array([[i % 97] + [drafter.mask_token_id] * (B - 1)] * rows)
+                block = mx.array(
+                    [[i % 97] + [drafter.mask_token_id] * (B - 1)] * rows, dtype=mx.int32
+                )
                 mx.eval(feats, block)
                 tic = time.perf_counter()
                 if rows > 1:
                     for c in cache:
                         c.prepare(lengths=counts)
-                logits = drafter(block.astype(mx.int32), feats, cache, graph)
+                logits = drafter(block, feats, cache, graph)
                 times.append(time.perf_counter() - tic)
                 mx.eval([c.state for c in cache])  # (the logits: not needed to go on)
                 del logits

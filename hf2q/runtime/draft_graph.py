@@ -126,7 +126,7 @@ def _layer(lay: Any, x: mx.array, ctx: mx.array, where: tuple, K, V, mm, rows: b
     return swiglu_mlp(lay.mlp, lay.post_attention_layernorm(h), mm, add=h), K, V
 
 
-def _graph_for(drafter: Any, mm: bool, head_mm: bool | None, rows: bool) -> Any:
+def _graph_for(drafter: Any, mm: bool, head_mm: Any, rows: bool) -> Any:
     """The compiled forward of ``drafter`` for these settings (see :class:`CompiledDraft`), kept
     on the drafter as a plain attribute (not a parameter; it goes with the drafter), so a later
     generation replays its traces."""
@@ -221,9 +221,8 @@ class CompiledDraft:
         fn = self._fns.get(rows)
         if fn is None:
             d = self._drafter
-            head_mm = FROZEN if d._head_takes_mm and not d.kernel_products(rows, True) else None
-            mm, attn = d.kernel_products(rows), select.row_attention_enabled()
-            fn = self._fns[rows] = _graph_for(d, mm, head_mm, attn)
+            attn = select.row_attention_enabled()
+            fn = self._fns[rows] = _graph_for(d, d.kernel_products(rows), d.head_mm(rows), attn)
         return fn
 
     def __call__(self, block: mx.array, features: mx.array, cache: Sequence[Any]) -> mx.array:
@@ -235,8 +234,7 @@ class CompiledDraft:
         S = features.shape[1]
         P = -(-S // L) * L  # the new context rows, padded: one trace whatever was accepted
         if S < P:
-            pad = mx.zeros((R, P - S, features.shape[2]), dtype=features.dtype)
-            features = mx.concatenate([features, pad], axis=1)
+            features = mx.pad(features, [(0, 0), (0, P - S), (0, 0)])
         arrays: list[mx.array] = []
         off = count = None
         held: int | None = None

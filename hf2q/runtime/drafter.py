@@ -749,9 +749,16 @@ class DFlashDraftModel(nn.Module):
         if graph is not None and graph.takes(block, features, cache):
             return graph(block, features, cache)
         h = self.hidden(block, features, cache, mm=self.kernel_products(block.size))[:, 1:]
-        if self._head_takes_mm and not self.kernel_products(block.size, head=True):
-            return self._head(h, mm=FROZEN)  # inference: the weight's transposed view kept
-        return self._head(h)
+        head_mm = self.head_mm(block.size)
+        return self._head(h) if head_mm is None else self._head(h, mm=head_mm)
+
+    def head_mm(self, rows: int) -> Frozen | None:
+        """The ``mm`` a draft of ``rows`` block rows passes the target's head: :data:`FROZEN`
+        (inference, the weight's transposed view kept) where the head takes ``mm`` and its
+        product is off the small-M kernel, else None (the head's own default)."""
+        if self._head_takes_mm and not self.kernel_products(rows, head=True):
+            return FROZEN
+        return None
 
     def graph(self, block_size: int) -> CompiledDraft | None:
         """A generation's drafts of full blocks (``block_size`` long) as one compiled graph each

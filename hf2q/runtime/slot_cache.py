@@ -106,6 +106,13 @@ def _per_row(value: int | Sequence[int] | mx.array, rows: int, what: str) -> lis
     return [int(v) for v in vals]
 
 
+def _check_prepared(lengths: list[int], L: int) -> list[int]:
+    """``lengths`` (host counts a write of ``L`` positions advances the rows by), checked."""
+    if any(not 0 <= a <= L for a in lengths):
+        raise ValueError(f"prepared lengths must be in 0..{L}, got {lengths}")
+    return lengths
+
+
 class SlotKVCache(_BaseCache):
     """A KV cache of N rows with one offset per row (see the module docstring).
 
@@ -244,8 +251,8 @@ class SlotKVCache(_BaseCache):
         adv = self._advance
         if isinstance(adv, mx.array):
             return adv if adv.dtype == mx.int32 else adv.astype(mx.int32)
-        if adv is not None and any(not 0 <= a <= L for a in adv):
-            raise ValueError(f"prepared lengths must be in 0..{L}, got {adv}")
+        if adv is not None:
+            _check_prepared(adv, L)
         return _offsets(adv if adv is not None else [L] * self.rows)
 
     def written(self, L: int) -> None:
@@ -257,9 +264,7 @@ class SlotKVCache(_BaseCache):
         if isinstance(adv, mx.array):  # lagged: the offsets move on the device, the bound by L
             grow = [L] * N
         else:
-            if any(not 0 <= a <= L for a in adv):
-                raise ValueError(f"prepared lengths must be in 0..{L}, got {adv}")
-            grow = adv
+            grow = _check_prepared(adv, L)
         self.lengths = [n + g for n, g in zip(self.lengths, grow)]
         self._grown = [n + g for n, g in zip(self._grown, grow)]
         self.offset = _moved(self.offset, 1, adv)
