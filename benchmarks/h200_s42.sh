@@ -6,12 +6,14 @@
 # against the fast layers (forward_build.py --draft), and
 # rounds alternating off / on in one process: the 4B-shaped pair's lagged one-slot rounds after
 # 1024 positions and the demo pair's synchronous rounds with lookup.
-# PART=2: the 4-slot round (issue 5's ratio, session 40: device-bound after the verify graph):
-# the draft graph at 4 slots alternating off / on, the final-state Gated-DeltaNet record at one
-# slot now that the verify is one graph (session 23 found it 10% slower at one slot when the host
-# built the verify layer by layer), and kernel traces of the 1- and 4-slot rounds.
-# PART=3: session 41's leftovers (the verify graph over a long generation, its tests) and issue
-# 5's headline runs at whatever defaults parts 1-2 settle.
+# PART=2: the 4-slot round (issue 5's ratio; session 40: device-bound after the verify graph):
+# kernel traces of the 4- and 1-slot rounds (where the 4-slot round's device time goes), the draft
+# graph at 4 slots alternating off / on, issue 5's random-pair runs at 1, 4, 8 slots, then the
+# final-state Gated-DeltaNet record at one slot after 1024 positions (session 23 found it 10%
+# slower when the host built the verify layer by layer). DRAFT=0/1 sets HF2Q_COMPILE_DRAFT for
+# the traces and the headline runs (what part 1 settles).
+# PART=3: issue 5's demo-pair queue at 1, 4, 8 slots, then session 41's leftovers (the verify
+# graph over a long generation, its tests).
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
@@ -32,19 +34,24 @@ case "${PART:-1}" in
     --runs 3 --env HF2Q_COMPILE_DRAFT --values 0,1
   ;;
 2)
+  (export HF2Q_COMPILE_DRAFT=${DRAFT:-0}; timelines "4 1" 100)
   ab_run ab_draft_s4 130 --synthetic 4b --slots 4 --modes dflash --tokens 32 --prompt-tokens 64 \
     --runs 3 --env HF2Q_COMPILE_DRAFT --values 0,1
-  ab_run ab_record1024 140 --synthetic 4b --modes dflash --tokens 48 --prompt-tokens 1024 \
-    --runs 3 --env HF2Q_GDN_RECORD --values states,final
-  (export HF2Q_COMPILE_DRAFT=1; timelines "1 4" 180)
+  t=$(left)
+  [ "$t" -gt 100 ] && (export HF2Q_COMPILE_DRAFT=${DRAFT:-0}; \
+    synthetic_run syn4b_bf16 1,4,8 $(( t < 130 ? t : 130 )))
+  t=$(left)
+  [ "$t" -gt 100 ] && ab_run ab_record1024 "$t" --synthetic 4b --modes dflash --tokens 48 \
+    --prompt-tokens 1024 --runs 3 --env HF2Q_GDN_RECORD --values states,final
   ;;
 3)
-  ab_run ab_long 150 --synthetic 4b --modes plain,dflash --tokens 512 --prompt-tokens 1024 \
-    --runs 2 --env HF2Q_COMPILE_VERIFY --values 0,1
-  gpu_pytest pytest_graph 120 -n 2 tests/test_kernels_verify_graph.py tests/test_kernels_forward.py
+  (export HF2Q_COMPILE_DRAFT=${DRAFT:-0}; demo_queue_bench demo_queue)
   t=$(left)
-  [ "$t" -gt 100 ] && synthetic_run syn4b_bf16 1,4,8 $(( t < 130 ? t : 130 ))
-  demo_queue_bench demo_queue
+  [ "$t" -gt 100 ] && ab_run ab_long $(( t < 150 ? t : 150 )) --synthetic 4b --modes plain,dflash \
+    --tokens 512 --prompt-tokens 1024 --runs 2 --env HF2Q_COMPILE_VERIFY --values 0,1
+  t=$(left)
+  [ "$t" -gt 60 ] && gpu_pytest pytest_graph "$t" -n 2 tests/test_kernels_verify_graph.py \
+    tests/test_kernels_forward.py
   ;;
 esac
 host_speed
