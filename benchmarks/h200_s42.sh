@@ -10,8 +10,8 @@
 # kernel traces of the 4- and 1-slot rounds (where the 4-slot round's device time goes), the draft
 # graph at 4 slots alternating off / on, issue 5's random-pair runs at 1, 4, 8 slots, then the
 # final-state Gated-DeltaNet record at one slot after 1024 positions (session 23 found it 10%
-# slower when the host built the verify layer by layer). DRAFT=0/1 sets HF2Q_COMPILE_DRAFT for
-# the traces and the headline runs (what part 1 settles).
+# slower when the host built the verify layer by layer). In parts 2 and 3 DRAFT=0/1 sets
+# HF2Q_COMPILE_DRAFT for every run that does not set it itself (what part 1 settles).
 # PART=3: issue 5's demo-pair queue at 1, 4, 8 slots, then session 41's leftovers (the verify
 # graph over a long generation, its tests).
 set -uo pipefail
@@ -34,18 +34,19 @@ case "${PART:-1}" in
     --runs 3 --env HF2Q_COMPILE_DRAFT --values 0,1
   ;;
 2)
-  (export HF2Q_COMPILE_DRAFT=${DRAFT:-0}; timelines "4 1" 100)
+  export HF2Q_COMPILE_DRAFT=${DRAFT:-0}  # (the A/B below sets it per run itself)
+  timelines "4 1" 100
   ab_run ab_draft_s4 130 --synthetic 4b --slots 4 --modes dflash --tokens 32 --prompt-tokens 64 \
     --runs 3 --env HF2Q_COMPILE_DRAFT --values 0,1
   t=$(left)
-  [ "$t" -gt 100 ] && (export HF2Q_COMPILE_DRAFT=${DRAFT:-0}; \
-    synthetic_run syn4b_bf16 1,4,8 $(( t < 130 ? t : 130 )))
+  [ "$t" -gt 100 ] && synthetic_run syn4b_bf16 1,4,8 $(( t < 130 ? t : 130 ))
   t=$(left)
   [ "$t" -gt 100 ] && ab_run ab_record1024 "$t" --synthetic 4b --modes dflash --tokens 48 \
     --prompt-tokens 1024 --runs 3 --env HF2Q_GDN_RECORD --values states,final
   ;;
 3)
-  (export HF2Q_COMPILE_DRAFT=${DRAFT:-0}; demo_queue_bench demo_queue)
+  export HF2Q_COMPILE_DRAFT=${DRAFT:-0}
+  demo_queue_bench demo_queue
   t=$(left)
   [ "$t" -gt 100 ] && ab_run ab_long $(( t < 150 ? t : 150 )) --synthetic 4b --modes plain,dflash \
     --tokens 512 --prompt-tokens 1024 --runs 2 --env HF2Q_COMPILE_VERIFY --values 0,1

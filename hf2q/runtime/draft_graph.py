@@ -46,7 +46,7 @@ from mlx_lm.models.cache import KVCache
 
 from hf2q.kernels import cuda_attention, select
 from hf2q.kernels.forward import graph_capacity, held_position
-from hf2q.kernels.linear import FROZEN, linear, linears, swiglu_mlp
+from hf2q.kernels.linear import FROZEN, Frozen, linear, linears, swiglu_mlp
 from hf2q.runtime.slot_cache import SlotKVCache
 
 #: The most new context rows a graph takes, in blocks (padded to a multiple of the block, a trace
@@ -126,7 +126,7 @@ def _layer(lay: Any, x: mx.array, ctx: mx.array, where: tuple, K, V, mm, rows: b
     return swiglu_mlp(lay.mlp, lay.post_attention_layernorm(h), mm, add=h), K, V
 
 
-def _graph_for(drafter: Any, mm: bool, head_mm: Any, rows: bool) -> Any:
+def _graph_for(drafter: Any, mm: bool, head_mm: Frozen | None, rows: bool) -> Any:
     """The compiled forward of ``drafter`` for these settings (see :class:`CompiledDraft`), kept
     on the drafter as a plain attribute (not a parameter; it goes with the drafter), so a later
     generation replays its traces."""

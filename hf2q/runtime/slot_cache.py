@@ -251,9 +251,7 @@ class SlotKVCache(_BaseCache):
         adv = self._advance
         if isinstance(adv, mx.array):
             return adv if adv.dtype == mx.int32 else adv.astype(mx.int32)
-        if adv is not None:
-            _check_prepared(adv, L)
-        return _offsets(adv if adv is not None else [L] * self.rows)
+        return _offsets(_check_prepared(adv, L) if adv is not None else [L] * self.rows)
 
     def written(self, L: int) -> None:
         """Advance the rows after ``L`` positions were written at their offsets: each row by its
