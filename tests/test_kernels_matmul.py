@@ -209,6 +209,10 @@ def test_emulated_k_split_setting_is_opt_in_for_launches_of_few_blocks(emulated_
     assert calls  # 64 columns: one block a column block, so the setting splits it
     monkeypatch.delenv(cm.KSPLIT_ENV)
     assert mx.array_equal(split, cm.small_matmul_cuda(x, w))
+    monkeypatch.setattr(select, "small_mm_enabled", lambda: True)
+    assert "K split" not in select.describe()["small_mm"]
+    monkeypatch.setenv(cm.KSPLIT_ENV, "2")
+    assert "K split across 2 blocks below 132 blocks a launch" in select.describe()["small_mm"]
     monkeypatch.setenv(cm.KSPLIT_ENV, "3")
     with pytest.raises(UsageError, match=f"{cm.KSPLIT_ENV}='3' must be 0, 2 or 4"):
         cm.small_matmul_cuda(x, w)

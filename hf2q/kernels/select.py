@@ -690,6 +690,10 @@ def describe(attn: object | None = None) -> dict[str, str]:
         info["small_mm"] += ", products sharing an input in one launch"
     if mm_columns_enabled():
         info["small_mm"] += ", columns split at 33-64 rows"
+    if small_mm_enabled() and (kb := cuda_matmul.ksplit_setting()) > 1:
+        info["small_mm"] += (
+            f", K split across {kb} blocks below {cuda_matmul.KSPLIT_BELOW} blocks a launch"
+        )
     if small_qmm_enabled():
         info["small_mm"] += ", 4/8-bit affine layers dequantized in the kernel"
     if small_mm_enabled() and draft_mm_rows() < cuda_matmul.MAX_ROWS:
