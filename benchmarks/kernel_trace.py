@@ -11,7 +11,7 @@ can be told apart by name.
 - Products (``--products KxN,..``, ``--rows``): ``x @ w.T + add`` (the residual add in the launch,
   as the down and output projections run) for every (column blocks, unrolling) of the default
   launch's warps and, where it applies, the column split, the default launch marked; and the
-  K-split across 2 and 4 thread blocks of the default's layout (``HF2Q_MM_KSPLIT``: its two
+  K-split across 2, 4 and 8 thread blocks of the default's layout (``HF2Q_MM_KSPLIT``: its two
   launches timed together). Weights rotate over ``--weights`` copies so that each launch reads
   its weight from memory rather than L2.
 - Attention (``--attention``): the row-invariant kernel at the 4B target's shapes (1 and 16 rows
@@ -70,8 +70,8 @@ def _products(shapes, rows_list, weights: int, reps: int, ksplit_only: bool = Fa
             variants = [(tune, 1) for tune in product_variants(rows, K, N)]
             variants = variants[:1] if ksplit_only else variants
             nb, warps, unroll = variants[0][0][:3]
-            # the K-split across 2 or 4 thread blocks (two launches) of the default's layout
-            variants += [((nb, warps, unroll), kb) for kb in (2, 4) if warps % kb == 0]
+            # the K-split across 2, 4 or 8 thread blocks (two launches) of the default's layout
+            variants += [((nb, warps, unroll), kb) for kb in (2, 4, 8) if warps % kb == 0]
             for i, (tune, kb) in enumerate(variants):
                 label = (
                     f"mm K={K} N={N} rows={rows} tune={tune}"
@@ -126,7 +126,7 @@ def main() -> None:
     ap.add_argument(
         "--ksplit-only",
         action="store_true",
-        help="time only the default launch and its K-split across 2 and 4 blocks",
+        help="time only the default launch and its K-split across 2, 4 and 8 blocks",
     )
     ap.add_argument("--attention", action="store_true")
     ap.add_argument("--heads", default="1,2,4", help="HF2Q_ATTN_HEADS values (--attention)")

@@ -198,6 +198,11 @@ def test_emulated_k_split_setting_is_opt_in_for_launches_of_few_blocks(emulated_
     mt, nb, warps, _ = cm.launch_shape(64, 9216, 2560)
     assert (mt, nb, warps) == (4, 4, 8) and 2560 // (8 * nb) == 80
     assert cm.kblocks_for(2560, nb, warps) == 2
+    monkeypatch.setenv(cm.KSPLIT_ENV, "4")  # up to 4: doubled while below 132 blocks
+    assert cm.kblocks_for(2560, nb, warps) == 2  # 160 blocks
+    assert cm.kblocks_for(2560, *cm.launch_shape(32, 9216, 2560)[1:3]) == 4  # 40 -> 160
+    assert cm.kblocks_for(2560, 8, 2) == 2  # never more than the warps
+    monkeypatch.setenv(cm.KSPLIT_ENV, "2")
     assert cm.kblocks_for(2560, *cm.launch_shape(16, 9216, 2560)[1:3]) == 1  # 160 blocks
     assert cm.kblocks_for(9216, nb, warps) == 1  # 288 blocks
     assert cm.kblocks_for(2560, nb, warps, cw=8) == 1  # never with the column split
@@ -214,7 +219,7 @@ def test_emulated_k_split_setting_is_opt_in_for_launches_of_few_blocks(emulated_
     monkeypatch.setenv(cm.KSPLIT_ENV, "2")
     assert "K split across 2 blocks below 132 blocks a launch" in select.describe()["small_mm"]
     monkeypatch.setenv(cm.KSPLIT_ENV, "3")
-    with pytest.raises(UsageError, match=f"{cm.KSPLIT_ENV}='3' must be 0, 2 or 4"):
+    with pytest.raises(UsageError, match=f"{cm.KSPLIT_ENV}='3' must be 0, 2, 4 or 8"):
         cm.small_matmul_cuda(x, w)
 
 

@@ -613,13 +613,14 @@ def narrow_enabled() -> bool:
     return select._flag(NARROW_ENV, "0")
 
 
-#: HF2Q_MM_KSPLIT=KB (2 or 4; unset or 0: off): a single bf16/fp16 product whose launch has
-#: fewer thread blocks than :data:`KSPLIT_BELOW` and whose warps KB divides runs as KB thread
-#: blocks a column block, each a share of the warps (:data:`_PARTIAL`), and a launch adding their
-#: partial sums in warp order (:data:`_REDUCE`): the same bits. For the 4-slot verify's 64-row
-#: products of 2560 columns (the MLP's down and the Gated-DeltaNet / attention output
-#: projections), which launch 80 blocks on an H200's 132 SMs (session 23's traces: 31 us each,
-#: about half the copy bandwidth). Opt-in until measured (``kernel_trace.py``, ``plain_ab.py
+#: HF2Q_MM_KSPLIT=KB (2, 4 or 8; unset or 0: off): a single bf16/fp16 product whose launch has
+#: fewer thread blocks than :data:`KSPLIT_BELOW` runs each column block as thread blocks sharing
+#: its warps (:data:`_PARTIAL`), then a launch adding their partial sums in warp order
+#: (:data:`_REDUCE`): the same bits. Blocks a column block: 2, doubled while the launch stays
+#: below :data:`KSPLIT_BELOW` blocks, up to KB and the warps. For the verify's products of 2560
+#: columns (the MLP's down and the Gated-DeltaNet / attention output projections): 80 blocks on
+#: an H200's 132 SMs at 3-8 slots (session 23's traces at 4 slots: 31 us each, about half the
+#: copy bandwidth), 40 at 2 slots. Opt-in until measured (``kernel_trace.py``, ``plain_ab.py
 #: --env HF2Q_MM_KSPLIT --values 0,2``). Grouped and dequantizing launches never take it.
 KSPLIT_ENV = "HF2Q_MM_KSPLIT"
 #: Launches with fewer thread blocks than this take the K-split across blocks (an H200's SMs).
@@ -629,16 +630,20 @@ KSPLIT_BELOW = 132
 def ksplit_setting() -> int:
     """``HF2Q_MM_KSPLIT`` as blocks a column block (1: off); a bad value is an error naming it."""
     raw = os.environ.get(KSPLIT_ENV, "").strip() or "0"
-    if raw not in ("0", "1", "2", "4"):
-        raise UsageError(f"{KSPLIT_ENV}={raw!r} must be 0, 2 or 4: unset it or fix it")
+    if raw not in ("0", "1", "2", "4", "8"):
+        raise UsageError(f"{KSPLIT_ENV}={raw!r} must be 0, 2, 4 or 8: unset it or fix it")
     return max(int(raw), 1)
 
 
 def kblocks_for(N: int, nb: int, warps: int, cw: int = 1) -> int:
     """Thread blocks a column block of this launch takes under ``HF2Q_MM_KSPLIT`` (1: none)."""
-    kb = ksplit_setting()
-    if kb == 1 or cw > 1 or warps % kb or N // (8 * nb) >= KSPLIT_BELOW:
+    most = min(ksplit_setting(), warps)
+    blocks = N // (8 * nb)
+    if most == 1 or cw > 1 or blocks >= KSPLIT_BELOW:
         return 1
+    kb = 2
+    while kb < most and blocks * kb < KSPLIT_BELOW:
+        kb *= 2
     return kb
 
 
