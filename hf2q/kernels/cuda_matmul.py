@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from functools import cache
 from typing import Any
 
@@ -145,15 +146,7 @@ _BODY_TEMPLATE = r"""
   constexpr int SLOTS = MT * NB * 4;
 @PARTIAL@
   if (WARPS == 1) {
-#pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
-      const int mt = s / (NB * 4);
-      const int nb = (s / 4) % NB;
-      const int e = s % 4;
-      const int row = mt * 16 + g + (e >= 2 ? 8 : 0);
-      const int col = n0 + nb * 8 + 2 * t + (e & 1);
-      if (row < M) store((size_t)row * N + col, acc[mt][nb][e]);
-    }
+@EACH_ACC@
     return;
   }
   __shared__ float red[WARPS][SLOTS][32];
@@ -177,6 +170,25 @@ _BODY_TEMPLATE = r"""
     store((size_t)row * N + col, sum);
   }
 """
+# Each of a lane's accumulators with its output row and column: ``@STORE_ACC@`` stores it
+# (``row < M``), where the warps' sum is not needed (one warp, or the K-split across blocks).
+_EACH_ACC = r"""
+#pragma unroll
+  for (int s = 0; s < SLOTS; ++s) {
+    const int mt = s / (NB * 4);
+    const int nb = (s / 4) % NB;
+    const int e = s % 4;
+    const int row = mt * 16 + g + (e >= 2 ? 8 : 0);
+    const int col = n0 + nb * 8 + 2 * t + (e & 1);
+    if (row < M) @STORE_ACC@;
+  }
+"""
+_BODY_TEMPLATE = _BODY_TEMPLATE.replace(
+    "@EACH_ACC@\n",
+    textwrap.indent(_EACH_ACC[1:], "  ", lambda line: not line.startswith("#")).replace(
+        "@STORE_ACC@", "store((size_t)row * N + col, acc[mt][nb][e])"
+    ),
+)
 # The unquantized weights' loads: the 16 bf16/fp16 weights of the lane's column in this chunk.
 _LOAD_W = r"""
     unsigned wv[NB][8];
@@ -209,17 +221,9 @@ def _body(load: str, partial: bool = False) -> str:
 # bits, from KB times as many thread blocks (a 64-row product of 2560 columns: 80 blocks of an
 # H200's 132 SMs with the K-split in a block, 160 with KB = 2).
 _PARTIAL_WARP = "blockIdx.y * (WARPS / KB) + (threadIdx.x >> 5)"
-_PARTIAL = r"""
-#pragma unroll
-  for (int s = 0; s < SLOTS; ++s) {
-    const int mt = s / (NB * 4);
-    const int nb = (s / 4) % NB;
-    const int e = s % 4;
-    const int row = mt * 16 + g + (e >= 2 ? 8 : 0);
-    const int col = n0 + nb * 8 + 2 * t + (e & 1);
-    if (row < M) part[((size_t)warp * M + row) * N + col] = acc[mt][nb][e];
-  }
-"""
+_PARTIAL = _EACH_ACC.replace(
+    "@STORE_ACC@", "part[((size_t)warp * M + row) * N + col] = acc[mt][nb][e]"
+)
 _BODY = _body(_LOAD_W)
 
 
