@@ -9,10 +9,9 @@ from the trace. MLX names a custom kernel by its template arguments, so every va
 can be told apart by name.
 
 - Products (``--products KxN,..``, ``--rows``): ``x @ w.T + add`` (the residual add in the launch,
-  as the down and output projections run) for every (column blocks, unrolling) of the default
-  launch's warps and, where it applies, the column split, the default launch marked; and the
-  K-split across 2, 4 and 8 thread blocks of the default's layout (``HF2Q_MM_KSPLIT``: its two
-  launches timed together). Weights rotate over ``--weights`` copies so that each launch reads
+  as the down and output projections run) for every (column blocks, unrolling) of
+  the default launch's warps and, where it applies, the column split:
+  the default launch marked. Weights rotate over ``--weights`` copies so that each launch reads
   its weight from memory rather than L2.
 - Attention (``--attention``): the row-invariant kernel at the 4B target's shapes (1 and 16 rows
   after 1024 positions) and the drafter's (16 rows over 1040), for each ``HF2Q_ATTN_HEADS``.
@@ -56,9 +55,8 @@ def product_variants(rows: int, K: int, N: int) -> list[tuple[int, ...]]:
     return out
 
 
-def _products(shapes, rows_list, weights: int, reps: int, ksplit_only: bool = False):
-    """(label, build one node) for every product variant (``ksplit_only``: the default launch
-    and its K-split across blocks)."""
+def _products(shapes, rows_list, weights: int, reps: int):
+    """(label, build one node) for every product variant."""
     jobs = []
     for K, N in shapes:
         ws = [mx.random.normal((N, K)).astype(mx.bfloat16) * 0.02 for _ in range(weights)]
@@ -67,22 +65,11 @@ def _products(shapes, rows_list, weights: int, reps: int, ksplit_only: bool = Fa
             x = mx.random.normal((rows, K)).astype(mx.bfloat16)
             add = mx.random.normal((rows, N)).astype(mx.bfloat16)
             mx.eval(x, add)
-            variants = [(tune, 1) for tune in product_variants(rows, K, N)]
-            variants = variants[:1] if ksplit_only else variants
-            nb, warps, unroll = variants[0][0][:3]
-            # the K-split across 2, 4 or 8 thread blocks (two launches) of the default's layout
-            variants += [((nb, warps, unroll), kb) for kb in (2, 4, 8) if warps % kb == 0]
-            for i, (tune, kb) in enumerate(variants):
-                label = (
-                    f"mm K={K} N={N} rows={rows} tune={tune}"
-                    + (f" kblocks={kb}" if kb > 1 else "")
-                    + (" (default)" if i == 0 else "")
-                )
+            for i, tune in enumerate(product_variants(rows, K, N)):
+                label = f"mm K={K} N={N} rows={rows} tune={tune}" + (" (default)" if i == 0 else "")
 
-                def node(r, tune=tune, kb=kb, x=x, add=add, ws=ws):
-                    return cuda_matmul.small_matmul_cuda(
-                        x, ws[r % len(ws)], tune=tune, add=add, kblocks=kb
-                    )
+                def node(r, tune=tune, x=x, add=add, ws=ws):
+                    return cuda_matmul.small_matmul_cuda(x, ws[r % len(ws)], tune=tune, add=add)
 
                 jobs.append((label, node))
     return jobs
@@ -123,11 +110,6 @@ def main() -> None:
     ap.add_argument("--products", default="", help="KxN shapes, e.g. 9216x2560,4096x2560")
     ap.add_argument("--rows", default="1,16")
     ap.add_argument("--weights", type=int, default=3, help="weight copies a shape rotates over")
-    ap.add_argument(
-        "--ksplit-only",
-        action="store_true",
-        help="time only the default launch and its K-split across 2, 4 and 8 blocks",
-    )
     ap.add_argument("--attention", action="store_true")
     ap.add_argument("--heads", default="1,2,4", help="HF2Q_ATTN_HEADS values (--attention)")
     ap.add_argument("--reps", type=int, default=20)
@@ -140,8 +122,7 @@ def main() -> None:
 
     mx.random.seed(0)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.products.split(",") if s]
-    rows = [int(r) for r in args.rows.split(",")]
-    jobs = _products(shapes, rows, args.weights, args.reps, args.ksplit_only)
+    jobs = _products(shapes, [int(r) for r in args.rows.split(",")], args.weights, args.reps)
     if args.attention:
         jobs += _attention([int(h) for h in args.heads.split(",")], args.weights)
     for _, node in jobs:  # compile every kernel before the trace
@@ -161,7 +142,7 @@ def main() -> None:
     ours = [e for e in events if "hf2q" in e[2]]
     results, i = [], 0
     for label, _ in jobs:
-        per = (2 if " kblocks=" in label else 1) if label.startswith("mm ") else None
+        per = 1 if label.startswith("mm ") else None
         if per is None:  # attention: one launch or a part and a merge per node
             per = 2 if any("row_attention_part" in e[2] for e in ours[i : i + 2]) else 1
         mine = ours[i : i + per * args.reps]

@@ -122,107 +122,6 @@ def test_emulated_kernel_many_rows_launch_keeps_each_rows_bits(emulated):
     assert mx.array_equal(cm.small_matmul_cuda(x, w, tune=(2, 4, 1)), y)
 
 
-@pytest.fixture
-def emulated_split(emulated, monkeypatch, tmp_path):
-    """The K-split across thread blocks' two kernels (and the residual one), emulated."""
-    kerns = {
-        "part": cuda_emu.EmulatedKernel(
-            "hf2q_small_mm_part",
-            ["x", "w"],
-            ["part"],
-            cm._SOURCE_PARTIAL,
-            cm._HEADER,
-            workdir=tmp_path,
-        ),
-        False: cuda_emu.EmulatedKernel(
-            "hf2q_small_mm_reduce",
-            ["part"],
-            ["y"],
-            cm._SOURCE_REDUCE,
-            cm._HEADER,
-            workdir=tmp_path,
-        ),
-        True: cuda_emu.EmulatedKernel(
-            "hf2q_small_mm_reduce_add",
-            ["part", "r"],
-            ["y"],
-            cm._SOURCE_REDUCE_ADD,
-            cm._HEADER,
-            workdir=tmp_path,
-        ),
-        "add": cuda_emu.EmulatedKernel(
-            "hf2q_small_mm_add",
-            ["x", "w", "r"],
-            ["y"],
-            cm._SOURCE_ADD,
-            cm._HEADER,
-            workdir=tmp_path,
-        ),
-    }
-    monkeypatch.setattr(cm, "_partial_kernel", lambda: kerns["part"])
-    monkeypatch.setattr(cm, "_reduce_kernel", lambda add=False: kerns[add])
-    monkeypatch.setattr(cm, "_add_kernel", lambda columns=False: kerns["add"])
-    return kerns
-
-
-@pytest.mark.parametrize("rows", [1, 37, 64])
-def test_emulated_k_split_across_blocks_keeps_the_bits(emulated_split, rows):
-    # KB thread blocks a column block, each a share of the warps, their partial sums added in
-    # warp order by a second launch: every element has the one-block launch's bits, the residual
-    # add too, at full and partial m-tiles and any column blocks and unrolling.
-    x, w = _inputs(rows, 512, 64, mx.bfloat16, seed=12)
-    r = mx.random.normal((rows, 64)).astype(mx.bfloat16)
-    warps = cm.launch_shape(rows, 512, 64)[2]
-    assert warps == 4
-    ref = cm.small_matmul_cuda(x, w, kblocks=1)
-    ref_add = cm.small_matmul_cuda(x, w, add=r, kblocks=1)
-    assert mx.array_equal(ref_add, ref + r)
-    for kb in (2, 4):
-        assert mx.array_equal(cm.small_matmul_cuda(x, w, kblocks=kb), ref), kb
-        assert mx.array_equal(cm.small_matmul_cuda(x, w, add=r, kblocks=kb), ref_add), kb
-    assert mx.array_equal(cm.small_matmul_cuda(x, w, tune=(1, warps, 2), kblocks=2), ref)
-    _assert_rounded_product(ref, x, w)
-    with pytest.raises(ValueError, match="kblocks 3: must divide"):
-        cm.small_matmul_cuda(x, w, kblocks=3)
-
-
-def test_emulated_k_split_setting_is_opt_in_for_launches_of_few_blocks(emulated_split, monkeypatch):
-    # HF2Q_MM_KSPLIT=2: only launches with fewer blocks than an H200 has SMs split (the 64-row
-    # products of 2560 columns: 80 blocks), with the same bits; the traced runners' caches key
-    # on the setting; a bad value names the fix.
-    monkeypatch.delenv(cm.KSPLIT_ENV, raising=False)
-    key = select.mm_key()
-    assert cm.kblocks_for(2560, 4, 8) == 1
-    monkeypatch.setenv(cm.KSPLIT_ENV, "2")
-    assert select.mm_key() != key
-    mt, nb, warps, _ = cm.launch_shape(64, 9216, 2560)
-    assert (mt, nb, warps) == (4, 4, 8) and 2560 // (8 * nb) == 80
-    assert cm.kblocks_for(2560, nb, warps) == 2
-    monkeypatch.setenv(cm.KSPLIT_ENV, "4")  # up to 4: doubled while below 132 blocks
-    assert cm.kblocks_for(2560, nb, warps) == 2  # 160 blocks
-    assert cm.kblocks_for(2560, *cm.launch_shape(32, 9216, 2560)[1:3]) == 4  # 40 -> 160
-    assert cm.kblocks_for(2560, 8, 2) == 2  # never more than the warps
-    monkeypatch.setenv(cm.KSPLIT_ENV, "2")
-    assert cm.kblocks_for(2560, *cm.launch_shape(16, 9216, 2560)[1:3]) == 1  # 160 blocks
-    assert cm.kblocks_for(9216, nb, warps) == 1  # 288 blocks
-    assert cm.kblocks_for(2560, nb, warps, cw=8) == 1  # never with the column split
-    x, w = _inputs(40, 512, 64, mx.bfloat16, seed=13)
-    calls = []
-    partial = cm._partial_kernel()
-    monkeypatch.setattr(cm, "_partial_kernel", lambda: calls.append(1) or partial)
-    split = cm.small_matmul_cuda(x, w)
-    assert calls  # 64 columns: one block a column block, so the setting splits it
-    monkeypatch.delenv(cm.KSPLIT_ENV)
-    assert mx.array_equal(split, cm.small_matmul_cuda(x, w))
-    monkeypatch.setattr(select, "small_mm_enabled", lambda: True)
-    assert "K split" not in select.describe()["small_mm"]
-    monkeypatch.setenv(cm.KSPLIT_ENV, "2")
-    assert "K split across 2 blocks below 132 blocks a launch" in select.describe()["small_mm"]
-    monkeypatch.setenv(cm.KSPLIT_ENV, "3")
-    with pytest.raises(UsageError, match=f"{cm.KSPLIT_ENV}='3' must be 0, 2, 4 or 8"):
-        cm.small_matmul_cuda(x, w)
-
-
 def test_emulated_kernel_rejects_a_malformed_tune(emulated):
     x, w = _inputs(4, 128, 16, mx.bfloat16)
     for bad in [(2, 4), (2, 4, 1, 2, 1), (2, 1, 1, 2)]:
@@ -632,19 +531,6 @@ def test_cuda_kernel_rows_are_bit_equal_whatever_the_batch():
     for n in (1, 16, 32, 48, 64, 96):  # every launch shape: 1, 2, 3, 4 and 5-8 m-tiles
         part = cm.small_matmul_cuda(x[:n], w)
         assert mx.array_equal(part, full[:n])
-
-
-@cuda_only
-@pytest.mark.parametrize("rows", [16, 48, 64])
-@pytest.mark.parametrize("K", [4096, 9216])
-def test_cuda_k_split_across_blocks_keeps_the_bits(rows, K):
-    # The 4B target's output and down projections (2560 columns) with their residual add.
-    x, w = _inputs(rows, K, 2560, mx.bfloat16, seed=rows)
-    r = mx.random.normal((rows, 2560)).astype(mx.bfloat16)
-    ref = cm.small_matmul_cuda(x, w, add=r, kblocks=1)
-    for kb in (2, 4, 8):
-        assert mx.array_equal(cm.small_matmul_cuda(x, w, add=r, kblocks=kb), ref), kb
-    assert mx.array_equal(cm.small_matmul_cuda(x, w, kblocks=2), cm.small_matmul_cuda(x, w))
 
 
 @cuda_only

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 import os
-import textwrap
 from functools import cache
 from typing import Any
 
@@ -100,7 +99,7 @@ _ROWS = r"""
 # into ``wv`` (:data:`_LOAD_W` for unquantized weights, :data:`_LOAD_WQ` for quantized ones).
 _BODY_TEMPLATE = r"""
   const int lane = threadIdx.x & 31;
-  const int warp = @WARP@;
+  const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
   const int t = lane & 3;
   float acc[MT][NB][4];
@@ -144,9 +143,16 @@ _BODY_TEMPLATE = r"""
     }
   }
   constexpr int SLOTS = MT * NB * 4;
-@PARTIAL@
   if (WARPS == 1) {
-@EACH_ACC@
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int mt = s / (NB * 4);
+      const int nb = (s / 4) % NB;
+      const int e = s % 4;
+      const int row = mt * 16 + g + (e >= 2 ? 8 : 0);
+      const int col = n0 + nb * 8 + 2 * t + (e & 1);
+      if (row < M) store((size_t)row * N + col, acc[mt][nb][e]);
+    }
     return;
   }
   __shared__ float red[WARPS][SLOTS][32];
@@ -170,25 +176,6 @@ _BODY_TEMPLATE = r"""
     store((size_t)row * N + col, sum);
   }
 """
-# Each of a lane's accumulators with its output row and column: ``@STORE_ACC@`` stores it
-# (``row < M``), where the warps' sum is not needed (one warp, or the K-split across blocks).
-_EACH_ACC = r"""
-#pragma unroll
-  for (int s = 0; s < SLOTS; ++s) {
-    const int mt = s / (NB * 4);
-    const int nb = (s / 4) % NB;
-    const int e = s % 4;
-    const int row = mt * 16 + g + (e >= 2 ? 8 : 0);
-    const int col = n0 + nb * 8 + 2 * t + (e & 1);
-    if (row < M) @STORE_ACC@;
-  }
-"""
-_BODY_TEMPLATE = _BODY_TEMPLATE.replace(
-    "@EACH_ACC@\n",
-    textwrap.indent(_EACH_ACC[1:], "  ", lambda line: not line.startswith("#")).replace(
-        "@STORE_ACC@", "store((size_t)row * N + col, acc[mt][nb][e])"
-    ),
-)
 # The unquantized weights' loads: the 16 bf16/fp16 weights of the lane's column in this chunk.
 _LOAD_W = r"""
     unsigned wv[NB][8];
@@ -201,30 +188,7 @@ _LOAD_W = r"""
       wv[nb][4] = hi.x; wv[nb][5] = hi.y; wv[nb][6] = hi.z; wv[nb][7] = hi.w;
     }
 """
-
-
-def _body(load: str, partial: bool = False) -> str:
-    """:data:`_BODY_TEMPLATE` with a chunk's weight loads ``load``; with ``partial`` the K-split
-    across thread blocks (:data:`_PARTIAL`)."""
-    body = _BODY_TEMPLATE.replace("@LOAD_W@\n", load[1:])
-    if partial:  # the accumulators written where the block's own sum would begin
-        head = body[: body.index("@PARTIAL@")]
-        return head.replace("@WARP@", _PARTIAL_WARP) + _PARTIAL[1:]
-    return body.replace("@WARP@", "threadIdx.x >> 5").replace("@PARTIAL@\n", "")
-
-
-# The K-split across thread blocks (``KB`` blocks a column block; template argument KB): block
-# (column block, kb) runs warps kb * WARPS / KB .. (kb + 1) * WARPS / KB - 1 of _BODY's launch,
-# each over the very chunks it runs there, and every warp writes its float32 accumulators to
-# ``part`` (WARPS, M, N) instead of the block's shared sum; :data:`_REDUCE` then adds them as
-# _BODY's warps' sum does (0.0f + P_0 + P_1 + ..., in warp order) and rounds once: the same
-# bits, from KB times as many thread blocks (a 64-row product of 2560 columns: 80 blocks of an
-# H200's 132 SMs with the K-split in a block, 160 with KB = 2).
-_PARTIAL_WARP = "blockIdx.y * (WARPS / KB) + (threadIdx.x >> 5)"
-_PARTIAL = _EACH_ACC.replace(
-    "@STORE_ACC@", "part[((size_t)warp * M + row) * N + col] = acc[mt][nb][e]"
-)
-_BODY = _body(_LOAD_W)
+_BODY = _BODY_TEMPLATE.replace("@LOAD_W@\n", _LOAD_W[1:])
 
 
 # The same products with the warps splitting the columns instead of K (CW warps, each NB * 8 of
@@ -386,21 +350,6 @@ _STORE_ADD = r"""
 _SOURCE_ADD = _ROWS + _SINGLE + _STORE_ADD + _BODY
 _SOURCE_ADD_COLUMNS = _ROWS + _SINGLE + _STORE_ADD + _BODY_COLUMNS
 
-# The K-split across thread blocks (see :data:`_PARTIAL`): the warps' accumulators, then their
-# sum in warp order, rounded once (with an addend r, r added as MLX adds: _STORE_ADD).
-_SOURCE_PARTIAL = _ROWS + _SINGLE + _body(_LOAD_W, partial=True)
-_REDUCE = r"""
-  const size_t MN = (size_t)part_shape[1] * part_shape[2];
-  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= MN) return;
-  float sum = 0.0f;
-#pragma unroll
-  for (int ww = 0; ww < WARPS; ++ww) sum += part[ww * MN + i];
-  store(i, sum);
-"""
-_SOURCE_REDUCE = _STORE + _REDUCE
-_SOURCE_REDUCE_ADD = _STORE_ADD + _REDUCE
-
 
 def grouped_source(groups: int, columns: bool = False) -> str:
     """The kernel body computing ``x @ w{i}.T`` into ``y{i}`` for ``groups`` weights of one K in one
@@ -442,28 +391,6 @@ def _add_kernel(columns: bool = False) -> Any:
         input_names=["x", "w", "r"],
         output_names=["y"],
         source=_SOURCE_ADD_COLUMNS if columns else _SOURCE_ADD,
-        header=_HEADER,
-    )
-
-
-@cache
-def _partial_kernel() -> Any:
-    return mx.fast.cuda_kernel(
-        name="hf2q_small_mm_part",
-        input_names=["x", "w"],
-        output_names=["part"],
-        source=_SOURCE_PARTIAL,
-        header=_HEADER,
-    )
-
-
-@cache
-def _reduce_kernel(add: bool = False) -> Any:
-    return mx.fast.cuda_kernel(
-        name="hf2q_small_mm_reduce_add" if add else "hf2q_small_mm_reduce",
-        input_names=["part", "r"] if add else ["part"],
-        output_names=["y"],
-        source=_SOURCE_REDUCE_ADD if add else _SOURCE_REDUCE,
         header=_HEADER,
     )
 
@@ -617,40 +544,6 @@ def narrow_enabled() -> bool:
     return select._flag(NARROW_ENV, "0")
 
 
-#: HF2Q_MM_KSPLIT=KB (2, 4 or 8; unset or 0: off): a single bf16/fp16 product whose launch has
-#: fewer thread blocks than :data:`KSPLIT_BELOW` runs each column block as thread blocks sharing
-#: its warps (:data:`_PARTIAL`), then a launch adding their partial sums in warp order
-#: (:data:`_REDUCE`): the same bits. Blocks a column block: 2, doubled while the launch stays
-#: below :data:`KSPLIT_BELOW` blocks, up to KB and the warps. For the verify's products of 2560
-#: columns (the MLP's down and the Gated-DeltaNet / attention output projections): 80 blocks on
-#: an H200's 132 SMs at 3-8 slots (session 23's traces at 4 slots: 31 us each, about half the
-#: copy bandwidth), 40 at 2 slots. Opt-in until measured (``kernel_trace.py``, ``plain_ab.py
-#: --env HF2Q_MM_KSPLIT --values 0,2``). Grouped and dequantizing launches never take it.
-KSPLIT_ENV = "HF2Q_MM_KSPLIT"
-#: Launches with fewer thread blocks than this take the K-split across blocks (an H200's SMs).
-KSPLIT_BELOW = 132
-
-
-def ksplit_setting() -> int:
-    """``HF2Q_MM_KSPLIT`` as blocks a column block (1: off); a bad value is an error naming it."""
-    raw = os.environ.get(KSPLIT_ENV, "").strip() or "0"
-    if raw not in ("0", "1", "2", "4", "8"):
-        raise UsageError(f"{KSPLIT_ENV}={raw!r} must be 0, 2, 4 or 8: unset it or fix it")
-    return max(int(raw), 1)
-
-
-def kblocks_for(N: int, nb: int, warps: int, cw: int = 1) -> int:
-    """Thread blocks a column block of this launch takes under ``HF2Q_MM_KSPLIT`` (1: none)."""
-    most = min(ksplit_setting(), warps)
-    blocks = N // (8 * nb)
-    if most == 1 or cw > 1 or blocks >= KSPLIT_BELOW:
-        return 1
-    kb = 2
-    while kb < most and blocks * kb < KSPLIT_BELOW:
-        kb *= 2
-    return kb
-
-
 def _layout(
     rows: int, K: int, N: int, tune: tuple[int, ...] | None, columns: bool
 ) -> tuple[int, int, int, int, int]:
@@ -681,7 +574,6 @@ def small_matmul_cuda(
     tune: tuple[int, ...] | None = None,
     add: mx.array | None = None,
     columns: bool = False,
-    kblocks: int | None = None,
 ) -> mx.array:
     """``x @ w.T`` in one tensor-core launch; see :func:`supported` for what it takes.
 
@@ -691,8 +583,6 @@ def small_matmul_cuda(
     blocks, unrolling and layouts for one choice of ``warps``). ``add``: an array of the output's
     shape and dtype added in the same launch (``x @ w.T + add`` with the bits of the two steps).
     ``columns``: use the column-split layout where :func:`column_shape` says (same bits).
-    ``kblocks``: thread blocks a column block (the K-split across blocks, two launches; same
-    bits), instead of :func:`kblocks_for`'s ``HF2Q_MM_KSPLIT`` rule.
     """
     K, N = w.shape[1], w.shape[0]
     rows = math.prod(x.shape[:-1])
@@ -701,45 +591,12 @@ def small_matmul_cuda(
         raise ValueError(
             f"addend {add.shape} {add.dtype} is not the output's {x.shape[:-1]}+({N},)"
         )
-    kb = kblocks_for(N, nb, warps, cw) if kblocks is None else kblocks
-    if kb != 1:
-        if kb < 1 or cw > 1 or warps % kb:
-            raise ValueError(f"kblocks {kb}: must divide the launch's {warps} K-split warps")
-        return _split_product(x, w, (mt, nb, warps, unroll), kb, add)
     split = cw > 1
     (y,) = (_kernel(split) if add is None else _add_kernel(split))(
         inputs=[x, w] if add is None else [x, w, add],
         template=_template(x.dtype, mt, nb, warps, unroll, cw),
         grid=((N // (8 * nb * cw)) * 32 * (cw if split else warps), 1, 1),
         threadgroup=(32 * (cw if split else warps), 1, 1),
-        output_shapes=[(*x.shape[:-1], N)],
-        output_dtypes=[x.dtype],
-    )
-    return y
-
-
-def _split_product(
-    x: mx.array, w: mx.array, shape: tuple[int, int, int, int], kb: int, add: mx.array | None
-) -> mx.array:
-    """``x @ w.T`` (``+ add``) as ``kb`` thread blocks a column block writing their warps'
-    partial sums, then one launch adding them in warp order (:data:`_PARTIAL`)."""
-    mt, nb, warps, unroll = shape
-    N = w.shape[0]
-    rows = math.prod(x.shape[:-1])
-    (part,) = _partial_kernel()(
-        inputs=[x, w],
-        template=_template(x.dtype, mt, nb, warps, unroll) + [("KB", kb)],
-        grid=((N // (8 * nb)) * 32 * (warps // kb), kb, 1),
-        threadgroup=(32 * (warps // kb), 1, 1),
-        output_shapes=[(warps, rows, N)],
-        output_dtypes=[mx.float32],
-    )
-    threads = 256
-    (y,) = _reduce_kernel(add is not None)(
-        inputs=[part] if add is None else [part, add],
-        template=[("T", x.dtype), ("WARPS", warps)],
-        grid=(-(-rows * N // threads) * threads, 1, 1),
-        threadgroup=(threads, 1, 1),
         output_shapes=[(*x.shape[:-1], N)],
         output_dtypes=[x.dtype],
     )
@@ -781,7 +638,7 @@ _LOAD_WQ = r"""
       }
     }
 """
-_QBODY = _body(_LOAD_WQ)
+_QBODY = _BODY_TEMPLATE.replace("@LOAD_W@\n", _LOAD_WQ[1:])
 
 _QHEADER = (
     _HEADER

@@ -304,15 +304,12 @@ def draft_mm_enabled(rows: int, largest: int, head: bool = False) -> bool:
 def mm_key() -> tuple[bool, int, bool | tuple, bool | str]:
     """The settings a compiled runner's products depend on, for the caches of traced functions:
     (:func:`grouped_mm_enabled`, :func:`small_mm_rows`, the single products' layout:
-    :func:`mm_columns_enabled`, paired with ``"narrow"`` under ``HF2Q_MM_NARROW=1`` and with
-    the K-split's blocks under ``HF2Q_MM_KSPLIT``, :func:`small_qmm_enabled` or with it
-    ``HF2Q_QMM_LAUNCH`` where set)."""
+    :func:`mm_columns_enabled`, paired with ``"narrow"`` under ``HF2Q_MM_NARROW=1``,
+    :func:`small_qmm_enabled` or with it ``HF2Q_QMM_LAUNCH`` where set)."""
     qmm = small_qmm_enabled() and (os.environ.get(cuda_matmul.QMM_LAUNCH_ENV, "") or True)
     columns: bool | tuple = mm_columns_enabled()
     if cuda_matmul.narrow_enabled():  # a layout of its own, whether or not columns split
         columns = (columns, "narrow")
-    if (kb := cuda_matmul.ksplit_setting()) > 1:  # two launches where it applies
-        columns = (columns, "ksplit", kb)
     return grouped_mm_enabled(), small_mm_rows(), columns, qmm
 
 
@@ -690,10 +687,6 @@ def describe(attn: object | None = None) -> dict[str, str]:
         info["small_mm"] += ", products sharing an input in one launch"
     if mm_columns_enabled():
         info["small_mm"] += ", columns split at 33-64 rows"
-    if small_mm_enabled() and (kb := cuda_matmul.ksplit_setting()) > 1:
-        info["small_mm"] += (
-            f", K split across {kb} blocks below {cuda_matmul.KSPLIT_BELOW} blocks a launch"
-        )
     if small_qmm_enabled():
         info["small_mm"] += ", 4/8-bit affine layers dequantized in the kernel"
     if small_mm_enabled() and draft_mm_rows() < cuda_matmul.MAX_ROWS:
