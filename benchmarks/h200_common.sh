@@ -155,15 +155,16 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob(f"{sys.argv[2]}_*.json")):
 PY
 }
 
-# timelines "SLOTS" [MIN]: gpu_timeline.py on the random 4B-shaped pair's DFlash rounds (32 new tokens
-# after 64, the first 2500 kernels kept in order) at each slot count of SLOTS (space-separated), one
-# process each (80 s), while at least MIN (250) of ${BUDGET:-560} s remain, into $OUT/tl_s<slots>.json
-# / .log, each summary shown.
+# timelines "SLOTS" [MIN] [LIMIT]: gpu_timeline.py on the random 4B-shaped pair's DFlash rounds (32
+# new tokens after 64, the first 2500 kernels kept in order) at each slot count of SLOTS
+# (space-separated), one process each (LIMIT s, 80 unless given; unbuffered, so a process cut off
+# at its limit still shows how far it got), while at least MIN (250) of ${BUDGET:-560} s remain,
+# into $OUT/tl_s<slots>.json / .log, each summary shown.
 timelines() {
   local s t
   for s in $1; do
     t=$(left); [ "$t" -lt "${2:-250}" ] && break
-    timeout 80 python3 benchmarks/gpu_timeline.py --synthetic 4b --prompt-tokens 64 --slots "$s" \
+    PYTHONUNBUFFERED=1 timeout "${3:-80}" python3 benchmarks/gpu_timeline.py --synthetic 4b --prompt-tokens 64 --slots "$s" \
       --tokens 32 --top 40 --sequence 2500 --loops slots-dflash --out "$OUT/tl_s$s.json" \
       > "$OUT/tl_s$s.log" 2>&1
     echo "tl_s$s exit $? $(el)"; grep -A45 '^==' "$OUT/tl_s$s.log" | cut -c1-150
