@@ -6,6 +6,8 @@
 # PART=1: issue 5's demo-pair queue at 1, 4, 8 slots at the shipped defaults (the draft graph off),
 # the draft graph alternating off / on on the demo pair at one slot with lookup (h200_s42.sh
 # PART=1's last A/B, never run), then the 4-slot round's kernel trace with 170 s to finish.
+# PART=3 (when an H200 comes with one call's time left): issue 5's runs on it at the shipped
+# defaults, the demo-pair queue and the random pair at 1, 4, 8 slots, then the 4-slot trace.
 # PART=2: the verify graph over a long generation (ab_long) and its CUDA tests (h200_s42.sh
 # PART=3's leftovers), then the 1-slot round's kernel trace.
 set -uo pipefail
@@ -28,6 +30,12 @@ case "${PART:-1}" in
   [ "$t" -gt 60 ] && gpu_pytest pytest_graph $(( t < 150 ? t : 150 )) -n 2 \
     tests/test_kernels_verify_graph.py tests/test_kernels_forward.py
   timelines "1" 100 170
+  ;;
+3)
+  demo_queue_bench demo_queue
+  t=$(left)
+  [ "$t" -gt 100 ] && synthetic_run syn4b_bf16 1,4,8 $(( t < 130 ? t : 130 ))
+  timelines "4" 100 170
   ;;
 esac
 host_speed
