@@ -75,13 +75,13 @@ ab_slots() {
   done
 }
 
-# demo_queue_bench NAME: hf2q bench on the demo pair at 1, 4, 8 slots with 4 requests per slot, in
+# demo_queue_bench NAME [SLOTS]: hf2q bench on the demo pair at SLOTS (1,4,8) with 4 requests per slot, in
 # what remains of ${BUDGET:-560} s, into $OUT/NAME.json / .log, its rows shown.
 demo_queue_bench() {
   local t
   t=$(left)
   [ "$t" -lt 100 ] && return
-  timeout "$t" python3 -m hf2q bench --slots 1,4,8 --requests-per-slot 4 --gen-tokens 128 \
+  timeout "$t" python3 -m hf2q bench --slots "${2:-1,4,8}" --requests-per-slot 4 --gen-tokens 128 \
     --trials 3 --warmup 1 --json --out "$OUT/$1.json" > "$OUT/$1.log" 2>&1
   echo "$1 exit $? $(el)"; python3 benchmarks/bench_rows.py "$OUT/$1.json" || tail -c 400 "$OUT/$1.log"
 }
@@ -164,8 +164,8 @@ timelines() {
   local s t
   for s in $1; do
     t=$(left); [ "$t" -lt "${2:-250}" ] && break
-    PYTHONUNBUFFERED=1 timeout "${3:-80}" python3 benchmarks/gpu_timeline.py --synthetic 4b --prompt-tokens 64 --slots "$s" \
-      --tokens 32 --top 40 --sequence 2500 --loops slots-dflash --out "$OUT/tl_s$s.json" \
+    PYTHONUNBUFFERED=1 timeout "${3:-80}" python3 benchmarks/gpu_timeline.py --synthetic 4b \
+      --prompt-tokens 64 --slots "$s" --tokens 32 --top 40 --sequence 2500 --loops slots-dflash --out "$OUT/tl_s$s.json" \
       > "$OUT/tl_s$s.log" 2>&1
     echo "tl_s$s exit $? $(el)"; grep -A45 '^==' "$OUT/tl_s$s.log" | cut -c1-150
   done

@@ -6,12 +6,12 @@
 # PART=1: issue 5's demo-pair queue at 1, 4, 8 slots at the shipped defaults (the draft graph off),
 # the draft graph alternating off / on on the demo pair at one slot with lookup (h200_s42.sh
 # PART=1's last A/B, never run), then the 4-slot round's kernel trace with 170 s to finish.
-# PART=3 (when an H200 comes with one call's time left): issue 5's runs on it at the shipped
-# defaults, the demo-pair queue and the random pair at 1, 4, 8 slots, then the 4-slot trace.
-# PART=4 (its next call): the demo pair's 8-slot queue again (PART=3 ran on a host that took 1.51 s),
-# the 1-slot trace, the verify graph's tests.
 # PART=2: the verify graph over a long generation (ab_long) and its CUDA tests (h200_s42.sh
 # PART=3's leftovers), then the 1-slot round's kernel trace.
+# PART=3 (when an H200 comes with one call's time left): issue 5's runs on it at the shipped
+# defaults, the demo-pair queue and the random pair at 1, 4, 8 slots, then the 4-slot trace.
+# PART=4 (its next call): the demo pair's 8-slot queue again (PART=3 ran on a host that took
+# 1.51 s), the 1-slot trace, the verify graph's tests.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
@@ -40,9 +40,7 @@ case "${PART:-1}" in
   timelines "4" 100 170
   ;;
 4)
-  timeout 200 python3 -m hf2q bench --slots 8 --requests-per-slot 4 --gen-tokens 128 --trials 3 \
-    --warmup 1 --json --out "$OUT/demo_queue8.json" > "$OUT/demo_queue8.log" 2>&1
-  echo "demo_queue8 exit $? $(el)"; python3 benchmarks/bench_rows.py "$OUT/demo_queue8.json"
+  demo_queue_bench demo_queue8 8
   timelines "1" 60 100
   t=$(left)
   [ "$t" -gt 40 ] && gpu_pytest pytest_graph "$t" -n 2 tests/test_kernels_verify_graph.py
