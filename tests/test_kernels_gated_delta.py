@@ -27,6 +27,7 @@ import pytest
 from mlx_lm.models.gated_delta import compute_g, gated_delta_ops, gated_delta_update
 
 from hf2q.kernels import cuda_gated_delta as cg
+from hf2q.kernels import select
 from hf2q.kernels.gdn import gated_delta_steps_ops
 
 HAS_CUDA = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
@@ -400,6 +401,77 @@ def test_final_state_record_replays_each_rows_kept_steps(kernels, monkeypatch):
     assert mx.array_equal(replay_rows(attn, final, keep, impl="cuda"), want)
     for row, n in enumerate(keep.tolist()):
         assert mx.array_equal(want[row], per_step.rec[row, n - 1])
+
+
+@cache
+def _emulated_layers_kernel(layers):
+    import cuda_emu
+
+    return cuda_emu.EmulatedKernel(**cg.replay_layers_spec(layers))
+
+
+def _final_records(kernels, monkeypatch, layers, B, T, seed):
+    """``layers`` distinct tiny Gated-DeltaNet layers, each with a final-state and a per-step
+    record of its own random block (the emulator runs the replays uncompiled)."""
+    import functools
+
+    from hf2q.kernels import gdn
+
+    if kernels == "emulated":
+        monkeypatch.setattr(gdn, "_replay_fn", lambda *d: functools.partial(gdn._replay_call, *d))
+        monkeypatch.setattr(cg, "_layers_kernel", _emulated_layers_kernel)
+    out = []
+    for i in range(layers):
+        attn = _tiny_gdn(mx.bfloat16, seed=seed + i)
+        mx.random.seed(seed + 100 + i)
+        x = mx.random.normal((B, T, 64)).astype(mx.bfloat16)
+        conv_state = (mx.random.normal((B, 3, attn.conv_dim)) * 0.5).astype(mx.bfloat16)
+        state = mx.random.normal((B, attn.num_v_heads, attn.head_v_dim, attn.head_k_dim)) * 0.1
+        _, per_step = gdn.gdn_mixer(attn, x, conv_state, state, impl="cuda", record="states")
+        _, final = gdn.gdn_mixer(attn, x, conv_state, state, impl="cuda", record="final")
+        out.append((attn, final, per_step))
+    return out
+
+
+def test_one_launch_replays_every_layer_as_its_own_replay(kernels, monkeypatch):
+    # The joined rollback of final-state records (hf2q.kernels.gdn.replay_layers, one launch for
+    # all layers): each layer's state after each row's own kept count has the bits of that
+    # layer's own replay and of its per-step record, for layers that differ in weights and
+    # inputs (a wrong pick of a layer's pointers would mix them up).
+    from hf2q.kernels import gdn
+
+    monkeypatch.setattr(select, "replay_layers_enabled", lambda: True)
+    B, T = 3, 16
+    recs = _final_records(kernels, monkeypatch, 3, B, T, seed=30)
+    replays = [gdn.RowReplay(attn, final, "cuda") for attn, final, _ in recs]
+    for keep in ([5, 16, 1], [16, 16, 16], [2, 9, 14]):
+        keep = mx.array(keep, dtype=mx.int32)
+        joined = gdn.replay_layers(replays, keep)
+        assert joined is not None and len(joined) == 3
+        for (_, _, per_step), got, own in zip(recs, joined, replays, strict=True):
+            assert mx.array_equal(got, own(keep))
+            for row, n in enumerate(keep.tolist()):
+                assert mx.array_equal(got[row], per_step.rec[row, n - 1])
+    # Distinct layers really were replayed from their own inputs.
+    assert not mx.array_equal(joined[0], joined[1])
+
+
+def test_one_launch_replay_applies_only_to_cuda_final_records(kernels, monkeypatch):
+    from hf2q.kernels import gdn
+
+    recs = _final_records(kernels, monkeypatch, 2, 2, 4, seed=40)
+    keep = mx.array([1, 3], dtype=mx.int32)
+    replays = [gdn.RowReplay(attn, final, "cuda") for attn, final, _ in recs]
+    monkeypatch.setattr(select, "replay_layers_enabled", lambda: False)
+    assert gdn.replay_layers(replays, keep) is None  # HF2Q_REPLAY_LAYERS=0, or off CUDA
+    monkeypatch.setattr(select, "replay_layers_enabled", lambda: True)
+    assert gdn.replay_layers(replays, keep) is not None
+    per_step = [gdn.RowReplay(attn, rec, "cuda") for attn, _, rec in recs]
+    assert gdn.replay_layers(per_step, keep) is None
+    ops = [gdn.RowReplay(attn, final, "ops") for attn, final, _ in recs]
+    assert gdn.replay_layers(ops, keep) is None
+    other = _tiny_gdn(mx.bfloat16, Hk=1, Hv=2, Dk=32, Dv=16, seed=41)
+    assert gdn.replay_layers([replays[0], gdn.RowReplay(other, recs[1][1], "cuda")], keep) is None
 
 
 def test_recurrence_kernel_after_mlx_lm_ops_matches_the_ops_mixer(kernels):

@@ -242,4 +242,4 @@ def test_stats_name_both_records_one_launch_rollbacks(target):
     attn = next(layer for layer in target.layers if getattr(layer, "is_linear", False)).linear_attn
     info = select.describe(attn)["gdn_record"]
     assert "states (one launch for all layers)" in info
-    assert "replayed per row, kept conv rows in one launch" in info
+    assert "replayed per row, every layer in one launch, kept conv rows in one launch" in info

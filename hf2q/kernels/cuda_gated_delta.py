@@ -619,3 +619,117 @@ def gdn_fused_cuda(
     grid = (32 * warps * (Dv // rows), Hv, B)
     outs = _launch(kern, inputs, template, out_shapes, out_dtypes, grid, 32 * warps, verbose)
     return outs[0] if replay else tuple(outs)
+
+
+#: Per-layer inputs of the joined replay (the joined read's names), each suffixed ``_<layer>``.
+_LAYER_INPUTS = ("conv_input", "conv_w", "a", "b", "A_log", "dt_bias", "state_in")
+
+
+def replay_layers_spec(layers: int) -> dict[str, Any]:
+    """Arguments of ``mx.fast.cuda_kernel`` replaying the final-state records of ``layers``
+    Gated-DeltaNet layers in one launch (:func:`gdn_replay_layers_cuda`).
+
+    The body is the joined replay's (:class:`Variant` fused, final, replay, joined) with the
+    grid's z split into (layer, batch row): each thread block picks its layer's inputs and
+    output by a switch, then runs exactly the per-layer kernel's code on them, so every state
+    has the bits of that layer's own replay. Template ``NROWS``: batch rows.
+    """
+    v = Variant(fused=True, record="final", write_y=False, replay=True, joined=True)
+    body = _source(v)
+    bb_line = "  const int bb = blockIdx.z;\n"
+    assert bb_line in body and "a_shape[1]" in body
+    names = [*_LAYER_INPUTS, "state_out"]
+    pick = "".join(f"  decltype({n}_0) {n} = {n}_0;\n" for n in names)
+    cases = "".join(
+        f"    case {i}: " + " ".join(f"{n} = {n}_{i};" for n in names) + " break;\n"
+        for i in range(1, layers)
+    )
+    select_layer = (
+        "  const int bb = blockIdx.z % NROWS;\n"
+        "  const int layer = blockIdx.z / NROWS;\n"
+        + pick
+        + ("  switch (layer) {\n" + cases + "    default: break;\n  }\n" if cases else "")
+    )
+    body = body.replace(bb_line, select_layer).replace("a_shape[1]", "a_0_shape[1]")
+    return {
+        "name": f"hf2q_gdn_replay_layers_{layers}",
+        "input_names": [f"{n}_{i}" for i in range(layers) for n in _LAYER_INPUTS] + ["steps"],
+        "output_names": [f"state_out_{i}" for i in range(layers)],
+        "source": body,
+        "header": _HEADER,
+    }
+
+
+@cache
+def _layers_kernel(layers: int) -> Any:
+    """The joined replay's ``mx.fast.cuda_kernel`` for ``layers`` layers, built once."""
+    return mx.fast.cuda_kernel(**replay_layers_spec(layers))
+
+
+def gdn_replay_layers_cuda(
+    layers: list[tuple[mx.array, ...]],
+    steps: mx.array,
+    *,
+    num_k_heads: int,
+    key_dim: int,
+    num_v_heads: int,
+    value_dim: int,
+) -> list[mx.array]:
+    """Every layer's final-state replay in one launch: per layer the state after each batch
+    row's first ``steps[b]`` steps of its recorded block, the bits of
+    ``gdn_fused_cuda(None, conv_input, conv_w, a, b, A_log, dt_bias, state, steps=steps)``.
+
+    Args:
+        layers: per layer ``(conv_input (B, K-1+T, C), conv_w (C, K), a (B, T, Hv), b,
+            A_log (Hv,), dt_bias (Hv,), state (B, Hv, Dv, Dk) float32)``, every layer of the same
+            shapes and dtypes (one head geometry, one block length).
+        steps: int32 (B,), each row's kept count in ``1..T`` (unchecked, as the replay's).
+        num_k_heads, key_dim, num_v_heads, value_dim: Hk, Dk, Hv, Dv.
+
+    Returns:
+        the replayed states (B, Hv, Dv, Dk) float32, per layer.
+
+    Why: the per-layer replays are one launch and one graph node per layer (24 at the 4B
+    shape), each a few hundred thread blocks that leave most of an H200 idle while they walk
+    their steps; one launch runs every layer's blocks side by side.
+    """
+    L = len(layers)
+    if L == 0:
+        return []
+    conv_input, conv_w, a, b, A_log, dt_bias, state = layers[0]
+    B, W, C = conv_input.shape
+    T = a.shape[1]
+    Hk, Dk, Hv, Dv = num_k_heads, key_dim, num_v_heads, value_dim
+    check_shapes(Dk=Dk, Dv=Dv, Hk=Hk, Hv=Hv, T=T)
+    K = conv_w.shape[-1]
+    if conv_w.ndim != 2 or W != K - 1 + T or 2 * Hk * Dk + Hv * Dv != C:
+        raise UnsupportedShape(f"records {conv_input.shape} / {conv_w.shape} for {T} steps")
+    first = [(x.shape, x.dtype) for x in layers[0]]
+    if any(len(lay) != 7 or [(x.shape, x.dtype) for x in lay] != first for lay in layers):
+        raise UnsupportedShape("layers of different shapes or dtypes")
+    if state.dtype != mx.float32:
+        raise UnsupportedShape("the recurrent state must be float32")
+    warps = warps_for(Dv)
+    template = [
+        ("InT", conv_input.dtype),
+        ("GT", gate_dtype(a, dt_bias)),
+        ("Dk", Dk),
+        ("Dv", Dv),
+        ("Hk", Hk),
+        ("Hv", Hv),
+        ("KC", K),
+        ("WARPS", warps),
+        ("TC", MAX_CHUNK),
+        ("NROWS", B),
+    ]
+    rows = 8 * warps
+    return list(
+        _layers_kernel(L)(
+            inputs=[x for lay in layers for x in lay] + [_steps_array(steps, B)],
+            template=template,
+            grid=(32 * warps * (Dv // rows), Hv, B * L),
+            threadgroup=(32 * warps, 1, 1),
+            output_shapes=[(B, Hv, Dv, Dk)] * L,
+            output_dtypes=[mx.float32] * L,
+        )
+    )

@@ -414,6 +414,66 @@ def replay_rows(attn: nn.Module, rec: GdnRecord, keep: mx.array, *, impl: str) -
     return mx.take_along_axis(states, (keep - 1).reshape(-1, 1, 1, 1, 1), axis=1)[:, 0]
 
 
+class RowReplay:
+    """``replay_rows(attn, rec, keep, impl=impl)`` as a callable of ``keep`` that keeps its
+    arguments, so that a rollback can join every layer's replay into one launch
+    (:func:`replay_layers`)."""
+
+    __slots__ = ("attn", "rec", "impl")
+
+    def __init__(self, attn: nn.Module, rec: GdnRecord, impl: str) -> None:
+        self.attn, self.rec, self.impl = attn, rec, impl
+
+    def __call__(self, keep: mx.array) -> mx.array:
+        return replay_rows(self.attn, self.rec, keep, impl=self.impl)
+
+
+def replay_layers(replays: list[Any], keep: mx.array) -> list[mx.array] | None:
+    """Each layer's ``replay(keep)`` in one CUDA launch for all layers
+    (:func:`hf2q.kernels.cuda_gated_delta.gdn_replay_layers_cuda`, compiled; the bits of the
+    per-layer replays), or None where that does not apply: ``HF2Q_REPLAY_LAYERS=0``, replays
+    that are not final-state :class:`RowReplay` on the CUDA implementation, or layers of
+    different geometries or shapes (the caller then replays layer by layer)."""
+    if not replays or not select.replay_layers_enabled():
+        return None
+    if not all(
+        isinstance(r, RowReplay) and r.impl == "cuda" and r.rec.record == "final" for r in replays
+    ):
+        return None
+    heads = _heads(replays[0].attn)
+    if any(_heads(r.attn) != heads for r in replays):
+        return None
+    args = []
+    for r in replays:
+        rec, attn = r.rec, r.attn
+        args += [rec.conv_input, conv_weight(attn), rec.a, rec.b, attn.A_log, attn.dt_bias]
+        args.append(rec.state0)
+    keep = keep.astype(mx.int32)
+    if keep.ndim != 1:
+        keep = keep.reshape(-1)
+    try:
+        return _replay_layers_fn(len(replays), *heads)(keep, *args)
+    except ValueError:  # UnsupportedShape: shapes or dtypes differ between layers
+        return None
+
+
+def _replay_layers_call(L, Hk, Dk, Hv, Dv, keep, *args):
+    from hf2q.kernels.cuda_gated_delta import gdn_replay_layers_cuda
+
+    layers = [tuple(args[7 * i : 7 * i + 7]) for i in range(L)]
+    dims = dict(num_k_heads=Hk, key_dim=Dk, num_v_heads=Hv, value_dim=Dv)
+    return gdn_replay_layers_cuda(layers, keep, **dims)
+
+
+@functools.cache
+def _replay_layers_fn(L: int, Hk: int, Dk: int, Hv: int, Dv: int) -> Callable[..., list]:
+    """:func:`_replay_layers_call` for ``L`` layers of one head geometry, compiled on CUDA (a
+    custom kernel's Python call rebuilds its source text and ~170 parameters every time; a
+    compiled trace replays the node). Uncompiled elsewhere (the CPU tests' emulator)."""
+    fn = functools.partial(_replay_layers_call, L, Hk, Dk, Hv, Dv)
+    return mx.compile(fn) if select.backend() == "cuda" else fn
+
+
 def _replay_cuda(attn: nn.Module, rec: GdnRecord, keep: mx.array) -> mx.array:
     # The record's conv window as it is (the kernel's joined read), not two strided slices.
     args = (rec.conv_input, rec.a, rec.b, rec.state0, keep)

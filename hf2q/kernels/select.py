@@ -177,6 +177,11 @@ GDN_FINAL_MIN_BYTES = 128 << 20
 #: one launch of :mod:`hf2q.kernels.cuda_rollback` for all layers (CUDA only; default on there).
 ROLLBACK_KERNEL_ENV = "HF2Q_ROLLBACK_KERNEL"
 
+#: HF2Q_REPLAY_LAYERS=0: a final-state record's rollback replays each Gated-DeltaNet layer in
+#: its own launch instead of every layer in one (:func:`hf2q.kernels.gdn.replay_layers`; CUDA
+#: only, default on there; same bits).
+REPLAY_LAYERS_ENV = "HF2Q_REPLAY_LAYERS"
+
 #: HF2Q_GDN_WINDOW=0: the fused Gated-DeltaNet kernel's caller joins the conv rows before a block
 #: and the block's rows with a concatenate (two copy launches a layer) instead of the kernel
 #: writing that window itself (default on; only where the fused kernel runs).
@@ -355,6 +360,13 @@ def rollback_kernel_enabled() -> bool:
     in one launch (:mod:`hf2q.kernels.cuda_rollback`, bit-exact copies) instead of a few ops per
     layer: on CUDA unless ``HF2Q_KERNELS=ops`` or ``HF2Q_ROLLBACK_KERNEL=0``; never elsewhere."""
     return _cuda_kernel_switch(ROLLBACK_KERNEL_ENV)
+
+
+def replay_layers_enabled() -> bool:
+    """Whether a final-state record's rollback replays every Gated-DeltaNet layer in one launch
+    (:func:`hf2q.kernels.gdn.replay_layers`): on CUDA unless ``HF2Q_KERNELS=ops`` or
+    ``HF2Q_REPLAY_LAYERS=0``; never elsewhere."""
+    return _cuda_kernel_switch(REPLAY_LAYERS_ENV)
 
 
 def gdn_record(record_bytes: int = 0) -> str:
@@ -664,8 +676,10 @@ def describe(attn: object | None = None) -> dict[str, str]:
         # compiled runners verify (hf2q.runtime.verify.use_runners), per-step states elsewhere.
         one = rollback_kernel_enabled()
         states = "states" + (" (one launch for all layers)" if one else "")
-        final = "final state (kept steps replayed per row" + (
-            ", kept conv rows in one launch)" if one else ")"
+        final = (
+            "final state (kept steps replayed per row"
+            + (", every layer in one launch" if replay_layers_enabled() else "")
+            + (", kept conv rows in one launch)" if one else ")")
         )
         if not (runners and compile_enabled()):
             info["gdn_record"] = "states"

@@ -33,6 +33,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from hf2q.kernels import cuda_rollback
+from hf2q.kernels.gdn import replay_layers
 from hf2q.kernels.select import bucketed, rollback_kernel_enabled, sdpa_bucket
 
 
@@ -186,7 +187,8 @@ def rollback_in_one_launch(
     CUDA, ``HF2Q_ROLLBACK_KERNEL=0``, or records neither one stacked array of per-step states
     each nor final states with a replay each; the caller then rolls each layer back itself.
     Same bits as :meth:`GDNRollbackCache.rollback` (both copy, or both replay). Final-state
-    records: the conv rows in one launch and a replay per layer.
+    records: the conv rows in one launch and the replays in another
+    (:func:`hf2q.kernels.gdn.replay_layers`; one per layer where that does not apply).
     """
     if not caches or not rollback_kernel_enabled():
         return False
@@ -206,12 +208,15 @@ def rollback_in_one_launch(
     keep_arr = keep.astype(mx.int32) if lazy else mx.array(list(keep), dtype=mx.int32)
     back: int | mx.array = T - keep_arr if lazy or len(set(keep)) > 1 else T - keep[0]
     if replay:
-        # Final-state records: the kept conv rows of every layer in one launch, each layer's
-        # state by its replay (one launch a layer), the counts and dropped positions made once.
+        # Final-state records: the kept conv rows of every layer in one launch, the states by
+        # one replay launch for all layers (or one a layer where that does not apply), the
+        # counts and dropped positions made once.
         if cuda_rollback.conv_supported(convs, keep_arr, T) is not None:
             return False
         conv_out = cuda_rollback.rollback_conv_cuda(convs, keep_arr, T)
-        state_out = [r.replay(keep_arr) for r in recs]
+        state_out = replay_layers([r.replay for r in recs], keep_arr)
+        if state_out is None:
+            state_out = [r.replay(keep_arr) for r in recs]
     else:
         states = [r.states for r in recs]
         if cuda_rollback.supported(convs, states, keep_arr) is not None:

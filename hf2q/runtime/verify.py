@@ -22,7 +22,6 @@ the same tokens.
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,7 +33,7 @@ from mlx_lm.models.gated_delta import compute_g, normalize_qk
 from hf2q.kernels import select
 from hf2q.kernels.forward import CompiledVerify
 from hf2q.kernels.gated_delta import gated_delta_steps
-from hf2q.kernels.gdn import LayerRunner, _alive, empty_states, fused_block, replay_rows
+from hf2q.kernels.gdn import LayerRunner, RowReplay, _alive, empty_states, fused_block
 from hf2q.kernels.layers import (
     Chosen,
     attention_runnable,
@@ -173,7 +172,7 @@ def _runner_verify(
     out, rec = run(h, conv, state)
     if rec.record == "final":
         attn = layer.linear_attn
-        replay = functools.partial(replay_rows, attn, rec, impl=impl)
+        replay = RowReplay(attn, rec, impl)
         cache.set_record(rec.conv_input, rec.rec, replay=replay, steps=rec.steps)
     else:
         cache.set_record(rec.conv_input, rec.rec)  # rec.rec: (B, T, Hv, Dv, Dk)
