@@ -18,7 +18,8 @@ host_speed
 case "${PART:-1}" in
 1)
   gpu_pytest pytest_replay 80 tests/test_kernels_gated_delta.py -k "cuda and (one_launch or replay)"
-  gpu_pytest pytest_rollback 120 tests/test_kernels_rollback.py tests/test_runtime_verify_runners.py
+  gpu_pytest pytest_rollback 150 tests/test_kernels_rollback.py tests/test_runtime_verify_runners.py \
+    tests/test_kernels_verify_graph.py
   ab_slots ab_replay "4" HF2Q_REPLAY_LAYERS=0,HF2Q_REPLAY_LAYERS=1
   t=$(left)
   [ "$t" -gt 100 ] && synthetic_run syn4b 1,4,8 $(( t < 130 ? t : 130 ))

@@ -20,6 +20,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from hf2q.kernels import layers, select
 from hf2q.kernels.forward import CompiledVerify
+from hf2q.kernels.gdn import RowReplay
 from hf2q.runtime import verify
 from hf2q.runtime.cache import make_target_cache
 from hf2q.runtime.dflash import dflash_generate, plain_generate, prefill, run
@@ -73,6 +74,10 @@ def test_the_graph_equals_the_layer_path_and_rolls_back_alike(
         block = mx.random.randint(0, vocab, (1, 6), key=mx.random.key(r)).astype(mx.int32)
         got = verify.verify_forward(target, block, graph_cache, capture=ids, whole=whole)
         want = verify.verify_forward(target, block, layer_cache, capture=ids)
+        if record == "final":  # replays that a rollback can join (gdn.replay_layers)
+            caches = [*graph_cache, *layer_cache]
+            recs = [c.record for c in caches if hasattr(c, "record")]
+            assert recs and all(isinstance(x.replay, RowReplay) for x in recs)
         for g, w in zip(got, want, strict=True):
             assert g.shape == w.shape
             assert mx.allclose(g, w, rtol=1e-5, atol=1e-5).item(), f"round {r}"

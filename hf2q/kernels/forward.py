@@ -44,7 +44,7 @@ from mlx_lm.models.qwen3_next import Qwen3NextAttention
 
 from hf2q.kernels import cuda_attention, select
 from hf2q.kernels.attention import attention_pieces
-from hf2q.kernels.gdn import GdnRecord, gdn_decoder_layer, replay_rows
+from hf2q.kernels.gdn import GdnRecord, RowReplay, gdn_decoder_layer
 from hf2q.kernels.layers import fused_projections, gdn_runnable
 
 #: The least a compiled graph's KV buffers grow by (positions), and the rounding of their size.
@@ -412,7 +412,7 @@ class CompiledVerify:
                 i += 5
                 if record == "final":
                     kept = GdnRecord(conv_input, a, b, state0, rec, "final")
-                    replay = functools.partial(replay_rows, part[1].linear_attn, kept, impl=part[2])
+                    replay = RowReplay(part[1].linear_attn, kept, part[2])
                     c.set_record(conv_input, rec, replay=replay, steps=T)
                     c[1] = rec
                 else:
