@@ -9,8 +9,10 @@
 # defaults, then per-step against final-state records at 1 and 2 slots (where the default is
 # still per-step states).
 # PART=2: greedy DFlash equal to plain decoding in bf16 with every verify keeping the final state
-# (so every rollback goes through the joined replay), the 4-slot round's kernel trace, the demo
-# pair's queue at 1, 4, 8 slots.
+# (so every rollback goes through the joined replay), the draft graph (HF2Q_COMPILE_DRAFT) off /
+# on alternating on hf2q bench's 8-slot demo-pair workload (the 8-slot round is host-bound; the
+# graph was only timed at 1 and 4 slots of the 4B-shaped pair), the 4-slot round's kernel trace.
+# PART=3: the demo pair's queue at 1, 4, 8 slots.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
@@ -28,7 +30,10 @@ case "${PART:-1}" in
 2)
   HF2Q_GDN_RECORD=final gpu_pytest pytest_final 150 tests/test_runtime_bf16_exact.py \
     -k "greedy_dflash_equals_plain or lagged_rounds_equal_plain"
+  bench_values ab_draft8 8 HF2Q_COMPILE_DRAFT=0,HF2Q_COMPILE_DRAFT=1
   timelines "4" 100 170
+  ;;
+3)
   demo_queue_bench demo_queue
   ;;
 esac
