@@ -168,6 +168,11 @@ def test_the_graph_takes_full_blocks_over_the_caches_it_writes(graph_on, monkeyp
     assert graph.takes(mx.zeros((2, B), dtype=mx.int32), mx.zeros((2, 3, F)), slots)
     # the switch, read once a generation; a bad value names the fix
     monkeypatch.delenv(select.COMPILE_DRAFT_ENV)
+    on_by_default = select.backend() == "cuda"
+    assert select.compile_draft_enabled() == on_by_default
+    assert isinstance(drafter.graph(B), CompiledDraft) == on_by_default
+    assert ("draft one compiled graph" in select.summary()) == on_by_default
+    monkeypatch.setenv(select.COMPILE_DRAFT_ENV, "0")
     assert drafter.graph(B) is None and not select.compile_draft_enabled()
     assert "draft one compiled graph" not in select.summary()
     monkeypatch.setenv(select.COMPILE_DRAFT_ENV, "1")

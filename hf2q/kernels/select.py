@@ -136,9 +136,9 @@ COMPILE_FORWARD_ENV = "HF2Q_COMPILE_FORWARD"
 #: rule: where the bits equal the layer path's); 0 turns it off.
 COMPILE_VERIFY_ENV = "HF2Q_COMPILE_VERIFY"
 
-#: HF2Q_COMPILE_DRAFT=1: the drafter's forward of a full block runs as one compiled graph
-#: (:class:`hf2q.runtime.draft_graph.CompiledDraft`) instead of layer by layer (default off
-#: until an H200 run measures it; see :func:`compile_draft_enabled`).
+#: HF2Q_COMPILE_DRAFT: the drafter's forward of a full block runs as one compiled graph
+#: (:class:`hf2q.runtime.draft_graph.CompiledDraft`) instead of layer by layer (default on CUDA,
+#: off elsewhere; see :func:`compile_draft_enabled`).
 COMPILE_DRAFT_ENV = "HF2Q_COMPILE_DRAFT"
 
 #: HF2Q_LAGGED_ROUNDS: DFlash without lookup (``hf2q generate --dflash --no-lookup``,
@@ -170,8 +170,12 @@ GDN_RECORD_ENV = "HF2Q_GDN_RECORD"
 #: (32 MiB a row at 16-token blocks) took 12.30 -> 11.74 ms a round at 4 slots (128 MiB) and
 #: 16.84 -> 15.69 at 8 with the final state, 8.40 / 8.42 at 2, and 10.88 -> 12.00 at one; the
 #: demo pair (8 MiB at 8 slots), bound by the host, lost with it (rollback 0.66 -> 1.22 ms at
-#: 8 slots): the replay's launches cost the host more than the copy it saves the device.
-GDN_FINAL_MIN_BYTES = 128 << 20
+#: 8 slots): the replay's launches cost the host more than the copy it saves the device. Since
+#: every layer's replay is one launch (``HF2Q_REPLAY_LAYERS``), an H100 (session 45, the
+#: records alternating in one process) gave the final state 7.64 -> 7.32 ms at one slot (32 MiB)
+#: and 8.88 -> 8.40 at two: from 32 MiB on. Smaller records (the demo pair) stay per-step,
+#: unmeasured with the joined replay.
+GDN_FINAL_MIN_BYTES = 32 << 20
 
 #: HF2Q_ROLLBACK_KERNEL=0: a verify's Gated-DeltaNet rollback runs per layer with ops instead of
 #: one launch of :mod:`hf2q.kernels.cuda_rollback` for all layers (CUDA only; default on there).
@@ -377,9 +381,9 @@ def gdn_record(record_bytes: int = 0) -> str:
     layer's per-step record would take ``record_bytes`` >= :data:`GDN_FINAL_MIN_BYTES`. Why
     both: the per-step record writes a float32 state per row, step and layer (1.41 ms of a
     4-slot round of the 4B-shaped pair on an H200, 2.85 ms at 8 slots, session 22), while the
-    replay reruns the kept steps and adds launches, which costs more than the copy at one row
-    and for small models (session 23). The layer-call verify (CPU, Apple GPUs) always keeps
-    per-step states."""
+    replay reruns the kept steps (one launch for every layer since session 45), which cost more
+    than the copy for small models (session 23) and, before the joined launch, at one row. The
+    layer-call verify (CPU, Apple GPUs) always keeps per-step states."""
     value = os.environ.get(GDN_RECORD_ENV, "").strip().lower()
     if not value:
         return "final" if record_bytes >= GDN_FINAL_MIN_BYTES else "states"
@@ -509,13 +513,15 @@ def compile_verify_forced() -> bool:
 
 def compile_draft_enabled() -> bool:
     """Whether the drafter's forward of a full block may run as one compiled graph
-    (``HF2Q_COMPILE_DRAFT=1``; off unless set). Why: a round waits for the host, and the
-    drafter's forward is built layer by layer (its compiled pieces, cache writes and attention
-    called from Python per layer), where one compiled graph is replayed from C++ (as the
-    verify's: 12.6% shorter demo-pair rounds on an H200, docs/BENCHMARKS.md session 40). Off by
-    default until an H200 run measures it; its drafts are the layer path's where products are
-    row-invariant, and the target decides the output whatever the drafts are."""
-    return _flag(COMPILE_DRAFT_ENV, "0")
+    (``HF2Q_COMPILE_DRAFT``; default on CUDA, off elsewhere; 0 or 1 forces it). Why: a round
+    waits for the host, and the drafter's forward is built layer by layer (its compiled pieces,
+    cache writes and attention called from Python per layer), where one compiled graph is
+    replayed from C++ (as the verify's). On an H100 (docs/BENCHMARKS.md session 45, the setting
+    alternating in one process, tokens equal) it gave the demo pair 16% more tok/s at one slot,
+    35% at four and 10% at eight (1.62x -> 1.78x plain decoding), and the 4B-shaped pair's
+    rounds 3.4% shorter at one slot and 9% at four. Its drafts are the layer path's where
+    products are row-invariant, and the target decides the output whatever the drafts are."""
+    return _flag(COMPILE_DRAFT_ENV, "1" if backend() == "cuda" else "0")
 
 
 def flush_layers(lagged: bool = False) -> int:
