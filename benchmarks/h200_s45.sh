@@ -13,6 +13,8 @@
 # on alternating on hf2q bench's 8-slot demo-pair workload (the 8-slot round is host-bound; the
 # graph was only timed at 1 and 4 slots of the 4B-shaped pair), the 4-slot round's kernel trace.
 # PART=3: the demo pair's queue at 1, 4, 8 slots.
+# PART=4 (after commit 267ddc4: the draft graph on by default, final-state records from 32 MiB a
+# layer, so from one slot of the 4B-shaped pair): issue 5's two runs at the new defaults.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
@@ -35,6 +37,11 @@ case "${PART:-1}" in
   ;;
 3)
   demo_queue_bench demo_queue
+  ;;
+4)
+  demo_queue_bench demo_queue
+  t=$(left)
+  [ "$t" -gt 90 ] && synthetic_run syn4b 1,4,8 $(( t < 140 ? t : 140 ))
   ;;
 esac
 host_speed
