@@ -531,6 +531,23 @@ def gate_dtype(a: mx.array, dt_bias: mx.array) -> mx.Dtype:
     return (mx.zeros((1,), dtype=a.dtype) + mx.zeros((1,), dtype=dt_bias.dtype)).dtype
 
 
+def _fused_template(
+    dtype: Any, gate: Any, Hk: int, Dk: int, Hv: int, Dv: int, K: int, warps: int
+) -> list:
+    """The fused kernel's template arguments (model and gate dtypes, head geometry, conv size)."""
+    return [
+        ("InT", dtype),
+        ("GT", gate),
+        ("Dk", Dk),
+        ("Dv", Dv),
+        ("Hk", Hk),
+        ("Hv", Hv),
+        ("KC", K),
+        ("WARPS", warps),
+        ("TC", MAX_CHUNK),
+    ]
+
+
 def gdn_fused_cuda(
     conv_state: mx.array | None,
     qkv: mx.array,
@@ -604,17 +621,7 @@ def gdn_fused_cuda(
     if window:
         out_shapes.append((B, K - 1 + T, C))
         out_dtypes.append(qkv.dtype)
-    template = [
-        ("InT", qkv.dtype),
-        ("GT", gate_dtype(a, dt_bias)),
-        ("Dk", Dk),
-        ("Dv", Dv),
-        ("Hk", Hk),
-        ("Hv", Hv),
-        ("KC", K),
-        ("WARPS", warps),
-        ("TC", MAX_CHUNK),
-    ]
+    template = _fused_template(qkv.dtype, gate_dtype(a, dt_bias), Hk, Dk, Hv, Dv, K, warps)
     rows = 8 * warps
     grid = (32 * warps * (Dv // rows), Hv, B)
     outs = _launch(kern, inputs, template, out_shapes, out_dtypes, grid, 32 * warps, verbose)
@@ -710,18 +717,8 @@ def gdn_replay_layers_cuda(
     if state.dtype != mx.float32:
         raise UnsupportedShape("the recurrent state must be float32")
     warps = warps_for(Dv)
-    template = [
-        ("InT", conv_input.dtype),
-        ("GT", gate_dtype(a, dt_bias)),
-        ("Dk", Dk),
-        ("Dv", Dv),
-        ("Hk", Hk),
-        ("Hv", Hv),
-        ("KC", K),
-        ("WARPS", warps),
-        ("TC", MAX_CHUNK),
-        ("NROWS", B),
-    ]
+    template = _fused_template(conv_input.dtype, gate_dtype(a, dt_bias), Hk, Dk, Hv, Dv, K, warps)
+    template.append(("NROWS", B))
     rows = 8 * warps
     return list(
         _layers_kernel(L)(
