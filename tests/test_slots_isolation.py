@@ -17,6 +17,7 @@ import pytest
 from conftest import FIT_TEXTS, load_fitted
 
 from hf2q.errors import UsageError
+from hf2q.kernels import select
 from hf2q.runtime.dflash import dflash_generate, plain_generate, run
 from hf2q.runtime.sampling import SamplingParams
 from hf2q.runtime.slots import (
@@ -146,7 +147,6 @@ def test_each_slot_decodes_exactly_its_single_run_with_agreeing_drafter(name, N,
 
 
 def test_lagged_rounds_switch_reads_the_environment(monkeypatch):
-    from hf2q.kernels import select
 
     monkeypatch.delenv(select.LAGGED_ROUNDS_ENV, raising=False)
     # On where async_eval returns once the graph is encoded (CUDA), off elsewhere.
@@ -175,7 +175,6 @@ def test_lagged_rounds_switch_reads_the_environment(monkeypatch):
 def _check_switch(monkeypatch, env: str, enabled, default: bool, shown: str = "") -> None:
     """``enabled()`` follows ``env`` (unset: ``default``; 0/off, 1), ``shown`` is in
     ``--stats``'s summary exactly when it is on, and a bad value is refused naming ``env``."""
-    from hf2q.kernels import select
 
     for value, on in ((None, default), ("0", False), ("1", True), ("off", False)):
         if value is None:
@@ -191,7 +190,6 @@ def _check_switch(monkeypatch, env: str, enabled, default: bool, shown: str = ""
 
 
 def test_draft_ahead_switch_reads_the_environment(monkeypatch):
-    from hf2q.kernels import select
 
     # On where async_eval returns once the graph is encoded (CUDA), off elsewhere.
     on = select.backend() == "cuda"
@@ -226,6 +224,27 @@ def test_lagged_rounds_decode_exactly_the_single_runs(
     assert max(a for e in rounds for a in e.accepted) >= 7
     assert all(e.t_rollback == 0.0 for e in rounds)  # the lagged split: build and wait only
     assert sum(summary.accepted_histogram) == sum(len(e.slots) for e in rounds)
+
+
+@pytest.mark.parametrize(("N", "depth"), [(3, "3"), (1, "4")])
+def test_deeper_lagged_queues_decode_exactly_the_single_runs(N, depth, fitted_pairs, monkeypatch):
+    # HF2Q_LAG_DEPTH: more rounds in flight before the oldest is read; the rows that finish
+    # meanwhile compute rounds whose tokens are dropped, and nothing else changes.
+    monkeypatch.setenv(select.LAG_DEPTH_ENV, depth)
+    tok, target, drafter = _pair(*fitted_pairs["qwen35"])
+    reqs, eos = _workload(tok, target)
+    want = _expect("qwen35", tok, target, drafter, reqs, eos)
+    _check_batched(tok, target, drafter, reqs, eos, want, N, "compact", lagged=True)
+
+
+def test_lag_depth_switch_names_the_fix(monkeypatch):
+    monkeypatch.delenv(select.LAG_DEPTH_ENV, raising=False)
+    assert select.lag_depth() == 2
+    monkeypatch.setenv(select.LAG_DEPTH_ENV, "3")
+    assert select.lag_depth() == 3
+    monkeypatch.setenv(select.LAG_DEPTH_ENV, "1")
+    with pytest.raises(UsageError, match="HF2Q_LAG_DEPTH='1' must be 2, 3 or 4: fix or unset it"):
+        select.lag_depth()
 
 
 def test_lagged_rounds_with_a_random_drafter_and_short_blocks(qwen35_dir, tmp_path):
@@ -267,15 +286,28 @@ def test_each_slot_decodes_exactly_its_single_run_with_random_drafter(
 
 
 @pytest.mark.parametrize(
-    ("lagged", "draft_first", "ahead"),
-    [(False, "0", False), (False, "0", True), (True, "0", False), (True, "1", False)],
-    ids=["synchronous", "synchronous-drafts-ahead", "lagged", "lagged-draft-first"],
+    ("lagged", "draft_first", "ahead", "depth"),
+    [
+        (False, "0", False, "2"),
+        (False, "0", True, "2"),
+        (True, "0", False, "2"),
+        (True, "1", False, "2"),
+        (True, "1", False, "3"),
+    ],
+    ids=[
+        "synchronous",
+        "synchronous-drafts-ahead",
+        "lagged",
+        "lagged-draft-first",
+        "lagged-three-in-flight",
+    ],
 )
 def test_sampling_per_slot_equals_single_runs_with_the_same_seeds(
-    fitted_pairs, lagged, draft_first, ahead, monkeypatch
+    fitted_pairs, lagged, draft_first, ahead, depth, monkeypatch
 ):
     # Drafts queued ahead are drawn with the key the next drafted round takes: with whole
     # blocks (size 2) each key goes to the same draw as in a single synchronous run.
+    monkeypatch.setenv(select.LAG_DEPTH_ENV, depth)
     monkeypatch.setenv("HF2Q_LAGGED_DRAFT_FIRST", draft_first)
     monkeypatch.setenv("HF2Q_FLUSH_LAYERS", draft_first)
     tok, target, drafter = _pair(*fitted_pairs["qwen35"])

@@ -146,6 +146,12 @@ COMPILE_DRAFT_ENV = "HF2Q_COMPILE_DRAFT"
 #: (default on CUDA, off elsewhere; 0 or 1 forces it).
 LAGGED_ROUNDS_ENV = "HF2Q_LAGGED_ROUNDS"
 
+#: HF2Q_LAG_DEPTH=N (2-4): lagged rounds in flight before the host reads the oldest one's
+#: acceptance (default 2: round k+1 queued, then round k read). For A/B runs: session 44's
+#: one-slot trace has the device idle twice a round while the host waits once
+#: (docs/BENCHMARKS.md, session 45).
+LAG_DEPTH_ENV = "HF2Q_LAG_DEPTH"
+
 #: HF2Q_LAGGED_LOOKUP=1: with lookup drafts too (the CLI's default), rounds are lagged while
 #: every sequence drafts with the drafter and synchronous while one's lookup proposal is due
 #: (default off: slower on the H200 and on CPUs). ``device``: batched greedy rounds
@@ -425,6 +431,18 @@ def lagged_rounds_enabled() -> bool:
     nothing to overlap (slower here, session 16); Apple GPUs are untested.
     """
     return _flag(LAGGED_ROUNDS_ENV, "1" if backend() == "cuda" else "0")
+
+
+def lag_depth() -> int:
+    """Lagged rounds kept in flight (``HF2Q_LAG_DEPTH``, 2 unless set; 2 to 4): the host reads
+    a round's acceptance once this many rounds are queued. Same tokens at any depth; a deeper
+    queue computes more rounds past a finished row."""
+    raw = os.environ.get(LAG_DEPTH_ENV, "").strip()
+    if not raw:
+        return 2
+    if raw not in ("2", "3", "4"):
+        raise UsageError(f"{LAG_DEPTH_ENV}={raw!r} must be 2, 3 or 4: fix or unset it")
+    return int(raw)
 
 
 def lagged_lookup_enabled() -> bool:

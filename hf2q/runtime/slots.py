@@ -47,6 +47,7 @@ from hf2q.kernels.forward import CompiledVerify
 from hf2q.kernels.layers import decode_layer_fn
 from hf2q.kernels.select import (
     draft_ahead_enabled,
+    lag_depth,
     lagged_draft_first,
     lagged_for,
     lagged_lookup_mode,
@@ -740,6 +741,7 @@ def _dflash_slots(
         t_prev = time.perf_counter()
         stop = False
         draft_first = lagged_draft_first()
+        depth = lag_depth()
         while flight or not stop:
             if not stop:
                 tic = time.perf_counter()
@@ -771,7 +773,7 @@ def _dflash_slots(
                     draft, a_arr, last, ctx, tcache.state, [c.state for c in dcache], extra
                 )
                 flight.append((draft, a_arr, last, use, marks, time.perf_counter() - tic))
-                if len(flight) < 2:
+                if len(flight) < depth:
                     continue
             draft_o, a_o, bonus_o, use_o, marks_o, t_build = flight.popleft()
             t1 = time.perf_counter()
