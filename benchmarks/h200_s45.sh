@@ -15,7 +15,9 @@
 # PART=3: the demo pair's queue at 1, 4, 8 slots.
 # PART=4 (after commit 267ddc4: the draft graph on by default, final-state records from 32 MiB a
 # layer, so from one slot of the 4B-shaped pair): lagged rounds with two and three rounds in
-# flight (HF2Q_LAG_DEPTH) at 1 and 4 slots, then issue 5's random pair at the new defaults (the
+# flight (HF2Q_LAG_DEPTH) at 1 and 4 slots, the one-slot round's kernel trace with three in
+# flight (are the idle gaps after the rollback and after the draft still there?), then issue 5's
+# random pair at the new defaults (the
 # demo pair's records stay per-step, so run 4's demo queue already measured its defaults).
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
@@ -42,6 +44,7 @@ case "${PART:-1}" in
   ;;
 4)
   ab_slots ab_depth "1 4" HF2Q_LAG_DEPTH=2,HF2Q_LAG_DEPTH=3 60
+  HF2Q_LAG_DEPTH=3 timelines "1" 250 170
   t=$(left)
   [ "$t" -gt 80 ] && synthetic_run syn4b 1,4,8 $(( t < 140 ? t : 140 ))
   ;;
