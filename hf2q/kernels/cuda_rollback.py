@@ -167,7 +167,7 @@ def _conv_launcher(layers: int, steps: int) -> Callable[..., list[mx.array]]:
     def launch(*arrays: mx.array) -> list[mx.array]:
         return _launch(list(arrays[:layers]), [], arrays[-1], steps)
 
-    return _compiled(launch)
+    return compiled_on_cuda(launch)
 
 
 @cache
@@ -178,10 +178,10 @@ def _launcher(layers: int) -> Callable[..., list[mx.array]]:
         states = list(arrays[layers : 2 * layers])
         return _launch(list(arrays[:layers]), states, arrays[-1], states[0].shape[1])
 
-    return _compiled(launch)
+    return compiled_on_cuda(launch)
 
 
-def _compiled(launch: Callable[..., list[mx.array]]) -> Callable[..., list[mx.array]]:
+def compiled_on_cuda(launch: Callable[..., Any]) -> Callable[..., Any]:
     """``launch`` ``mx.compile``'d on CUDA: MLX builds a custom kernel's source text and
     signature (here about a hundred parameters) on every call of its Python function, about
     0.4 ms at the 4B shape (``benchmarks/rollback_cost.py``); a compiled trace replays the kernel

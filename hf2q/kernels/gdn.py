@@ -31,6 +31,7 @@ import mlx.nn as nn
 from mlx_lm.models.gated_delta import compute_g, gated_delta_update, normalize_qk
 
 from hf2q.kernels import select
+from hf2q.kernels.cuda_rollback import compiled_on_cuda
 from hf2q.kernels.linear import kept_view, linear, linears, swiglu_mlp
 
 IMPLS = ("ops", "mlx", "cuda_steps", "cuda")
@@ -448,10 +449,7 @@ def replay_layers(replays: list[Any], keep: mx.array) -> list[mx.array] | None:
         rec, attn = r.rec, r.attn
         args += [rec.conv_input, conv_weight(attn), rec.a, rec.b, attn.A_log, attn.dt_bias]
         args.append(rec.state0)
-    keep = keep.astype(mx.int32)
-    if keep.ndim != 1:
-        keep = keep.reshape(-1)
-    try:
+    try:  # (the kernel's wrapper makes ``keep`` int32 (B,), inside the compiled graph)
         return _replay_layers_fn(len(replays), *heads)(keep, *args)
     except ValueError:  # UnsupportedShape: shapes or dtypes differ between layers
         return None
@@ -469,9 +467,8 @@ def _replay_layers_call(L, Hk, Dk, Hv, Dv, keep, *args):
 def _replay_layers_fn(L: int, Hk: int, Dk: int, Hv: int, Dv: int) -> Callable[..., list]:
     """:func:`_replay_layers_call` for ``L`` layers of one head geometry, compiled on CUDA (a
     custom kernel's Python call rebuilds its source text and ~170 parameters every time; a
-    compiled trace replays the node). Uncompiled elsewhere (the CPU tests' emulator)."""
-    fn = functools.partial(_replay_layers_call, L, Hk, Dk, Hv, Dv)
-    return mx.compile(fn) if select.backend() == "cuda" else fn
+    compiled trace replays the node); uncompiled elsewhere (the CPU tests' emulator)."""
+    return compiled_on_cuda(functools.partial(_replay_layers_call, L, Hk, Dk, Hv, Dv))
 
 
 def _replay_cuda(attn: nn.Module, rec: GdnRecord, keep: mx.array) -> mx.array:
