@@ -40,6 +40,7 @@ LOOPS = ("slots-dflash", "slots-plain", "dflash", "plain")
 
 #: Trace event categories that are device work.
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+HOST_CATS = ("cuda_runtime", "cuda_driver")  # the host thread's CUDA API calls (CUPTI)
 
 
 def kernel_group(name: str) -> str:
@@ -127,17 +128,90 @@ def summarize(events: list[tuple[float, float, str]], steps: int, wall_s: float,
     }
 
 
+def host_events(trace: dict) -> list[tuple[float, float, str]]:
+    """The host's CUDA API calls (start us, duration us, name), the thread that made the most
+    of them (the decoding loop's) plain and any other's name suffixed with ``@thread N``."""
+    raw = [
+        (float(e["ts"]), float(e.get("dur", 0.0)), str(e.get("name", "?")), e.get("tid"))
+        for e in trace.get("traceEvents", [])
+        if e.get("ph") == "X" and e.get("cat") in HOST_CATS
+    ]
+    counts: dict = {}
+    for *_, tid in raw:
+        counts[tid] = counts.get(tid, 0) + 1
+    order = sorted(counts, key=lambda t: -counts[t])
+    out = [
+        (ts, d, n if tid == order[0] else f"{n}@thread {order.index(tid)}") for ts, d, n, tid in raw
+    ]
+    out.sort()
+    return out
+
+
+def idle_gaps(events: list[tuple[float, float, str]], least: float = 50.0) -> list[tuple]:
+    """The device's idle intervals (start us, end us) of at least ``least`` us between its
+    first and last event."""
+    out, end = [], None
+    for ts, dur, _ in events:
+        if end is not None and ts - end >= least:
+            out.append((end, ts))
+        end = ts + dur if end is None else max(end, ts + dur)
+    return out
+
+
+def host_summary(
+    host: list[tuple[float, float, str]], gaps: list[tuple], steps: int, top: int
+) -> dict:
+    """The host's CUDA API calls by name (ms, calls a step; the longest), and which of them
+    overlap the device's idle gaps (ms of overlap a step): does the host wait in a graph's
+    update or instantiation, in a launch, or in a synchronization while the device idles?"""
+    per = max(steps, 1)
+    calls: dict[str, list] = {}
+    during: dict[str, float] = {}
+    for ts, dur, name in host:
+        c = calls.setdefault(name, [0.0, 0, 0.0])
+        c[0] += dur
+        c[1] += 1
+        c[2] = max(c[2], dur)
+        for a, b in gaps:  # few gaps a step: a plain scan is enough
+            o = min(b, ts + dur) - max(a, ts)
+            if o > 0:
+                during[name] = during.get(name, 0.0) + o
+    return {
+        "api_ms_per_step": round(sum(c[0] for c in calls.values()) / 1e3 / per, 4),
+        "api": [
+            {
+                "name": k,
+                "ms_per_step": round(v[0] / 1e3 / per, 4),
+                "calls_per_step": round(v[1] / per, 2),
+                "max_us": round(v[2], 1),
+            }
+            for k, v in sorted(calls.items(), key=lambda kv: -kv[1][0])[:top]
+        ],
+        "api_during_gaps": [
+            {"name": k, "ms_per_step": round(v / 1e3 / per, 4)}
+            for k, v in sorted(during.items(), key=lambda kv: -kv[1])[:top]
+        ],
+    }
+
+
 def _spread(durs: list[float]) -> list[float]:
     d = sorted(durs)
     return [round(d[0], 2), round(d[len(d) // 2], 2), round(d[-1], 2)]
 
 
-def sequence(events: list[tuple[float, float, str]], limit: int) -> list[list]:
-    """The first ``limit`` device events as [start us from the first, duration us, group]."""
+def sequence(
+    events: list[tuple[float, float, str]], limit: int, host: list | None = None
+) -> list[list]:
+    """The first ``limit`` device events as [start us from the first, duration us, group], with
+    the host's CUDA API calls of at least 20 us among them (their group prefixed ``host:``)."""
     if not events:
         return []
     t0 = events[0][0]
-    return [[round(ts - t0, 1), round(dur, 1), kernel_group(n)] for ts, dur, n in events[:limit]]
+    rows = [(ts, dur, kernel_group(n)) for ts, dur, n in events[:limit]]
+    stop = events[min(limit, len(events)) - 1][0]
+    rows += [(ts, dur, "host:" + n) for ts, dur, n in host or () if dur >= 20 and t0 <= ts <= stop]
+    rows.sort()
+    return [[round(ts - t0, 1), round(dur, 1), g] for ts, dur, g in rows]
 
 
 def traced(
@@ -265,8 +339,10 @@ def main() -> None:
     )
     events = device_events(trace, ("cpu_op",) if args.cpu_check else DEVICE_CATS)
     row = {"loop": loop, "slots": n, **summarize(events, steps, wall, args.top)}
+    host = host_events(trace)
+    row["host"] = host_summary(host, idle_gaps(events), steps, args.top)
     if args.sequence:
-        row["sequence"] = sequence(events, args.sequence)
+        row["sequence"] = sequence(events, args.sequence, host)
     out: dict = {"pair": args.synthetic or args.model or "demo", "rows": [row]}
     print(
         f"== {loop} slots {n}: {steps} steps; ms a step: wall {row['wall_ms_per_step']},"
@@ -285,6 +361,15 @@ def main() -> None:
             f"   {g['ms_per_step']:8.4f} ms {g['count_per_step']:6.2f}x"
             f"  {g['before'][:60]} -> {g['after'][:60]}"
         )
+    hs = row["host"]
+    print(f"   host CUDA API calls: {hs['api_ms_per_step']} ms a step")
+    for a in hs["api"][:12]:
+        print(
+            f"   {a['ms_per_step']:8.4f} ms {a['calls_per_step']:7.2f}x max {a['max_us']} us  {a['name']}"
+        )
+    print("   host CUDA API calls during the idle gaps:")
+    for a in hs["api_during_gaps"][:8]:
+        print(f"   {a['ms_per_step']:8.4f} ms  {a['name']}")
     text = json.dumps(out)
     if args.out:
         Path(args.out).write_text(text + "\n")

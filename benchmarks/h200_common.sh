@@ -167,7 +167,7 @@ timelines() {
     PYTHONUNBUFFERED=1 timeout "${3:-80}" python3 benchmarks/gpu_timeline.py --synthetic 4b \
       --prompt-tokens 64 --slots "$s" --tokens 32 --top 40 --sequence 2500 --loops slots-dflash --out "$OUT/tl_s$s.json" \
       > "$OUT/tl_s$s.log" 2>&1
-    echo "tl_s$s exit $? $(el)"; grep -A45 '^==' "$OUT/tl_s$s.log" | cut -c1-150
+    echo "tl_s$s exit $? $(el)"; grep -A70 '^==' "$OUT/tl_s$s.log" | cut -c1-150
   done
 }
 
