@@ -10,8 +10,8 @@
 # flight (are the idle gaps after the rollback and after the draft still there?), the random pair
 # again (a second sample of the 4-slot / 1-slot ratio, which a slow host stretch moves).
 # PART=3 (gpu_timeline.py now also reports the host's CUDA API calls, and those made while the
-# device idles): the one-slot and four-slot rounds' traces at the default depth (two in flight),
-# the host's cProfile of the one-slot round, then the demo pair's 8-slot queue again.
+# device idles): the one-slot round's trace at the default depth (two in flight), the host's
+# cProfile of that round, the four-slot round's trace, then the demo pair's 8-slot queue again.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
@@ -28,6 +28,16 @@ case "${PART:-1}" in
   HF2Q_LAG_DEPTH=3 timelines "1" 250 170
   t=$(left)
   [ "$t" -gt 80 ] && synthetic_run syn4b_2 1,4,8 $(( t < 140 ? t : 140 ))
+  ;;
+3)
+  timelines "1" 100 150
+  t=$(left)
+  [ "$t" -gt 80 ] && timeout $(( t < 120 ? t : 120 )) python3 benchmarks/host_profile.py --synthetic 4b \
+    --prompt-tokens 64 --loops slots-dflash --slots 1 --tokens 48 --top 45 --out "$OUT/host_4b1.json" \
+    > "$OUT/host_4b1.log" 2>&1
+  echo "host_4b1 exit $? $(el)"; grep -A 45 "== slots-dflash" "$OUT/host_4b1.log" | cut -c1-160
+  timelines "4" 100 150
+  demo_queue_bench demo_queue8 8
   ;;
 esac
 host_speed
