@@ -10,8 +10,9 @@
 # flight (are the idle gaps after the rollback and after the draft still there?), the random pair
 # again (a second sample of the 4-slot / 1-slot ratio, which a slow host stretch moves).
 # PART=3 (gpu_timeline.py now also reports the host's CUDA API calls, and those made while the
-# device idles): the one-slot round's trace at the default depth (two in flight), the host's
-# cProfile of that round, the four-slot round's trace, then the demo pair's 8-slot queue again.
+# device idles), after the verify graph queued as soon as it is built in lagged rounds: that
+# switch's A/B at 1 and 4 slots (HF2Q_FLUSH_LAYERS=0 is the old way), the one-slot round's trace,
+# the host's cProfile of that round, the four-slot round's trace, then the demo pair's 8-slot queue again.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
@@ -30,6 +31,7 @@ case "${PART:-1}" in
   [ "$t" -gt 80 ] && synthetic_run syn4b_2 1,4,8 $(( t < 140 ? t : 140 ))
   ;;
 3)
+  ab_slots ab_flush "1 4" HF2Q_FLUSH_LAYERS=0,HF2Q_FLUSH_LAYERS=8 60
   timelines "1" 100 150
   t=$(left)
   [ "$t" -gt 80 ] && timeout $(( t < 120 ? t : 120 )) python3 benchmarks/host_profile.py --synthetic 4b \

@@ -161,12 +161,16 @@ def test_the_traced_verify_is_kept_per_target_and_goes_with_it(fitted_pairs):
     assert len(forward._verifies) == n - 1
 
 
-@pytest.mark.parametrize("lagged", [False, True])
+@pytest.mark.parametrize("lagged,flush", [(False, None), (True, None), (True, "0")])
 def test_batched_rounds_through_the_graph_equal_plain(
-    lagged, fitted_pairs, runners_on, monkeypatch
+    lagged, flush, fitted_pairs, runners_on, monkeypatch
 ):
     # Slot caches: a position per row, rows finishing at different times and the queue refilling
     # them (continuous batching, the batch compacted), lagged rounds moving offsets on the device.
+    # Lagged rounds queue the graph as soon as it is built (HF2Q_FLUSH_LAYERS unset), or with the
+    # acceptance and the rollback (0).
+    if flush is not None:
+        monkeypatch.setenv("HF2Q_FLUSH_LAYERS", flush)
     rows = []
     real = CompiledVerify.__call__
 

@@ -114,7 +114,8 @@ ROW_ATTENTION_ENV = "HF2Q_ROW_ATTENTION"
 #: HF2Q_FLUSH_LAYERS=N: a verify forward queues its graph for the device (``mx.async_eval``) after
 #: every N layers, so the device can compute the first layers while the host builds the rest
 #: (0: the whole forward is queued at once; default :data:`LAGGED_FLUSH_LAYERS` in lagged rounds,
-#: 0 in synchronous ones).
+#: 0 in synchronous ones). A verify run as one compiled graph is queued as soon as it is built
+#: where N > 0, before the round's acceptance and rollback are built.
 FLUSH_LAYERS_ENV = "HF2Q_FLUSH_LAYERS"
 
 #: Layers between the queuings of a lagged round's verify (``HF2Q_FLUSH_LAYERS`` unset).
@@ -555,7 +556,9 @@ def flush_layers(lagged: bool = False) -> int:
     the draft queued first (:func:`lagged_draft_first`), every 8 layers shortened the 4B-shaped
     pair's round from 8.24 to 7.11 ms at one slot and from 12.66 to 11.13 ms at four (session
     22, alternating in one process, tokens equal); every 4 layers was within 2% of every 8,
-    every 16 slower.
+    every 16 slower. The verify graph (:func:`compile_verify_enabled`) cannot be cut by layers:
+    where this is not 0 it is queued whole as soon as it is built (in session 46's one-slot H100
+    trace without that, the device idled 1.1 ms a round between the draft and the verify).
     """
     value = _count(FLUSH_LAYERS_ENV, "a layer count")
     if value is None:

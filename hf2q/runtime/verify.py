@@ -289,7 +289,8 @@ def verify_forward(
         runners: use :func:`runner_verify_layer_fn` (True) or :func:`verify_layer` (False);
             None: :func:`use_runners`.
         lagged: the forward is a lagged round's (``hf2q.runtime.slots``): its graph is queued
-            every ``select.flush_layers(lagged=True)`` layers as it is built.
+            every ``select.flush_layers(lagged=True)`` layers as it is built (``whole``'s graph
+            as soon as it is built, unless that is 0).
         whole: from :func:`whole_verify`: blocks of its length, capturing what it captures, run
             as its one compiled graph (shorter ones, a generation's last, keep the layer path
             rather than trace another graph).
@@ -300,7 +301,12 @@ def verify_forward(
     """
     cache.begin_verify(tokens.shape[1])
     if whole is not None and tokens.shape[1] == whole.block and tuple(capture) == whole.capture:
-        return whole(tokens, cache)
+        out = whole(tokens, cache)
+        if select.flush_layers(lagged):
+            # Queued as soon as it is built, as the layer path queues its layers: the device runs
+            # the verify while the host builds the acceptance and the rollback.
+            mx.async_eval([a for a in out if a is not None])
+        return out
     mm = select.small_mm_enabled()  # read once a forward, for the layers and the head
     if use_runners() if runners is None else runners:
         record_bytes = tokens.size * target.gdn_state_size * 4  # a layer's float32 step states
