@@ -19,6 +19,7 @@ process started a third trace). Usage (a GPU machine with torch; the random 4B-s
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -40,7 +41,8 @@ LOOPS = ("slots-dflash", "slots-plain", "dflash", "plain")
 
 #: Trace event categories that are device work.
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-HOST_CATS = ("cuda_runtime", "cuda_driver")  # the host thread's CUDA API calls (CUPTI)
+#: Trace event categories that are the host's CUDA API calls.
+HOST_CATS = ("cuda_runtime", "cuda_driver")
 
 
 def kernel_group(name: str) -> str:
@@ -136,10 +138,7 @@ def host_events(trace: dict) -> list[tuple[float, float, str]]:
         for e in trace.get("traceEvents", [])
         if e.get("ph") == "X" and e.get("cat") in HOST_CATS
     ]
-    counts: dict = {}
-    for *_, tid in raw:
-        counts[tid] = counts.get(tid, 0) + 1
-    order = sorted(counts, key=lambda t: -counts[t])
+    order = [tid for tid, _ in collections.Counter(e[3] for e in raw).most_common()]
     out = [
         (ts, d, n if tid == order[0] else f"{n}@thread {order.index(tid)}") for ts, d, n, tid in raw
     ]

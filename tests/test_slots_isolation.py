@@ -147,7 +147,6 @@ def test_each_slot_decodes_exactly_its_single_run_with_agreeing_drafter(name, N,
 
 
 def test_lagged_rounds_switch_reads_the_environment(monkeypatch):
-
     monkeypatch.delenv(select.LAGGED_ROUNDS_ENV, raising=False)
     # On where async_eval returns once the graph is encoded (CUDA), off elsewhere.
     assert select.lagged_rounds_enabled() == (select.backend() == "cuda")
@@ -175,7 +174,6 @@ def test_lagged_rounds_switch_reads_the_environment(monkeypatch):
 def _check_switch(monkeypatch, env: str, enabled, default: bool, shown: str = "") -> None:
     """``enabled()`` follows ``env`` (unset: ``default``; 0/off, 1), ``shown`` is in
     ``--stats``'s summary exactly when it is on, and a bad value is refused naming ``env``."""
-
     for value, on in ((None, default), ("0", False), ("1", True), ("off", False)):
         if value is None:
             monkeypatch.delenv(env, raising=False)
@@ -190,7 +188,6 @@ def _check_switch(monkeypatch, env: str, enabled, default: bool, shown: str = ""
 
 
 def test_draft_ahead_switch_reads_the_environment(monkeypatch):
-
     # On where async_eval returns once the graph is encoded (CUDA), off elsewhere.
     on = select.backend() == "cuda"
     _check_switch(
