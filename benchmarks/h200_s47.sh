@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Session 47's device calls (after the three keep.sh calls and install.sh), on the tree of session
+# 46's end (lagged rounds queue the verify graph as soon as it is built; gpu_timeline.py also
+# reports the host's CUDA API calls).
+# PART=1: issue 5's and 6's figures at these defaults: the demo pair's queue at 1, 4, 8 slots
+# (8 slots >= 1.5x plain), the random 4B-shaped pair at 1, 4, 8 slots (4 slots >= 3.2x one slot;
+# E at one slot), then the one-slot round's trace with the host's API calls (where does the host
+# wait while the device idles after the draft?).
+# PART=2: the host's cProfile of the one-slot round, the four-slot round's trace, the random pair
+# again (a second sample of the 4-slot / 1-slot ratio, which a slow host stretch moves).
+set -uo pipefail
+# shellcheck source=benchmarks/h200_common.sh
+. benchmarks/h200_common.sh
+host_speed
+case "${PART:-1}" in
+1)
+  demo_queue_bench demo_queue
+  t=$(left)
+  [ "$t" -gt 100 ] && synthetic_run syn4b 1,4,8 $(( t < 140 ? t : 140 ))
+  timelines "1" 100 150
+  ;;
+2)
+  t=$(left)
+  [ "$t" -gt 80 ] && timeout $(( t < 120 ? t : 120 )) python3 benchmarks/host_profile.py --synthetic 4b \
+    --prompt-tokens 64 --loops slots-dflash --slots 1 --tokens 48 --top 45 --out "$OUT/host_4b1.json" \
+    > "$OUT/host_4b1.log" 2>&1
+  echo "host_4b1 exit $? $(el)"; grep -A 45 "== slots-dflash" "$OUT/host_4b1.log" | cut -c1-160
+  timelines "4" 100 150
+  t=$(left)
+  [ "$t" -gt 80 ] && synthetic_run syn4b_2 1,4,8 $(( t < 140 ? t : 140 ))
+  ;;
+esac
+host_speed
+pack_logs
