@@ -195,6 +195,8 @@ _CTYPES = {
     mx.float16: "__half",
     mx.int32: "int32_t",
     mx.uint32: "uint32_t",
+    mx.int64: "int64_t",
+    mx.bool_: "bool",
 }
 _NP_VIEW = {
     mx.float32: np.float32,
@@ -202,6 +204,8 @@ _NP_VIEW = {
     mx.float16: np.uint16,
     mx.int32: np.int32,
     mx.uint32: np.uint32,
+    mx.int64: np.int64,
+    mx.bool_: np.bool_,
 }
 _MX_VIEW = {mx.bfloat16: mx.uint16, mx.float16: mx.uint16}
 
@@ -399,7 +403,13 @@ class EmulatedKernel:
             for a in arrays
         ]
         # Poison outputs (NaN bit patterns) so that unwritten elements cannot pass a check.
-        poison = {mx.float32: np.nan, mx.bfloat16: 0x7FC0, mx.float16: 0x7E00, mx.int32: -1}
+        poison = {
+            mx.float32: np.nan,
+            mx.bfloat16: 0x7FC0,
+            mx.float16: 0x7E00,
+            mx.int32: -1,
+            mx.int64: -1,
+        }
         out_np = [
             np.full(s, poison[d] if init_value is None else init_value, dtype=_NP_VIEW[d])
             for s, d in zip(output_shapes, output_dtypes)

@@ -188,6 +188,11 @@ GDN_FINAL_MIN_BYTES = 32 << 20
 #: one launch of :mod:`hf2q.kernels.cuda_rollback` for all layers (CUDA only; default on there).
 ROLLBACK_KERNEL_ENV = "HF2Q_ROLLBACK_KERNEL"
 
+#: HF2Q_ROUND_WORDS=0: a lagged round's host reads its accepted counts, drafts, bonus tokens and
+#: cache offsets as arrays instead of as 8-byte words packed by one launch of
+#: :mod:`hf2q.kernels.cuda_readback` (CUDA only, default on there; the same values).
+ROUND_WORDS_ENV = "HF2Q_ROUND_WORDS"
+
 #: HF2Q_REPLAY_LAYERS=0: a final-state record's rollback replays each Gated-DeltaNet layer in
 #: its own launch instead of every layer in one (:func:`hf2q.kernels.gdn.replay_layers`; CUDA
 #: only, default on there; same bits).
@@ -371,6 +376,18 @@ def rollback_kernel_enabled() -> bool:
     in one launch (:mod:`hf2q.kernels.cuda_rollback`, bit-exact copies) instead of a few ops per
     layer: on CUDA unless ``HF2Q_KERNELS=ops`` or ``HF2Q_ROLLBACK_KERNEL=0``; never elsewhere."""
     return _cuda_kernel_switch(ROLLBACK_KERNEL_ENV)
+
+
+def round_words_enabled() -> bool:
+    """Whether a lagged round's outcome is read as 8-byte words (:mod:`hf2q.kernels.cuda_readback`):
+    on CUDA unless ``HF2Q_KERNELS=ops`` or ``HF2Q_ROUND_WORDS=0``; never elsewhere.
+
+    Why: MLX's CUDA backend moves a larger array to managed memory with a synchronous copy on
+    its first host read, and that copy waits for the graph the device is running; the words are
+    allocated there. One-slot trace of the 4B-shaped pair on an H100 (session 47): the drafts'
+    copy held the host 1.38 ms a round.
+    """
+    return _cuda_kernel_switch(ROUND_WORDS_ENV)
 
 
 def replay_layers_enabled() -> bool:
@@ -764,6 +781,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
         )
         if lagged_draft_first():
             info["rounds"] += ", draft queued first"
+        if round_words_enabled():
+            info["rounds"] += ", outcome read as 8-byte words"
     if draft_ahead_enabled():
         info["draft_ahead"] = "synchronous batched rounds"
     flush = flush_layers(lagged_rounds_enabled())  # (lagged rounds queue their verify early)

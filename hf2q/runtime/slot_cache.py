@@ -337,11 +337,13 @@ class SlotKVCache(_BaseCache):
         """The offsets now (lazy) and the positions written so far, for a later :meth:`resync`."""
         return self.offset, list(self._grown)
 
-    def resync(self, mark: tuple[mx.array, list[int]]) -> None:
+    def resync(self, mark: tuple[mx.array, list[int]], exact: Sequence[int] | None = None) -> None:
         """Tighten ``lengths`` once the offsets of ``mark`` are computed: exact then, plus what
-        was written since (the bounds of rounds still in flight)."""
+        was written since (the bounds of rounds still in flight). ``exact``: those offsets as
+        the host read them already (else read here)."""
         offset, then = mark
-        exact = [int(v) for v in offset.tolist()]
+        if exact is None:
+            exact = [int(v) for v in offset.tolist()]
         self.lengths = [e + now - t for e, now, t in zip(exact, self._grown, then)]
 
     def settle(self, lengths: Sequence[int]) -> None:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from hf2q.errors import UsageError
+from hf2q.kernels import cuda_readback
 from hf2q.kernels.forward import CompiledVerify
 from hf2q.kernels.layers import decode_layer_fn
 from hf2q.kernels.select import (
@@ -51,6 +52,7 @@ from hf2q.kernels.select import (
     lagged_draft_first,
     lagged_for,
     lagged_lookup_mode,
+    round_words_enabled,
     small_mm_enabled,
 )
 from hf2q.runtime.cache import make_target_cache
@@ -742,6 +744,7 @@ def _dflash_slots(
         stop = False
         draft_first = lagged_draft_first()
         depth = lag_depth()
+        words_on, lay = round_words_enabled(), None
         while flight or not stop:
             if not stop:
                 tic = time.perf_counter()
@@ -769,20 +772,50 @@ def _dflash_slots(
                 if looked is not None:
                     looked.update(draft, a_arr, last, use)
                     extra = [use, looked.state]
+                words, where = None, []
+                if words_on:  # what the host reads, as 8-byte words it reads without a copy
+                    lay = lay or cuda_readback.layout(max(vlogits.shape[-1], mask_id + 1), B)
+                    offs: list[mx.array] = []  # the distinct offset arrays (layers share one)
+                    for off, _ in marks:
+                        if not any(off is o for o in offs):
+                            offs.append(off)
+                        where.append(next(j for j, o in enumerate(offs) if o is off))
+                    bound = max((max(c.lengths, default=0) for c in kv), default=0)
+                    if cuda_readback.supported(draft, lay, len(offs), bound) is None:
+                        words = cuda_readback.pack_round(draft, a_arr, last, use, offs, lay)
                 mx.async_eval(
-                    draft, a_arr, last, ctx, tcache.state, [c.state for c in dcache], extra
+                    draft,
+                    a_arr,
+                    last,
+                    ctx,
+                    tcache.state,
+                    [c.state for c in dcache],
+                    extra,
+                    words or [],
                 )
-                flight.append((draft, a_arr, last, use, marks, time.perf_counter() - tic))
+                flight.append(
+                    (draft, a_arr, last, use, marks, words, where, time.perf_counter() - tic)
+                )
                 if len(flight) < depth:
                     continue
-            draft_o, a_o, bonus_o, use_o, marks_o, t_build = flight.popleft()
+            draft_o, a_o, bonus_o, use_o, marks_o, words_o, where_o, t_build = flight.popleft()
             t1 = time.perf_counter()
-            acc, bonus, draft_host = a_o.tolist(), bonus_o.tolist(), draft_o.tolist()
             sources = ["drafter"] * R
-            if use_o is not None:  # the host choosers follow the device's choices
-                sources = ["lookup" if u else "drafter" for u in use_o.tolist()]
-            for c, m in zip(kv, marks_o, strict=True):
-                c.resync(m)
+            if words_o is not None:
+                got = cuda_readback.read_round(words_o, [x is not None for x in rows], lay)
+                acc = [g.accepted for g in got]
+                bonus = [g.committed[-1] if g.committed else mask_id for g in got]
+                draft_host = [g.committed[:-1] for g in got]
+                if use_o is not None:
+                    sources = ["lookup" if g.looked_up else "drafter" for g in got]
+                for c, m, j in zip(kv, marks_o, where_o, strict=True):
+                    c.resync(m, [g.offsets[j] for g in got])
+            else:
+                acc, bonus, draft_host = a_o.tolist(), bonus_o.tolist(), draft_o.tolist()
+                if use_o is not None:  # the host choosers follow the device's choices
+                    sources = ["lookup" if u else "drafter" for u in use_o.tolist()]
+                for c, m in zip(kv, marks_o, strict=True):
+                    c.resync(m)
             t2 = time.perf_counter()
             times = (t2 - t_prev, t_build, t2 - t1, 0.0)
             t_prev = t2
