@@ -8,6 +8,10 @@
 # wait while the device idles after the draft?).
 # PART=2: the host's cProfile of the one-slot round, the four-slot round's trace, the random pair
 # again (a second sample of the 4-slot / 1-slot ratio, which a slow host stretch moves).
+# PART=3, after lagged rounds read their outcome as 8-byte words (HF2Q_ROUND_WORDS; run 1's trace
+# had the drafts' synchronous copy holding the host 1.38 ms a round): that switch's A/B at 1 and
+# 4 slots, the random pair at 1, 4, 8 slots, the one-slot trace, the readback tests on the GPU.
+# PART=4: the demo pair's queue at 1, 4, 8 slots, the four-slot trace, the host's cProfile.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
@@ -28,6 +32,23 @@ case "${PART:-1}" in
   timelines "4" 100 150
   t=$(left)
   [ "$t" -gt 80 ] && synthetic_run syn4b_2 1,4,8 $(( t < 140 ? t : 140 ))
+  ;;
+3)
+  ab_slots ab_words "1 4" HF2Q_ROUND_WORDS=0,HF2Q_ROUND_WORDS=1 60
+  t=$(left)
+  [ "$t" -gt 80 ] && synthetic_run syn4b_w 1,4,8 $(( t < 140 ? t : 140 ))
+  timelines "1" 60 100
+  t=$(left)
+  [ "$t" -gt 30 ] && gpu_pytest pytest_words "$t" tests/test_kernels_readback.py
+  ;;
+4)
+  demo_queue_bench demo_queue_w
+  timelines "4" 100 150
+  t=$(left)
+  [ "$t" -gt 80 ] && timeout $(( t < 120 ? t : 120 )) python3 benchmarks/host_profile.py --synthetic 4b \
+    --prompt-tokens 64 --loops slots-dflash --slots 1 --tokens 48 --top 45 --out "$OUT/host_4b1.json" \
+    > "$OUT/host_4b1.log" 2>&1
+  echo "host_4b1 exit $? $(el)"; grep -A 45 "== slots-dflash" "$OUT/host_4b1.log" | cut -c1-160
   ;;
 esac
 host_speed
