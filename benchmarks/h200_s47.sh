@@ -13,6 +13,10 @@
 # 4 slots, the random pair at 1, 4, 8 slots, the one-slot trace, the readback tests on the GPU.
 # PART=4: the demo pair's queue at 1, 4, 8 slots, the four- and eight-slot traces (run 3's one-slot
 # trace has the device busy for all but 0.03 ms of the round: are more slots host-bound?).
+# PART=5, after greedy rounds make each list of draft limits into an array once (run 4's 4- and
+# 8-slot traces still had a synchronous cudaMemcpy most rounds: a new host array of more than 8
+# bytes given a freed device buffer): the random pair at 1, 4, 8 slots, the 4- and 8-slot traces,
+# the demo pair's queue.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
@@ -45,6 +49,11 @@ case "${PART:-1}" in
 4)
   demo_queue_bench demo_queue_w
   timelines "4 8" 60 100
+  ;;
+5)
+  synthetic_run syn4b_l 1,4,8 140
+  timelines "4 8" 60 100
+  demo_queue_bench demo_queue_l
   ;;
 esac
 host_speed

@@ -543,6 +543,12 @@ def _dflash_slots(
             q_rows.append(q)
         return mx.stack(drafts), q_rows
 
+    # Each row's draft limit as an array, made once per list of limits: MLX's CUDA backend may
+    # give a new host array of more than 8 bytes (3 rows or more) a device buffer freed earlier,
+    # which it first moves to managed memory with a synchronous copy that waits for the graph
+    # the device is running (session 47's 4- and 8-slot traces on an H100).
+    limits: dict[tuple[int, ...], mx.array] = {}
+
     def accept(
         draft: mx.array, q_rows: list[mx.array | None], vlogits: mx.array, n_row: list[int]
     ) -> tuple[mx.array, mx.array]:
@@ -550,7 +556,12 @@ def _dflash_slots(
         greedy, or rejection sampling with the row's keys (idle rows: 0 and the mask token)."""
         if sampling.greedy:
             choice = mx.argmax(vlogits, axis=-1).astype(mx.int32)  # (R, bs)
-            return accept_greedy(draft, choice, mx.array(n_row))
+            key = tuple(n_row)
+            if key not in limits:
+                if len(limits) >= 64:
+                    limits.clear()
+                limits[key] = mx.array(n_row, dtype=mx.int32)
+            return accept_greedy(draft, choice, limits[key])
         a_l, b_l = [], []
         for r, x in enumerate(rows):
             if x is None:
