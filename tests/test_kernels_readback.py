@@ -2,10 +2,11 @@
 
 On this CPU the kernel's own source runs in the CUDA emulator (tests/cuda_emu.py): its words must
 equal the ops reference's on random rounds, and reading them must give back each row's accepted
-count, committed tokens (its accepted drafts, then the bonus), lookup bit and offsets. Lagged
-batched DFlash reading its rounds through the emulated kernel must keep plain greedy decoding's
-tokens (rows finishing apart, the queue refilling them, lookup proposals chosen on the device),
-and sampled rounds must draw what they draw reading the arrays themselves. The CUDA test runs
+count, committed tokens (its accepted drafts, then the bonus), lookup bit and offsets. Batched
+DFlash reading its rounds through the emulated kernel, lagged or synchronous, must keep plain
+greedy decoding's tokens (rows finishing apart, the queue refilling them, lookup proposals chosen
+on the device, drafts queued ahead), and sampled rounds must draw what they draw reading the
+arrays themselves. The CUDA test runs
 the real kernel.
 """
 
@@ -132,40 +133,50 @@ def test_the_switch_is_read_and_checked(monkeypatch):
     assert select.round_words_enabled() == (select.backend() == "cuda")
 
 
+@pytest.mark.parametrize("lagged", [True, False], ids=["lagged", "synchronous"])
 @pytest.mark.parametrize("slots,block", [(1, 16), (3, 4), (2, 7)])
-def test_lagged_rounds_read_as_words_equal_plain(kernel, fitted_pairs, slots, block):
-    # Rows finishing at different times and the queue refilling them (the batch compacted),
-    # attention offsets of the target's and the drafter's caches read from word 0.
-    assert_fitted_batched_equals_plain(fitted_pairs, lagged=True, slots=slots, block=block)
+def test_rounds_read_as_words_equal_plain(kernel, fitted_pairs, slots, block, lagged):
+    # Rows finishing at different times and the queue refilling them (the batch compacted);
+    # lagged rounds also read the target's and the drafter's attention offsets from word 0.
+    assert_fitted_batched_equals_plain(fitted_pairs, lagged=lagged, slots=slots, block=block)
     assert kernel  # the rounds were read through the kernel's words
 
 
-def test_lagged_lookup_rounds_read_as_words_keep_plain_greedy_tokens(kernel):
-    # HF2Q_LAGGED_LOOKUP=device: the rows' lookup choices come back in word 0 (the host's
-    # choosers follow them), every request keeps plain greedy decoding's tokens.
+def _demo_queue(lengths):
     from hf2q.runtime.bench import BUILTIN_PROMPTS
-    from hf2q.runtime.dflash import plain_generate, run
     from hf2q.runtime.pair import encode_prompt, load_pair
-    from hf2q.runtime.slots import Request, SlotRound, slots_dflash_generate
+    from hf2q.runtime.slots import Request
 
     pair = load_pair(None, None)
-    prompts = [encode_prompt(pair.tokenizer, p, chat=False) for p in BUILTIN_PROMPTS[:4]]
+    prompts = [
+        encode_prompt(pair.tokenizer, p, chat=False) for p in BUILTIN_PROMPTS[: len(lengths)]
+    ]
+    reqs = [Request(p, max_tokens=m) for p, m in zip(prompts, lengths, strict=True)]
+    return pair, prompts, reqs
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"lagged": True, "device_lookup": True},  # the rows' lookup choices in word 0
+        {"lagged": False, "draft_ahead": True},  # read while the next draft runs
+    ],
+    ids=["lagged-device-lookup", "synchronous-draft-ahead"],
+)
+def test_lookup_rounds_read_as_words_keep_plain_greedy_tokens(kernel, options):
+    # Every request keeps plain greedy decoding's tokens; lookup and the drafter both draft.
+    from hf2q.runtime.dflash import plain_generate, run
+    from hf2q.runtime.slots import SlotRound, slots_dflash_generate
+
     lengths = [48, 31, 48, 17]
+    pair, prompts, reqs = _demo_queue(lengths)
     want = [
         run(plain_generate(pair.target, p, max_tokens=m)).tokens
         for p, m in zip(prompts, lengths, strict=True)
     ]
-    reqs = [Request(p, max_tokens=m) for p, m in zip(prompts, lengths, strict=True)]
     events = list(
         slots_dflash_generate(
-            pair.target,
-            pair.drafter,
-            reqs,
-            slots=3,
-            block_size=16,
-            lookup=True,
-            lagged=True,
-            device_lookup=True,
+            pair.target, pair.drafter, reqs, slots=3, block_size=16, lookup=True, **options
         )
     )
     assert [r.tokens for r in events[-1].requests] == want
@@ -174,21 +185,18 @@ def test_lagged_lookup_rounds_read_as_words_keep_plain_greedy_tokens(kernel):
     assert kernel
 
 
-def test_sampled_lagged_rounds_draw_the_same_tokens_read_as_words(kernel, monkeypatch):
+@pytest.mark.parametrize("lagged", [True, False], ids=["lagged", "synchronous"])
+def test_sampled_rounds_draw_the_same_tokens_read_as_words(kernel, monkeypatch, lagged):
     # T > 0: the words carry the drafts and the bonus each row drew on the device; read as
     # words or as arrays, the same seed gives the same tokens.
-    from hf2q.runtime.bench import BUILTIN_PROMPTS
-    from hf2q.runtime.pair import encode_prompt, load_pair
     from hf2q.runtime.sampling import SamplingParams
-    from hf2q.runtime.slots import Request, slots_dflash_generate
+    from hf2q.runtime.slots import slots_dflash_generate
 
-    pair = load_pair(None, None)
-    prompts = [encode_prompt(pair.tokenizer, p, chat=False) for p in BUILTIN_PROMPTS[:3]]
     out = {}
     for words in (True, False):
         monkeypatch.setattr(slots_mod, "round_words_enabled", lambda w=words: w)
         n = len(kernel)
-        reqs = [Request(p, max_tokens=m) for p, m in zip(prompts, [40, 23, 33], strict=True)]
+        pair, _, reqs = _demo_queue([40, 23, 33])
         events = list(
             slots_dflash_generate(
                 pair.target,
@@ -196,7 +204,7 @@ def test_sampled_lagged_rounds_draw_the_same_tokens_read_as_words(kernel, monkey
                 reqs,
                 slots=2,
                 block_size=8,
-                lagged=True,
+                lagged=lagged,
                 sampling=SamplingParams(temperature=0.8, seed=11),
             )
         )

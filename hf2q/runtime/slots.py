@@ -499,6 +499,36 @@ def _dflash_slots(
     st = _Stats(slots, B)
     graphs: list[CompiledVerify | None] = []  # what whole() decided
     dgraph = drafter.graph(B)  # the drafts of full blocks as one graph (HF2Q_COMPILE_DRAFT=1)
+    words_on = round_words_enabled()  # rounds read as 8-byte words (hf2q.kernels.cuda_readback)
+
+    def round_words(
+        vocab: int,
+        draft: mx.array,
+        a_arr: mx.array,
+        bonus: mx.array,
+        use: mx.array | None = None,
+        offs: Sequence[mx.array] = (),
+        bound: int = 0,
+    ) -> tuple[list[list[mx.array]] | None, cuda_readback.Layout | None]:
+        """A round's outcome (tokens below ``vocab``; with ``offs``, offsets of at most
+        ``bound``) as words the host reads in place, and their layout; (None, None) where the
+        words are off or cannot hold it (the arrays are read instead)."""
+        if not words_on:
+            return None, None
+        lay = cuda_readback.layout(max(vocab, mask_id + 1), draft.shape[1] + 1)
+        if cuda_readback.supported(draft, lay, len(offs), bound) is not None:
+            return None, None
+        return cuda_readback.pack_round(draft, a_arr, bonus, use, offs, lay), lay
+
+    def read_words(
+        words: list[list[mx.array]], lay: cuda_readback.Layout
+    ) -> tuple[list[int], list[int], list[list[int]], list[cuda_readback.RowOutcome]]:
+        """(accepted, bonus, accepted drafts, the rows' outcomes) of a round's words; rows
+        without a request read only their word 0."""
+        got = cuda_readback.read_round(words, [x is not None for x in rows], lay)
+        acc = [g.accepted for g in got]
+        bonus = [g.committed[-1] if g.committed else mask_id for g in got]
+        return acc, bonus, [g.committed[:-1] for g in got], got
 
     def whole() -> CompiledVerify | None:
         """The verify of the rows' full blocks as one compiled graph (:func:`whole_verify`; CUDA),
@@ -755,7 +785,6 @@ def _dflash_slots(
         stop = False
         draft_first = lagged_draft_first()
         depth = lag_depth()
-        words_on, lay = round_words_enabled(), None
         while flight or not stop:
             if not stop:
                 tic = time.perf_counter()
@@ -783,17 +812,14 @@ def _dflash_slots(
                 if looked is not None:
                     looked.update(draft, a_arr, last, use)
                     extra = [use, looked.state]
-                words, where = None, []
-                if words_on:  # what the host reads, as 8-byte words it reads without a copy
-                    lay = lay or cuda_readback.layout(max(vlogits.shape[-1], mask_id + 1), B)
-                    offs: list[mx.array] = []  # the distinct offset arrays (layers share one)
-                    for off, _ in marks:
-                        if not any(off is o for o in offs):
-                            offs.append(off)
-                        where.append(next(j for j, o in enumerate(offs) if o is off))
-                    bound = max((max(c.lengths, default=0) for c in kv), default=0)
-                    if cuda_readback.supported(draft, lay, len(offs), bound) is None:
-                        words = cuda_readback.pack_round(draft, a_arr, last, use, offs, lay)
+                offs: list[mx.array] = []  # the distinct offset arrays (layers share one)
+                where = []  # each cache's among them
+                for off, _ in marks:
+                    if not any(off is o for o in offs):
+                        offs.append(off)
+                    where.append(next(j for j, o in enumerate(offs) if o is off))
+                bound = max((max(c.lengths, default=0) for c in kv), default=0)
+                words, lay = round_words(vlogits.shape[-1], draft, a_arr, last, use, offs, bound)
                 mx.async_eval(
                     draft,
                     a_arr,
@@ -805,18 +831,17 @@ def _dflash_slots(
                     words or [],
                 )
                 flight.append(
-                    (draft, a_arr, last, use, marks, words, where, time.perf_counter() - tic)
+                    (draft, a_arr, last, use, marks, words, lay, where, time.perf_counter() - tic)
                 )
                 if len(flight) < depth:
                     continue
-            draft_o, a_o, bonus_o, use_o, marks_o, words_o, where_o, t_build = flight.popleft()
+            draft_o, a_o, bonus_o, use_o, marks_o, words_o, lay_o, where_o, t_build = (
+                flight.popleft()
+            )
             t1 = time.perf_counter()
             sources = ["drafter"] * R
             if words_o is not None:
-                got = cuda_readback.read_round(words_o, [x is not None for x in rows], lay)
-                acc = [g.accepted for g in got]
-                bonus = [g.committed[-1] if g.committed else mask_id for g in got]
-                draft_host = [g.committed[:-1] for g in got]
+                acc, bonus, draft_host, got = read_words(words_o, lay_o)
                 if use_o is not None:
                     sources = ["lookup" if g.looked_up else "drafter" for g in got]
                 for c, m, j in zip(kv, marks_o, where_o, strict=True):
@@ -917,6 +942,8 @@ def _dflash_slots(
         vin = mx.concatenate([mx.array(last, dtype=mx.int32)[:, None], draft], axis=1)  # (R, bs)
         vlogits, feats = verify_forward(target, vin, tcache, capture=ids, whole=whole())
         a_arr, bonus_arr = accept(draft, q_rows, vlogits, [b - 1 for b in bs_row])
+        # Read below without a copy (one of a larger array would wait for a draft queued ahead).
+        words, lay = round_words(vlogits.shape[-1], draft, a_arr, bonus_arr)
         ahead = held = None
         if draft_ahead and "drafter" in sources and all(x is not None for x in rows):
             # The next round's drafter, queued before this round is read: the device drafts
@@ -929,7 +956,7 @@ def _dflash_slots(
             # ahead after every round, the demo pair's 1-slot rounds in hf2q bench were 0.7-1.1
             # ms longer on an H200; over the built-in prompts the drafter ran 204 times in 196
             # rounds against 126 drafting after the read, and 151 with this condition.)
-            mx.async_eval(draft, a_arr, bonus_arr, feats)
+            mx.async_eval(draft, a_arr, bonus_arr, feats, words or [])
             held = [list(c.lengths) for c in dcache]
             for c in dcache:
                 c.lagged = True
@@ -942,8 +969,11 @@ def _dflash_slots(
             mx.async_eval(ahead[0], ahead[1] or [], [c.state for c in dcache])
         mx.eval(draft)
         t1 = time.perf_counter()
-        mx.eval(a_arr, bonus_arr)
-        acc, bonus = a_arr.tolist(), bonus_arr.tolist()
+        mx.eval(a_arr, bonus_arr, words or [])
+        if words is not None:
+            acc, bonus, draft_host, _ = read_words(words, lay)
+        else:
+            acc, bonus, draft_host = a_arr.tolist(), bonus_arr.tolist(), None
         t2 = time.perf_counter()
 
         keep = [acc[r] + 1 if x is not None else 1 for r, x in enumerate(rows)]
@@ -962,7 +992,8 @@ def _dflash_slots(
         t3 = time.perf_counter()
 
         times = (t3 - t0 + t_pre, t1 - t0 + t_pre, t2 - t1, t3 - t2)
-        event, finished = commit_round(acc, bonus, draft.tolist(), bs_row, sources, times, bs)
+        draft_host = draft.tolist() if draft_host is None else draft_host
+        event, finished = commit_round(acc, bonus, draft_host, bs_row, sources, times, bs)
         if not finished and ahead is not None:  # the same rows: their drafts are queued
             pending = submit(ahead)
         elif ahead is not None and idle == "compact":  # valid for the rows that go on, unless
