@@ -129,8 +129,13 @@ def test_the_switch_is_read_and_checked(monkeypatch):
         select.round_words_enabled()
     monkeypatch.setenv(select.ROUND_WORDS_ENV, "0")
     assert not select.round_words_enabled()
+    assert "8-byte words" not in select.summary()  # what --stats reports
     monkeypatch.delenv(select.ROUND_WORDS_ENV)
-    assert select.round_words_enabled() == (select.backend() == "cuda")
+    on_cuda = select.backend() == "cuda"
+    assert select.round_words_enabled() == on_cuda
+    assert ("round outcomes read as 8-byte words" in select.summary()) == on_cuda
+    monkeypatch.setattr(select, "backend", lambda: "cuda")  # what --stats says on CUDA
+    assert "round outcomes read as 8-byte words" in select.summary()
 
 
 @pytest.mark.parametrize("lagged", [True, False], ids=["lagged", "synchronous"])
