@@ -136,6 +136,9 @@ def test_the_switch_is_read_and_checked(monkeypatch):
     assert ("round outcomes read as 8-byte words" in select.summary()) == on_cuda
     monkeypatch.setattr(select, "backend", lambda: "cuda")  # what --stats says on CUDA
     assert "round outcomes read as 8-byte words" in select.summary()
+    assert "small host-made arrays joined from 8-byte pieces" in select.summary()
+    monkeypatch.setenv(select.HOST_PIECES_ENV, "0")
+    assert "8-byte pieces" not in select.summary()
 
 
 @pytest.mark.parametrize("lagged", [True, False], ids=["lagged", "synchronous"])
@@ -216,6 +219,25 @@ def test_sampled_rounds_draw_the_same_tokens_read_as_words(kernel, monkeypatch, 
         out[words] = [r.tokens for r in events[-1].requests]
         assert (len(kernel) > n) == words
     assert out[True] == out[False]
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 8, 9, 32, 33])
+def test_host_ints_from_pieces_hold_the_values(monkeypatch, n):
+    vals = [(-1) ** i * (7 * i + 3) for i in range(n)]
+    for on in ("1", "0"):
+        monkeypatch.setenv(select.HOST_PIECES_ENV, on)
+        got = rb.host_ints(vals)
+        assert got.dtype == mx.int32 and got.shape == (n,) and got.tolist() == vals
+    monkeypatch.setenv(select.HOST_PIECES_ENV, "maybe")
+    with pytest.raises(UsageError, match="HF2Q_HOST_PIECES"):
+        rb.host_ints([1, 2, 3])
+
+
+@pytest.mark.parametrize("lagged", [True, False], ids=["lagged", "synchronous"])
+def test_rounds_with_host_arrays_from_pieces_equal_plain(fitted_pairs, monkeypatch, lagged):
+    # Last tokens, kept counts, offsets and draft limits of 3 rows joined from 8-byte pieces.
+    monkeypatch.setenv(select.HOST_PIECES_ENV, "1")
+    assert_fitted_batched_equals_plain(fitted_pairs, lagged=lagged, slots=3, block=5)
 
 
 @cuda_only

@@ -19,6 +19,11 @@ bonus token), ``63 // bits`` of ``bits`` bits each, lowest first. :func:`read_ro
 of every row, then only the words a busy row's ``a + 1`` tokens fill (two of seven for five
 tokens at Qwen3.5's 18-bit vocabulary and block size 16).
 
+:func:`host_ints` is the other direction: a small integer array a round makes from host values
+(last tokens, kept counts, offsets) joined on the device from arrays of at most 8 bytes, because
+a new host array of more than 8 bytes may be given a freed device buffer that MLX first moves to
+managed memory with the same kind of synchronous copy (``CudaAllocator::malloc_async``).
+
 What it does not do: decide acceptance, or run anywhere but an NVIDIA GPU (elsewhere the host
 reads the arrays themselves: CPUs and Apple GPUs share memory, nothing is copied).
 :func:`pack_round_ops` is the ops reference the tests check the kernel against.
@@ -218,6 +223,29 @@ def pack_round_ops(
     w0 = w0 | ((o0.astype(mx.int64) & MAX_OFFSET) << OFFSET_SHIFT)
     w0 = w0 | ((o1.astype(mx.int64) & MAX_OFFSET) << (OFFSET_SHIFT + OFFSET_BITS))
     return mx.concatenate([w0[:, None], words], axis=1)
+
+
+#: The most values :func:`host_ints` joins from pieces (more: one array).
+MAX_PIECE_VALUES = 32
+
+
+def host_ints(values: Sequence[int]) -> mx.array:
+    """``values`` as an (n,) int32 array; where ``HF2Q_HOST_PIECES`` is on (CUDA) and it would
+    take more than 8 bytes, joined on the device from arrays of at most 8 bytes.
+
+    Why: a new host array of more than 8 bytes may be given a freed device buffer, which MLX's
+    CUDA backend first moves to managed memory with a synchronous copy that waits for the graph
+    the device is running (``CudaAllocator::malloc_async``); arrays of up to 8 bytes are allocated
+    in managed memory. The pieces cost one concatenate kernel.
+    """
+    from hf2q.kernels import select
+
+    vals = [int(v) for v in values]
+    if len(vals) <= 2 or len(vals) > MAX_PIECE_VALUES or not select.host_pieces_enabled():
+        return mx.array(vals, dtype=mx.int32)
+    return mx.concatenate(
+        [mx.array(vals[i : i + 2], dtype=mx.int32) for i in range(0, len(vals), 2)]
+    )
 
 
 class RowOutcome(NamedTuple):

@@ -193,6 +193,12 @@ ROLLBACK_KERNEL_ENV = "HF2Q_ROLLBACK_KERNEL"
 #: :mod:`hf2q.kernels.cuda_readback` (CUDA only, default on there; the same values).
 ROUND_WORDS_ENV = "HF2Q_ROUND_WORDS"
 
+#: HF2Q_HOST_PIECES=0|1: the small integer arrays rounds make from host values (last tokens, kept
+#: counts, offsets: more than 8 bytes from 3 rows) are joined on the device from arrays of at
+#: most 8 bytes (1) or made whole (0) (:func:`hf2q.kernels.cuda_readback.host_ints`; same
+#: values). Default on CUDA only.
+HOST_PIECES_ENV = "HF2Q_HOST_PIECES"
+
 #: HF2Q_REPLAY_LAYERS=0: a final-state record's rollback replays each Gated-DeltaNet layer in
 #: its own launch instead of every layer in one (:func:`hf2q.kernels.gdn.replay_layers`; CUDA
 #: only, default on there; same bits).
@@ -390,6 +396,19 @@ def round_words_enabled() -> bool:
     tokens equal. Synchronous rounds (lookup, drafts queued ahead) read words too; not timed yet.
     """
     return _cuda_kernel_switch(ROUND_WORDS_ENV)
+
+
+def host_pieces_enabled() -> bool:
+    """Whether rounds join their small host-made integer arrays from pieces of at most 8 bytes
+    (``HF2Q_HOST_PIECES``; default on CUDA only, 1 forces it anywhere).
+
+    Why: MLX's CUDA backend may give a new host array of more than 8 bytes a freed device buffer
+    of its size, which it first moves to managed memory with a synchronous copy that waits for
+    the graph the device is running; arrays of up to 8 bytes come from managed memory. In
+    session 47's 4- and 8-slot traces on an H100 one such array a round (the acceptance's draft
+    limits, since made once) cost 2.5 and 6.5 ms of host time a round and left the device idle.
+    """
+    return _flag(HOST_PIECES_ENV, "1" if backend() == "cuda" else "0")
 
 
 def replay_layers_enabled() -> bool:
@@ -787,6 +806,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
         info["draft_ahead"] = "synchronous batched rounds"
     if round_words_enabled():
         info["round_reads"] = "8-byte words packed in one launch"
+    if host_pieces_enabled():
+        info["host_arrays"] = "joined from 8-byte pieces"
     flush = flush_layers(lagged_rounds_enabled())  # (lagged rounds queue their verify early)
     info["verify_queue"] = f"every {flush} layers" if flush else "at the acceptance"
     bucket = sdpa_bucket()
@@ -825,6 +846,8 @@ def summary(model: object | None = None) -> str:
         parts.append(f"next draft queued ahead ({info['draft_ahead']})")
     if "round_reads" in info:
         parts.append(f"round outcomes read as {info['round_reads']}")
+    if "host_arrays" in info:
+        parts.append(f"small host-made arrays {info['host_arrays']}")
     if info["mode"] != "auto":
         parts.append(f"{ENV}={info['mode']}")
     return "; ".join(parts)

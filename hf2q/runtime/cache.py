@@ -33,6 +33,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from hf2q.kernels import cuda_rollback
+from hf2q.kernels.cuda_readback import host_ints
 from hf2q.kernels.gdn import replay_layers
 from hf2q.kernels.select import bucketed, rollback_kernel_enabled, sdpa_bucket
 
@@ -136,7 +137,7 @@ class GDNRollbackCache(ArraysCache):
         keep_list = [int(x) for x in (n_keep.tolist() if isinstance(n_keep, mx.array) else n_keep)]
         if not all(1 <= x <= T for x in keep_list):
             raise ValueError(f"n_keep values must be in 1..{T}, got {keep_list}")
-        self.rollback_rows(mx.array(keep_list, dtype=mx.int32), keep_list)
+        self.rollback_rows(host_ints(keep_list), keep_list)
 
     def rollback_rows(self, keep: mx.array, keep_list: Sequence[int] | None = None) -> None:
         """:meth:`rollback` with one kept count per row (B,), unchecked: ``keep_list`` is the same
@@ -205,7 +206,7 @@ def rollback_in_one_launch(
     if isinstance(keep, int):
         keep = [keep] * convs[0].shape[0]
     lazy = isinstance(keep, mx.array)  # counts the host has not read (lagged rounds)
-    keep_arr = keep.astype(mx.int32) if lazy else mx.array(list(keep), dtype=mx.int32)
+    keep_arr = keep.astype(mx.int32) if lazy else host_ints(keep)
     back: int | mx.array = T - keep_arr if lazy or len(set(keep)) > 1 else T - keep[0]
     if replay:
         # Final-state records: the kept conv rows of every layer in one launch, the states by

@@ -35,6 +35,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, _BaseCache
 
+from hf2q.kernels.cuda_readback import host_ints
 from hf2q.kernels.select import bucketed, kv_row_scatter, sdpa_bucket
 from hf2q.runtime.cache import GDNRollbackCache, TargetCache, key_mask, rollback_in_one_launch
 
@@ -78,7 +79,7 @@ _SHARED = _Shared()
 def _offsets(lengths: Sequence[int]) -> mx.array:
     """The offsets (rows,) int32 for host-known ``lengths``, one array for equal lists."""
     vals = tuple(int(v) for v in lengths)
-    return _SHARED.get(("offsets", vals), lambda: mx.array(vals, dtype=mx.int32))
+    return _SHARED.get(("offsets", vals), lambda: host_ints(vals))
 
 
 def _moved(offset: mx.array, sign: int, by: int | Sequence[int] | mx.array) -> mx.array:
@@ -92,7 +93,7 @@ def _moved(offset: mx.array, sign: int, by: int | Sequence[int] | mx.array) -> m
     else:
         vals = tuple(int(v) for v in by)
         key = ("moved", offset, sign, vals)
-        step = vals[0] if len(set(vals)) == 1 else mx.array(vals, dtype=mx.int32)
+        step = vals[0] if len(set(vals)) == 1 else host_ints(vals)
     return _SHARED.get(key, lambda: offset + step if sign > 0 else offset - step)
 
 

@@ -44,6 +44,7 @@ import mlx.core as mx
 
 from hf2q.errors import UsageError
 from hf2q.kernels import cuda_readback
+from hf2q.kernels.cuda_readback import host_ints
 from hf2q.kernels.forward import CompiledVerify
 from hf2q.kernels.layers import decode_layer_fn
 from hf2q.kernels.select import (
@@ -590,7 +591,7 @@ def _dflash_slots(
             if key not in limits:
                 if len(limits) >= 64:
                     limits.clear()
-                limits[key] = mx.array(n_row, dtype=mx.int32)
+                limits[key] = host_ints(n_row)
             return accept_greedy(draft, choice, limits[key])
         a_l, b_l = [], []
         for r, x in enumerate(rows):
@@ -632,7 +633,7 @@ def _dflash_slots(
         if ahead is None and not skip:
             for c in dcache:
                 c.prepare(lengths=ctx_len)
-            block = mx.array([[t] + [mask_id] * (bs - 1) for t in last], dtype=mx.int32)
+            block = mx.concatenate([host_ints(last)[:, None], mask_rows(len(rows))[:, : bs - 1]], 1)
             dlogits = drafter(block, ctx, dcache, dgraph)  # (R, bs-1, V)
         q_rows: list[mx.array | None] = []
         if sampling.greedy:
@@ -939,7 +940,7 @@ def _dflash_slots(
         t_pre = t_submit if queued else 0.0  # queuing time spent before t0
         bs = draft.shape[1] + 1
 
-        vin = mx.concatenate([mx.array(last, dtype=mx.int32)[:, None], draft], axis=1)  # (R, bs)
+        vin = mx.concatenate([host_ints(last)[:, None], draft], axis=1)  # (R, bs)
         vlogits, feats = verify_forward(target, vin, tcache, capture=ids, whole=whole())
         a_arr, bonus_arr = accept(draft, q_rows, vlogits, [b - 1 for b in bs_row])
         # Read below without a copy (one of a larger array would wait for a draft queued ahead).
