@@ -221,6 +221,45 @@ def test_sampled_rounds_draw_the_same_tokens_read_as_words(kernel, monkeypatch, 
     assert out[True] == out[False]
 
 
+@pytest.mark.parametrize("idle", ["compact", "keep"])
+def test_plain_batched_steps_read_as_words_equal_single_runs(
+    kernel, fitted_pairs, monkeypatch, idle
+):
+    # From 3 rows a plain step's tokens are more than 8 bytes: they are read as words. Rows
+    # finishing apart and the queue refilling them (a new row's first token written into the
+    # step's input after its words were made), compacted or kept; greedy equals each prompt's
+    # own run, sampled draws what reading the array draws.
+    from conftest import FIT_TEXTS, load_fitted
+
+    from hf2q.runtime.dflash import plain_generate, run
+    from hf2q.runtime.sampling import SamplingParams
+    from hf2q.runtime.slots import Request, run_slots, slots_plain_generate
+
+    lm, target, _ = load_fitted(*fitted_pairs["qwen35"])
+    eos = lm.tokenizer.eos_token_ids
+    prompts = [lm.tokenizer.encode(t) for t in FIT_TEXTS[:5]]
+    lengths = [18, 30, 9, 24, 14]
+    want = [
+        run(plain_generate(target, p, max_tokens=n, eos_token_ids=eos)).tokens
+        for p, n in zip(prompts, lengths, strict=True)
+    ]
+
+    def batched(sampling=None):
+        reqs = [Request(p, max_tokens=n) for p, n in zip(prompts, lengths, strict=True)]
+        events = slots_plain_generate(
+            target, reqs, slots=3, sampling=sampling, eos_token_ids=eos, idle=idle
+        )
+        return [s.tokens for s in run_slots(events).requests]
+
+    assert batched() == want
+    assert kernel  # the steps were read through the kernel's words
+    sampled = {}
+    for words in (True, False):
+        monkeypatch.setattr(slots_mod, "round_words_enabled", lambda w=words: w)
+        sampled[words] = batched(SamplingParams(temperature=0.8, seed=7))
+    assert sampled[True] == sampled[False]
+
+
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 8, 9, 32, 33])
 def test_host_ints_from_pieces_hold_the_values(monkeypatch, n):
     vals = [(-1) ** i * (7 * i + 3) for i in range(n)]

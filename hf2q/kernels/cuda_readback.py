@@ -19,6 +19,8 @@ bonus token), ``63 // bits`` of ``bits`` bits each, lowest first. :func:`read_ro
 of every row, then only the words a busy row's ``a + 1`` tokens fill (two of seven for five
 tokens at Qwen3.5's 18-bit vocabulary and block size 16).
 
+:func:`pack_tokens` does the same for a plain batched step's tokens (from 3 rows they are more
+than 8 bytes, and the step queued behind them is what their copy would wait for).
 :func:`host_ints` is the other direction: a small integer array a round makes from host values
 (last tokens, kept counts, offsets) joined on the device from arrays of at most 8 bytes, because
 a new host array of more than 8 bytes may be given a freed device buffer that MLX first moves to
@@ -223,6 +225,20 @@ def pack_round_ops(
     w0 = w0 | ((o0.astype(mx.int64) & MAX_OFFSET) << OFFSET_SHIFT)
     w0 = w0 | ((o1.astype(mx.int64) & MAX_OFFSET) << (OFFSET_SHIFT + OFFSET_BITS))
     return mx.concatenate([w0[:, None], words], axis=1)
+
+
+def pack_tokens(tokens: mx.array, lay: Layout) -> list[list[mx.array]]:
+    """Each row's token of a plain decoding step (``tokens`` (R,) int32) as words, one launch:
+    :func:`pack_round` of a one-token block none of whose drafts is accepted, so a row's word 1
+    holds its token (``lay``: :func:`layout` of the vocabulary and a block of 2)."""
+    R = tokens.shape[0]
+    return pack_round(tokens[:, None], _zeros(R, mx.int32), tokens, None, (), lay)
+
+
+def read_tokens(words: Sequence[Sequence[mx.array]], lay: Layout) -> list[int]:
+    """The tokens of :func:`pack_tokens`' words, one read a row."""
+    mask = (1 << lay.bits) - 1
+    return [int(row[1].item()) & mask for row in words]
 
 
 #: The most values :func:`host_ints` joins from pieces (more: one array).

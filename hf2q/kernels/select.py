@@ -393,7 +393,8 @@ def round_words_enabled() -> bool:
     allocated there. One-slot trace of the 4B-shaped pair on an H100 (session 47): the drafts'
     copy held the host 1.38 ms a round. Alternating in one process there, lagged rounds went
     from 7.13 to 6.51 ms at one slot (now bound by the device) and from 10.13 to 9.53 ms at four;
-    tokens equal. Synchronous rounds (lookup, drafts queued ahead) read words too; not timed yet.
+    tokens equal. Synchronous rounds (lookup, drafts queued ahead) and plain batched decoding
+    from 3 rows read words too; not timed yet.
     """
     return _cuda_kernel_switch(ROUND_WORDS_ENV)
 

@@ -1071,15 +1071,33 @@ def _plain_slots(
     # in ``fresh``, where it is the row's first token (already committed), fed in as input.
     cur: mx.array | None = None
     fresh: set[int] = set()
+    # ``cur`` as words the host reads without a copy (hf2q.kernels.cuda_readback; from 3 rows,
+    # where ``cur`` is more than 8 bytes and its read would wait for the step queued behind it).
+    cur_words: list[list[mx.array]] | None = None
+    words_on = round_words_enabled()
+    lay: cuda_readback.Layout | None = None
+
+    def token_words(y: mx.array, vocab: int) -> list[list[mx.array]] | None:
+        nonlocal lay
+        if not words_on or y.shape[0] <= 2:
+            return None
+        lay = cuda_readback.layout(vocab, 2)
+        if cuda_readback.supported(y[:, None], lay) is not None:
+            return None
+        return cuda_readback.pack_tokens(y, lay)
 
     layer_fn = decode_layer_fn()  # hf2q's compiled layers on CUDA, as single-sequence decoding
     mm = small_mm_enabled()  # the head's product, read once as the layers' is
 
+    vocab = target.vocab_size  # the logits' width once a step ran
+
     def step(y: mx.array) -> mx.array:
+        nonlocal vocab
         if layer_fn is None:
             logits = model(y[:, None], cache=tcache)[:, -1]  # (R, V)
         else:
             logits = target.forward(y[:, None], tcache, layer_fn=layer_fn, mm=mm)[0][:, -1]
+        vocab = logits.shape[-1]
         if sampling.greedy:
             return mx.argmax(logits, axis=-1).astype(mx.int32)
         picks = [
@@ -1123,20 +1141,27 @@ def _plain_slots(
             break
         if cur is None:  # nothing queued: feed every busy row its last token
             cur = mx.array([x.tokens[-1] if x is not None else 0 for x in rows], dtype=mx.int32)
+            cur_words = None
             fresh = set(busy)
         if idle == "compact" and len(busy) < len(rows):
             tcache.filter(busy)
             rows = [rows[r] for r in busy]
             cur = cur[mx.array(busy, dtype=mx.int32)]
+            cur_words = None
             fresh = {busy.index(r) for r in fresh}
         # Queue the following step before reading ``cur`` if some row can still use it.
         go_on = any(
             x is not None and x.remaining >= (1 if r in fresh else 2) for r, x in enumerate(rows)
         )
         nxt = step(cur) if go_on else None
+        nxt_words = None
         if nxt is not None:
-            mx.async_eval(nxt)
-        toks = cur.tolist()
+            nxt_words = token_words(nxt, vocab)
+            mx.async_eval(nxt, nxt_words or [])
+        if cur_words is not None and lay is not None:
+            toks = cuda_readback.read_tokens(cur_words, lay)
+        else:
+            toks = cur.tolist()
         now = time.perf_counter()
         dt = now - t_prev
         t_prev = now
@@ -1153,7 +1178,7 @@ def _plain_slots(
             if x.finish is not None:
                 finished.append(r)
         fresh = set()
-        cur = nxt
+        cur, cur_words = nxt, nxt_words
         if busy_slots:
             st.rounds += 1
             st.round_times.append(dt)
