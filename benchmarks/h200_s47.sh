@@ -17,6 +17,11 @@
 # 8-slot traces still had a synchronous cudaMemcpy most rounds: a new host array of more than 8
 # bytes given a freed device buffer): the random pair at 1, 4, 8 slots, the 4- and 8-slot traces,
 # the demo pair's queue.
+# PART=6 and PART=7 (not run in session 47: its device time was spent), after synchronous rounds
+# and plain batched decoding read words too and small host-made arrays are joined from 8-byte
+# pieces. 6: the demo pair's bench alternating HF2Q_ROUND_WORDS, then HF2Q_HOST_PIECES, in one
+# process. 7: the random pair at 1, 4, 8 slots, the demo pair's 8-slot trace (any cudaMemcpy left
+# in its synchronous rounds?), the random pair's 4-slot trace.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
@@ -54,6 +59,15 @@ case "${PART:-1}" in
   synthetic_run syn4b_l 1,4,8 140
   timelines "4 8" 60 100
   demo_queue_bench demo_queue_l
+  ;;
+6)
+  bench_values ab_words_demo 1,4,8 HF2Q_ROUND_WORDS=0,HF2Q_ROUND_WORDS=1
+  bench_values ab_pieces_demo 4,8 HF2Q_HOST_PIECES=0,HF2Q_HOST_PIECES=1
+  ;;
+7)
+  synthetic_run syn4b_7 1,4,8 140
+  demo_timeline tl_demo8 60
+  timelines "4" 60 100
   ;;
 esac
 host_speed
