@@ -65,7 +65,7 @@ def _round(rng, R, B, V, lookup=True, offsets=2):
     use = mx.array(rng.integers(0, 2, (R,)).astype(bool)) if lookup else None
     offs = [mx.array(rng.integers(0, rb.MAX_OFFSET + 1, (R,)), dtype=mx.int32)]
     offs += [mx.array(rng.integers(0, 5000, (R,)), dtype=mx.int32)]
-    return draft, acc, bonus, use, offs[:offsets]
+    return rb.RoundArrays(draft, acc, bonus, use, offs[:offsets])
 
 
 @pytest.mark.parametrize(
@@ -81,14 +81,15 @@ def _round(rng, R, B, V, lookup=True, offsets=2):
 def test_the_kernels_words_equal_the_ops_reference_and_read_back(kernel, R, B, V, lookup, offsets):
     rng = np.random.default_rng(R * 1000 + B)
     lay = rb.layout(V, B)
-    draft, acc, bonus, use, offs = _round(rng, R, B, V, lookup, offsets)
+    rnd = _round(rng, R, B, V, lookup, offsets)
+    draft, acc, bonus, use, offs = rnd
     assert rb.supported(draft, lay, len(offs), 0) is None
-    words = rb.pack_round(draft, acc, bonus, use, offs, lay)
+    words = rb.pack_round(rnd, lay)
     assert len(kernel) == 1  # every row's words in one launch
     assert len(words) == R and all(len(w) == lay.words for w in words)
     assert all(x.shape == (1,) and x.dtype == mx.int64 and x.nbytes == 8 for w in words for x in w)
     got = np.array([[int(x.item()) for x in w] for w in words])
-    assert (got == np.array(rb.pack_round_ops(draft, acc, bonus, use, offs, lay))).all()
+    assert (got == np.array(rb.pack_round_ops(rnd, lay))).all()
 
     busy = [r % 3 != 2 for r in range(R)]  # a row not read has only its word 0 read
     out = rb.read_round(words, busy, lay)
@@ -283,7 +284,6 @@ def test_rounds_with_host_arrays_from_pieces_equal_plain(fitted_pairs, monkeypat
 def test_round_words_on_the_gpu(kernel):  # pragma: no cover - CUDA only
     rng = np.random.default_rng(3)
     lay = rb.layout(248320, 16)
-    draft, acc, bonus, use, offs = _round(rng, 8, 16, 248320)
-    words = rb.pack_round(draft, acc, bonus, use, offs, lay)
-    got = np.array([[int(x.item()) for x in w] for w in words])
-    assert (got == np.array(rb.pack_round_ops(draft, acc, bonus, use, offs, lay))).all()
+    rnd = _round(rng, 8, 16, 248320)
+    got = np.array([[int(x.item()) for x in w] for w in rb.pack_round(rnd, lay)])
+    assert (got == np.array(rb.pack_round_ops(rnd, lay))).all()

@@ -117,18 +117,33 @@ def _zeros(rows: int, dtype: Any) -> mx.array:
     return z
 
 
-def _inputs(
-    draft: mx.array,
-    acc: mx.array,
-    bonus: mx.array,
-    use: mx.array | None,
-    offsets: Sequence[mx.array],
-) -> list[mx.array]:
+class RoundArrays(NamedTuple):
+    """What :func:`pack_round` packs, on the device.
+
+    Attributes:
+        draft: (R, B-1) int32 drafted tokens.
+        acc: (R,) accepted drafts per row.
+        bonus: (R,) the token each row's verify chose after its accepted drafts.
+        use: (R,) bool, whether lookup drafted the row (None: no lookup).
+        offsets: up to two (R,) int32 offset arrays (the target's and the drafter's attention
+            caches after the round), each at most :data:`MAX_OFFSET`.
+    """
+
+    draft: mx.array
+    acc: mx.array
+    bonus: mx.array
+    use: mx.array | None = None
+    offsets: Sequence[mx.array] = ()
+
+
+def _inputs(rnd: RoundArrays) -> list[mx.array]:
     """The kernel's inputs in its dtypes (absent lookup choices and offsets: zeros)."""
-    R = draft.shape[0]
-    use = _zeros(R, mx.bool_) if use is None else use.astype(mx.bool_)
-    offs = [o.astype(mx.int32) for o in offsets] + [_zeros(R, mx.int32)] * (2 - len(offsets))
-    return [draft.astype(mx.int32), acc.astype(mx.int32), bonus.astype(mx.int32), use, *offs]
+    R = rnd.draft.shape[0]
+    use = _zeros(R, mx.bool_) if rnd.use is None else rnd.use.astype(mx.bool_)
+    offs = [o.astype(mx.int32) for o in rnd.offsets]
+    offs += [_zeros(R, mx.int32)] * (2 - len(offs))
+    draft, acc, bonus = (x.astype(mx.int32) for x in (rnd.draft, rnd.acc, rnd.bonus))
+    return [draft, acc, bonus, use, *offs]
 
 
 def _launch(inputs: list[mx.array], lay: Layout) -> list[mx.array]:
@@ -178,40 +193,17 @@ def supported(draft: mx.array, lay: Layout, offsets: int = 0, bound: int = 0) ->
     return None
 
 
-def pack_round(
-    draft: mx.array,
-    acc: mx.array,
-    bonus: mx.array,
-    use: mx.array | None,
-    offsets: Sequence[mx.array],
-    lay: Layout,
-) -> list[list[mx.array]]:
-    """Row by row the words of a round (see the module docstring), one launch.
-
-    Args:
-        draft: (R, B-1) int32 drafted tokens.
-        acc: (R,) accepted drafts per row.
-        bonus: (R,) the token each row's verify chose after its accepted drafts.
-        use: (R,) bool, whether lookup drafted the row (None: no lookup).
-        offsets: up to two (R,) int32 offset arrays (the target's and the drafter's attention
-            caches after the round), each at most :data:`MAX_OFFSET`.
-        lay: :func:`layout` of the target's vocabulary and this block.
-    """
-    R = draft.shape[0]
-    w = _launcher(lay)(*_inputs(draft, acc, bonus, use, offsets))
+def pack_round(rnd: RoundArrays, lay: Layout) -> list[list[mx.array]]:
+    """Row by row the words of a round (see the module docstring), one launch; ``lay``:
+    :func:`layout` of the target's vocabulary and this block."""
+    R = rnd.draft.shape[0]
+    w = _launcher(lay)(*_inputs(rnd))
     return [w[r * lay.words : (r + 1) * lay.words] for r in range(R)]
 
 
-def pack_round_ops(
-    draft: mx.array,
-    acc: mx.array,
-    bonus: mx.array,
-    use: mx.array | None,
-    offsets: Sequence[mx.array],
-    lay: Layout,
-) -> mx.array:
+def pack_round_ops(rnd: RoundArrays, lay: Layout) -> mx.array:
     """The ops reference of :func:`pack_round`: the words as one (R, W) int64 array."""
-    d, a, b, u, o0, o1 = _inputs(draft, acc, bonus, use, offsets)
+    d, a, b, u, o0, o1 = _inputs(rnd)
     R, D = d.shape
     i = mx.arange(D + 1)[None]
     ext = mx.concatenate([d, mx.zeros((R, 1), dtype=mx.int32)], axis=1)
@@ -232,7 +224,7 @@ def pack_tokens(tokens: mx.array, lay: Layout) -> list[list[mx.array]]:
     :func:`pack_round` of a one-token block none of whose drafts is accepted, so a row's word 1
     holds its token (``lay``: :func:`layout` of the vocabulary and a block of 2)."""
     R = tokens.shape[0]
-    return pack_round(tokens[:, None], _zeros(R, mx.int32), tokens, None, (), lay)
+    return pack_round(RoundArrays(tokens[:, None], _zeros(R, mx.int32), tokens), lay)
 
 
 def read_tokens(words: Sequence[Sequence[mx.array]], lay: Layout) -> list[int]:

@@ -519,7 +519,8 @@ def _dflash_slots(
         lay = cuda_readback.layout(max(vocab, mask_id + 1), draft.shape[1] + 1)
         if cuda_readback.supported(draft, lay, len(offs), bound) is not None:
             return None, None
-        return cuda_readback.pack_round(draft, a_arr, bonus, use, offs, lay), lay
+        rnd = cuda_readback.RoundArrays(draft, a_arr, bonus, use, offs)
+        return cuda_readback.pack_round(rnd, lay), lay
 
     def read_words(
         words: list[list[mx.array]], lay: cuda_readback.Layout
