@@ -19,7 +19,7 @@ bonus token), ``63 // bits`` of ``bits`` bits each, lowest first. :func:`read_ro
 of every row, then only the words a busy row's ``a + 1`` tokens fill (two of seven for five
 tokens at Qwen3.5's 18-bit vocabulary and block size 16).
 
-:func:`pack_tokens` does the same for a plain batched step's tokens (from 3 rows they are more
+:func:`token_words` does the same for a plain batched step's tokens (from 3 rows they are more
 than 8 bytes, and the step queued behind them is what their copy would wait for).
 :func:`host_ints` is the other direction: a small integer array a round makes from host values
 (last tokens, kept counts, offsets) joined on the device from arrays of at most 8 bytes, because
@@ -38,6 +38,9 @@ from functools import cache
 from typing import Any, NamedTuple
 
 import mlx.core as mx
+
+from hf2q.kernels import select
+from hf2q.kernels.cuda_rollback import compiled_on_cuda
 
 #: Bits of word 0 below the offsets: the accepted count (5 bits, so blocks of up to 32) and the
 #: lookup bit; then two offsets of :data:`OFFSET_BITS` bits each.
@@ -169,8 +172,6 @@ def _launch(inputs: list[mx.array], lay: Layout) -> list[mx.array]:
 def _launcher(lay: Layout) -> Any:
     """The launch for one layout, compiled on CUDA (MLX would build the kernel's source and
     signature again on every call of the Python function); uncompiled in the CPU tests' emulator."""
-    from hf2q.kernels.cuda_rollback import compiled_on_cuda
-
     return compiled_on_cuda(lambda *inputs: _launch(list(inputs), lay))
 
 
@@ -219,20 +220,6 @@ def pack_round_ops(rnd: RoundArrays, lay: Layout) -> mx.array:
     return mx.concatenate([w0[:, None], words], axis=1)
 
 
-def pack_tokens(tokens: mx.array, lay: Layout) -> list[list[mx.array]]:
-    """Each row's token of a plain decoding step (``tokens`` (R,) int32) as words, one launch:
-    :func:`pack_round` of a one-token block none of whose drafts is accepted, so a row's word 1
-    holds its token (``lay``: :func:`layout` of the vocabulary and a block of 2)."""
-    R = tokens.shape[0]
-    return pack_round(RoundArrays(tokens[:, None], _zeros(R, mx.int32), tokens), lay)
-
-
-def read_tokens(words: Sequence[Sequence[mx.array]], lay: Layout) -> list[int]:
-    """The tokens of :func:`pack_tokens`' words, one read a row."""
-    mask = (1 << lay.bits) - 1
-    return [int(row[1].item()) & mask for row in words]
-
-
 #: The most values :func:`host_ints` joins from pieces (more: one array).
 MAX_PIECE_VALUES = 32
 
@@ -246,8 +233,6 @@ def host_ints(values: Sequence[int]) -> mx.array:
     the device is running (``CudaAllocator::malloc_async``); arrays of up to 8 bytes are allocated
     in managed memory. The pieces cost one concatenate kernel.
     """
-    from hf2q.kernels import select
-
     vals = [int(v) for v in values]
     if len(vals) <= 2 or len(vals) > MAX_PIECE_VALUES or not select.host_pieces_enabled():
         return mx.array(vals, dtype=mx.int32)
@@ -287,3 +272,36 @@ def read_round(
         offs = (w0 >> OFFSET_SHIFT) & MAX_OFFSET, (w0 >> (OFFSET_SHIFT + OFFSET_BITS)) & MAX_OFFSET
         out.append(RowOutcome(a, tokens, bool((w0 >> COUNT_BITS) & 1), offs))
     return out
+
+
+class Words(NamedTuple):
+    """A round's words, row by row (:func:`pack_round`), with their layout."""
+
+    rows: list[list[mx.array]]
+    lay: Layout
+
+    def read(self, busy: Sequence[bool]) -> list[RowOutcome]:
+        """:func:`read_round` of these words."""
+        return read_round(self.rows, busy, self.lay)
+
+    def tokens(self) -> list[int]:
+        """Each row's token, of :func:`token_words`' words: one read a row."""
+        mask = (1 << self.lay.bits) - 1
+        return [int(row[1].item()) & mask for row in self.rows]
+
+
+def words_of(rnd: RoundArrays, vocab: int, bound: int = 0) -> Words | None:
+    """:func:`pack_round` of ``rnd`` (tokens below ``vocab``, offsets at most ``bound``) with its
+    layout, or None where the words cannot hold it (the arrays are read instead)."""
+    lay = layout(vocab, rnd.draft.shape[1] + 1)
+    if supported(rnd.draft, lay, len(rnd.offsets), bound) is not None:
+        return None
+    return Words(pack_round(rnd, lay), lay)
+
+
+def token_words(tokens: mx.array, vocab: int) -> Words | None:
+    """A plain decoding step's tokens (R,) as words (:meth:`Words.tokens` reads them): the
+    words of a one-token block none of whose drafts is accepted, so a row's word 1 holds its
+    token."""
+    R = tokens.shape[0]
+    return words_of(RoundArrays(tokens[:, None], _zeros(R, mx.int32), tokens), vocab)

@@ -508,26 +508,31 @@ def _dflash_slots(
         a_arr: mx.array,
         bonus: mx.array,
         use: mx.array | None = None,
-        offs: Sequence[mx.array] = (),
-        bound: int = 0,
-    ) -> tuple[list[list[mx.array]] | None, cuda_readback.Layout | None]:
-        """A round's outcome (tokens below ``vocab``; with ``offs``, offsets of at most
-        ``bound``) as words the host reads in place, and their layout; (None, None) where the
-        words are off or cannot hold it (the arrays are read instead)."""
+        marks: Sequence[tuple[mx.array, list[int]]] = (),
+        caches: Sequence[SlotKVCache] = (),
+    ) -> tuple[cuda_readback.Words | None, list[int]]:
+        """A round's outcome (tokens below ``vocab``; with the attention offsets of ``marks``,
+        of ``caches`` in a lagged round) as words the host reads in place, and for each mark
+        which offset of the words is its own; None where the words are off or cannot hold it
+        (the arrays are read instead)."""
         if not words_on:
-            return None, None
-        lay = cuda_readback.layout(max(vocab, mask_id + 1), draft.shape[1] + 1)
-        if cuda_readback.supported(draft, lay, len(offs), bound) is not None:
-            return None, None
+            return None, []
+        offs: list[mx.array] = []  # the distinct offset arrays (layers share one)
+        where = []
+        for off, _ in marks:
+            if not any(off is o for o in offs):
+                offs.append(off)
+            where.append(next(j for j, o in enumerate(offs) if o is off))
+        bound = max((max(c.lengths, default=0) for c in caches), default=0)
         rnd = cuda_readback.RoundArrays(draft, a_arr, bonus, use, offs)
-        return cuda_readback.pack_round(rnd, lay), lay
+        return cuda_readback.words_of(rnd, max(vocab, mask_id + 1), bound), where
 
     def read_words(
-        words: list[list[mx.array]], lay: cuda_readback.Layout
+        words: cuda_readback.Words,
     ) -> tuple[list[int], list[int], list[list[int]], list[cuda_readback.RowOutcome]]:
         """(accepted, bonus, accepted drafts, the rows' outcomes) of a round's words; rows
         without a request read only their word 0."""
-        got = cuda_readback.read_round(words, [x is not None for x in rows], lay)
+        got = words.read([x is not None for x in rows])
         acc = [g.accepted for g in got]
         bonus = [g.committed[-1] if g.committed else mask_id for g in got]
         return acc, bonus, [g.committed[:-1] for g in got], got
@@ -575,10 +580,8 @@ def _dflash_slots(
             q_rows.append(q)
         return mx.stack(drafts), q_rows
 
-    # Each row's draft limit as an array, made once per list of limits: MLX's CUDA backend may
-    # give a new host array of more than 8 bytes (3 rows or more) a device buffer freed earlier,
-    # which it first moves to managed memory with a synchronous copy that waits for the graph
-    # the device is running (session 47's 4- and 8-slot traces on an H100).
+    # Each row's draft limit as an array, made once per list of limits (the same every lagged
+    # round): not a host array and its pieces (``host_ints``) every round.
     limits: dict[tuple[int, ...], mx.array] = {}
 
     def accept(
@@ -814,14 +817,7 @@ def _dflash_slots(
                 if looked is not None:
                     looked.update(draft, a_arr, last, use)
                     extra = [use, looked.state]
-                offs: list[mx.array] = []  # the distinct offset arrays (layers share one)
-                where = []  # each cache's among them
-                for off, _ in marks:
-                    if not any(off is o for o in offs):
-                        offs.append(off)
-                    where.append(next(j for j, o in enumerate(offs) if o is off))
-                bound = max((max(c.lengths, default=0) for c in kv), default=0)
-                words, lay = round_words(vlogits.shape[-1], draft, a_arr, last, use, offs, bound)
+                words, where = round_words(vlogits.shape[-1], draft, a_arr, last, use, marks, kv)
                 mx.async_eval(
                     draft,
                     a_arr,
@@ -830,20 +826,18 @@ def _dflash_slots(
                     tcache.state,
                     [c.state for c in dcache],
                     extra,
-                    words or [],
+                    words.rows if words else [],
                 )
                 flight.append(
-                    (draft, a_arr, last, use, marks, words, lay, where, time.perf_counter() - tic)
+                    (draft, a_arr, last, use, marks, words, where, time.perf_counter() - tic)
                 )
                 if len(flight) < depth:
                     continue
-            draft_o, a_o, bonus_o, use_o, marks_o, words_o, lay_o, where_o, t_build = (
-                flight.popleft()
-            )
+            draft_o, a_o, bonus_o, use_o, marks_o, words_o, where_o, t_build = flight.popleft()
             t1 = time.perf_counter()
             sources = ["drafter"] * R
             if words_o is not None:
-                acc, bonus, draft_host, got = read_words(words_o, lay_o)
+                acc, bonus, draft_host, got = read_words(words_o)
                 if use_o is not None:
                     sources = ["lookup" if g.looked_up else "drafter" for g in got]
                 for c, m, j in zip(kv, marks_o, where_o, strict=True):
@@ -945,7 +939,7 @@ def _dflash_slots(
         vlogits, feats = verify_forward(target, vin, tcache, capture=ids, whole=whole())
         a_arr, bonus_arr = accept(draft, q_rows, vlogits, [b - 1 for b in bs_row])
         # Read below without a copy (one of a larger array would wait for a draft queued ahead).
-        words, lay = round_words(vlogits.shape[-1], draft, a_arr, bonus_arr)
+        words, _ = round_words(vlogits.shape[-1], draft, a_arr, bonus_arr)
         ahead = held = None
         if draft_ahead and "drafter" in sources and all(x is not None for x in rows):
             # The next round's drafter, queued before this round is read: the device drafts
@@ -958,7 +952,7 @@ def _dflash_slots(
             # ahead after every round, the demo pair's 1-slot rounds in hf2q bench were 0.7-1.1
             # ms longer on an H200; over the built-in prompts the drafter ran 204 times in 196
             # rounds against 126 drafting after the read, and 151 with this condition.)
-            mx.async_eval(draft, a_arr, bonus_arr, feats, words or [])
+            mx.async_eval(draft, a_arr, bonus_arr, feats, words.rows if words else [])
             held = [list(c.lengths) for c in dcache]
             for c in dcache:
                 c.lagged = True
@@ -971,9 +965,9 @@ def _dflash_slots(
             mx.async_eval(ahead[0], ahead[1] or [], [c.state for c in dcache])
         mx.eval(draft)
         t1 = time.perf_counter()
-        mx.eval(a_arr, bonus_arr, words or [])
+        mx.eval(a_arr, bonus_arr, words.rows if words else [])
         if words is not None:
-            acc, bonus, draft_host, _ = read_words(words, lay)
+            acc, bonus, draft_host, _ = read_words(words)
         else:
             acc, bonus, draft_host = a_arr.tolist(), bonus_arr.tolist(), None
         t2 = time.perf_counter()
@@ -1074,40 +1068,30 @@ def _plain_slots(
     fresh: set[int] = set()
     # ``cur`` as words the host reads without a copy (hf2q.kernels.cuda_readback; from 3 rows,
     # where ``cur`` is more than 8 bytes and its read would wait for the step queued behind it).
-    cur_words: list[list[mx.array]] | None = None
+    cur_words: cuda_readback.Words | None = None
     words_on = round_words_enabled()
-    lay: cuda_readback.Layout | None = None
-
-    def token_words(y: mx.array, vocab: int) -> list[list[mx.array]] | None:
-        nonlocal lay
-        if not words_on or y.shape[0] <= 2:
-            return None
-        lay = cuda_readback.layout(vocab, 2)
-        if cuda_readback.supported(y[:, None], lay) is not None:
-            return None
-        return cuda_readback.pack_tokens(y, lay)
 
     layer_fn = decode_layer_fn()  # hf2q's compiled layers on CUDA, as single-sequence decoding
     mm = small_mm_enabled()  # the head's product, read once as the layers' is
 
-    vocab = target.vocab_size  # the logits' width once a step ran
-
-    def step(y: mx.array) -> mx.array:
-        nonlocal vocab
+    def step(y: mx.array) -> tuple[mx.array, cuda_readback.Words | None]:
+        """The next tokens (R,) and, where they are read as words, their words."""
         if layer_fn is None:
             logits = model(y[:, None], cache=tcache)[:, -1]  # (R, V)
         else:
             logits = target.forward(y[:, None], tcache, layer_fn=layer_fn, mm=mm)[0][:, -1]
-        vocab = logits.shape[-1]
         if sampling.greedy:
-            return mx.argmax(logits, axis=-1).astype(mx.int32)
-        picks = [
-            choose(logits[r : r + 1], sampling, x.keys)
-            if x is not None
-            else mx.zeros((1,), mx.int32)
-            for r, x in enumerate(rows)
-        ]
-        return mx.concatenate(picks)
+            tok = mx.argmax(logits, axis=-1).astype(mx.int32)
+        else:
+            picks = [
+                choose(logits[r : r + 1], sampling, x.keys)
+                if x is not None
+                else mx.zeros((1,), mx.int32)
+                for r, x in enumerate(rows)
+            ]
+            tok = mx.concatenate(picks)
+        many = words_on and tok.shape[0] > 2
+        return tok, cuda_readback.token_words(tok, logits.shape[-1]) if many else None
 
     def fill() -> Iterator[SlotEvent]:
         nonlocal cur
@@ -1154,15 +1138,10 @@ def _plain_slots(
         go_on = any(
             x is not None and x.remaining >= (1 if r in fresh else 2) for r, x in enumerate(rows)
         )
-        nxt = step(cur) if go_on else None
-        nxt_words = None
+        nxt, nxt_words = step(cur) if go_on else (None, None)
         if nxt is not None:
-            nxt_words = token_words(nxt, vocab)
-            mx.async_eval(nxt, nxt_words or [])
-        if cur_words is not None and lay is not None:
-            toks = cuda_readback.read_tokens(cur_words, lay)
-        else:
-            toks = cur.tolist()
+            mx.async_eval(nxt, nxt_words.rows if nxt_words else [])
+        toks = cur_words.tokens() if cur_words is not None else cur.tolist()
         now = time.perf_counter()
         dt = now - t_prev
         t_prev = now
