@@ -378,6 +378,50 @@ def test_fused_replay_with_a_count_per_row_gives_each_rows_recorded_state(kernel
         cg.gdn_fused_cuda(None, qkv, *args[2:], **dims, record="final", steps=mx.array(keep))
 
 
+@pytest.mark.parametrize(
+    "heads, T",
+    [
+        ((2, 4, 32, 16), 1),  # a decode step
+        ((2, 4, 32, 16), 16),  # a verify block: one full chunk
+        ((2, 4, 32, 16), 20),  # two chunks, the second ragged
+        ((1, 2, 16, 64), 5),  # more channels than threads: several per thread
+    ],
+    ids=["decode", "verify", "chunks", "tiles"],
+)
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=["float32", "bfloat16"])
+def test_fused_kernel_reads_each_channels_rows_once_with_the_same_bits(kernels, heads, T, dtype):
+    # The conv read a thread per channel (every row of the chunk loaded before any is used) gives
+    # the bits of the read a thread per (step, channel) it replaced: outputs, per-step states,
+    # the window, replays per row and the joined read of a verify's record.
+    Hk, Hv, Dk, Dv = heads
+    attn = _tiny_gdn(dtype, Hk=Hk, Hv=Hv, Dk=Dk, Dv=Dv, seed=6)
+    dims = dict(num_k_heads=Hk, key_dim=Dk, num_v_heads=Hv, value_dim=Dv)
+    mx.random.seed(18)
+    B = 2
+    qkv = (mx.random.normal((B, T, attn.conv_dim)) * 0.5).astype(dtype)
+    conv_state = (mx.random.normal((B, 3, attn.conv_dim)) * 0.5).astype(dtype)
+    a, b = (mx.random.normal((B, T, Hv)).astype(dtype) for _ in range(2))
+    state = mx.random.normal((B, Hv, Dv, Dk)) * 0.1
+    args = (conv_state, qkv, attn.conv1d.weight, a, b, attn.A_log, attn.dt_bias, state)
+    for kw in (dict(record="states", window=True), dict(record="final")):
+        new = cg.gdn_fused_cuda(*args, **dims, **kw)
+        old = cg.gdn_fused_cuda(*args, **dims, **kw, step_loads=True)
+        assert len(new) == len(old)
+        for got, want in zip(new, old, strict=True):
+            assert mx.array_equal(got, want), kw
+    keep = mx.array([T, (T + 1) // 2], dtype=mx.int32)
+    window = mx.concatenate([conv_state, qkv], axis=1)
+    for first in (conv_state, None):
+        src = qkv if first is not None else window
+        got = cg.gdn_fused_cuda(first, src, *args[2:], **dims, record="final", steps=keep)
+        want = cg.gdn_fused_cuda(
+            first, src, *args[2:], **dims, record="final", steps=keep, step_loads=True
+        )
+        assert mx.array_equal(got, want)
+    with pytest.raises(ValueError, match="step_loads"):
+        cg.Variant(fused=False, record="final", write_y=True, replay=False, step_loads=True)
+
+
 def test_final_state_record_replays_each_rows_kept_steps(kernels, monkeypatch):
     # HF2Q_GDN_RECORD=final's rollback (hf2q.kernels.gdn.replay_rows): each row's state after its
     # own kept count equals the per-step record's, bit for bit.

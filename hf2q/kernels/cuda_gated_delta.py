@@ -127,8 +127,56 @@ _LOAD_PLAIN = r"""
 """
 
 # Loads of one chunk for the fused kernel: conv + SiLU, gates, then q/k RMS normalisation.
-# Needs constexprs KC (conv kernel size) and GT (dtype of a + dt_bias).
+# Needs constexprs KC (conv kernel size) and GT (dtype of a + dt_bias). A thread per channel of
+# the block's share (the key head's q and k channels, the tile's value rows): it reads the
+# channel's KC taps and the chunk's tc + KC - 1 conv rows, every load issued before any is used,
+# then computes the chunk's tc outputs from registers. (Session 48: the per-(step, channel) loop
+# of ``_LOAD_FUSED_STEPS`` walked 32 loops of dependent global loads a thread at 16 steps, the
+# 27 us of a 4B-shaped verify layer whose recurrence takes a few; the sums are the same.)
 _LOAD_FUSED = r"""
+    for (int c = tid; c < 2 * Dk + ROWS; c += NT) {
+      const int ch = (c < Dk) ? (hk * Dk + c)
+          : (c < 2 * Dk) ? (Hk * Dk + hk * Dk + (c - Dk))
+          : (2 * Hk * Dk + hv * Dv + tile * ROWS + (c - 2 * Dk));
+      float wc[KC];
+#pragma unroll
+      for (int j = 0; j < KC; ++j) {
+        wc[j] = hf2q_f(conv_w[ch * KC + j]);
+      }
+      float xr[TC + KC - 1];
+#pragma unroll
+      for (int u = 0; u < TC + KC - 1; ++u) {
+        if (u < tc + KC - 1) {
+          xr[u] = hf2q_conv_in(t0 + u, ch);
+        } else {
+          xr[u] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int tt = 0; tt < TC; ++tt) {
+        if (tt < tc) {
+          float acc = 0.0f;
+#pragma unroll
+          for (int j = 0; j < KC; ++j) {
+            acc += wc[j] * xr[tt + j];
+          }
+          const float val = hf2q_silu_conv(acc);
+          if (c < Dk) {
+            s_q[tt * Dk + c] = val;
+          } else if (c < 2 * Dk) {
+            s_k[tt * Dk + (c - Dk)] = val;
+          } else {
+            s_v[tt * ROWS + (c - 2 * Dk)] = val;
+          }
+        }
+      }
+    }
+__GATES__"""
+
+# The loads before session 48 (``Variant.step_loads``): a thread per (step, channel), each conv
+# output's KC rows read where it is computed. Same values as ``_LOAD_FUSED``; kept as the
+# baseline ``benchmarks/gdn_loads.py`` times and the tests compare bits with.
+_LOAD_FUSED_STEPS = r"""
     for (int i = tid; i < tc * 2 * Dk; i += NT) {
       const int tt = i / (2 * Dk);
       const int e2 = i - tt * 2 * Dk;
@@ -145,7 +193,10 @@ _LOAD_FUSED = r"""
       const int rr = i - tt * ROWS;
       s_v[i] = hf2q_conv_silu(t0 + tt, 2 * Hk * Dk + hv * Dv + tile * ROWS + rr);
     }
-    if (tid < tc) {
+__GATES__"""
+
+# The chunk's gates, then mlx-lm's q/k normalisation in shared memory (both loaders).
+_GATES_NORM = r"""    if (tid < tc) {
       const size_t gi = (size_t)(bb * T + t0 + tid) * Hv + hv;
       const float xa = hf2q_round<GT>(hf2q_f(a[gi]) + hf2q_f(dt_bias[hv]));
       const float sp = hf2q_softplus<GT>(xa);
@@ -181,20 +232,26 @@ _FUSED_SETUP = r"""
   const float k_scale = hf2q_round<InT>((float)inv_scale);
   const float q_scale = hf2q_round<InT>((float)(inv_scale * inv_scale));
   const float rms_eps = (float)(1e-6 * (inv_scale * inv_scale));
-  // Depthwise causal conv over rows [t, t + KC) of concat(conv_state, qkv), then SiLU, with
-  // mlx-lm's roundings (conv output, sigmoid, product each stored in the model dtype).
+  // Row rw of concat(conv_state, qkv) at channel ch (the conv's input).
+  auto hf2q_conv_in = [&](int rw, int ch) -> float {
+    return (rw < KC - 1)
+          ? hf2q_f(conv_state[((size_t)bb * (KC - 1) + rw) * CH + ch])
+          : hf2q_f(qkv[((size_t)bb * T + (rw - (KC - 1))) * CH + ch]);
+  };
+  // SiLU of a conv sum with mlx-lm's roundings (conv output, sigmoid, product each stored in
+  // the model dtype).
+  auto hf2q_silu_conv = [&](float acc) -> float {
+    const float xc = hf2q_round<InT>(acc);
+    return hf2q_round<InT>(xc * hf2q_sigmoid<InT>(xc));
+  };
+  // Depthwise causal conv over rows [t, t + KC) then SiLU (``_LOAD_FUSED_STEPS``).
   auto hf2q_conv_silu = [&](int t, int ch) -> float {
     float acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < KC; ++j) {
-      const int rw = t + j;
-      const float xv = (rw < KC - 1)
-          ? hf2q_f(conv_state[((size_t)bb * (KC - 1) + rw) * CH + ch])
-          : hf2q_f(qkv[((size_t)bb * T + (rw - (KC - 1))) * CH + ch]);
-      acc += hf2q_f(conv_w[ch * KC + j]) * xv;
+      acc += hf2q_f(conv_w[ch * KC + j]) * hf2q_conv_in(t + j, ch);
     }
-    const float xc = hf2q_round<InT>(acc);
-    return hf2q_round<InT>(xc * hf2q_sigmoid<InT>(xc));
+    return hf2q_silu_conv(acc);
   };
 """
 
@@ -320,7 +377,8 @@ class Variant:
     prepared inputs; ``record`` ``"states"`` or ``"final"``; ``write_y``; ``replay`` (a count of
     steps per batch row); ``joined`` (fused only: the conv rows as one ``conv_input``, see
     ``_JOINED_READ``); ``window`` (fused, split read only: also write that conv window, see
-    ``_WRITE_WINDOW``)."""
+    ``_WRITE_WINDOW``); ``step_loads`` (fused only: the conv read per (step, channel),
+    ``_LOAD_FUSED_STEPS``, the loads before session 48, for timing and bit checks)."""
 
     fused: bool
     record: str
@@ -328,12 +386,15 @@ class Variant:
     replay: bool
     joined: bool = False
     window: bool = False
+    step_loads: bool = False
 
     def __post_init__(self) -> None:
         if self.joined and not self.fused:
             raise ValueError("only the fused kernel reads a joined conv input")
         if self.window and (self.joined or not self.fused):
             raise ValueError("only the fused kernel's split read writes the conv window")
+        if self.step_loads and not self.fused:
+            raise ValueError("step_loads: a choice of the fused kernel's conv read")
 
 
 def _source(v: Variant) -> str:
@@ -354,7 +415,11 @@ def _source(v: Variant) -> str:
     const int tc = min(TC, n_steps - t0);
     __syncthreads();  // the previous chunk is fully consumed
 """
-    body += _LOAD_FUSED if fused else _LOAD_PLAIN
+    if fused:
+        loads = _LOAD_FUSED_STEPS if v.step_loads else _LOAD_FUSED
+        body += loads.replace("__GATES__", _GATES_NORM)
+    else:
+        body += _LOAD_PLAIN
     body += steps
     body += "  }\n"
     if record == "final":
@@ -377,13 +442,14 @@ def kernel_spec(**variant: Any) -> dict[str, Any]:
         inputs.append("steps")
     outputs = (["y"] if v.write_y else []) + ["states" if v.record == "states" else "state_out"]
     outputs += ["window"] if v.window else []
-    name = "hf2q_gdn_{}_{}{}{}{}{}".format(
+    name = "hf2q_gdn_{}_{}{}{}{}{}{}".format(
         "fused" if fused else "steps",
         v.record,
         "_y" if v.write_y else "",
         "_replay" if replay else "",
         "_joined" if joined else "",
         "_w" if v.window else "",
+        "_steploads" if v.step_loads else "",
     )
     return {
         "name": name,
@@ -565,6 +631,7 @@ def gdn_fused_cuda(
     record: str = "states",
     steps: int | mx.array | None = None,
     window: bool = False,
+    step_loads: bool = False,
     verbose: bool = False,
 ) -> tuple[mx.array, ...] | mx.array:
     """Conv + SiLU + q/k normalisation + gates + recurrence of one Gated-DeltaNet block on CUDA.
@@ -582,6 +649,8 @@ def gdn_fused_cuda(
         record, steps, verbose: as in :func:`gated_delta_steps_cuda`.
         window: also return the conv window ``concatenate([conv_state, qkv], axis=1)``
             (B, K-1+T, C), written by the same launch (not with ``steps`` or a joined read).
+        step_loads: the conv read of the loads before session 48 (``Variant.step_loads``; same
+            values), for timing and bit checks.
 
     Returns:
         ``(y, states_or_final)`` with y (B, T, Hv, Dv) in qkv's dtype (``window``: plus the conv
@@ -610,7 +679,13 @@ def gdn_fused_cuda(
         raise ValueError("window: a block's launch only (not a replay, not a joined read)")
     warps = warps_for(Dv)
     kern = _kernel(
-        fused=True, record=record, write_y=not replay, replay=replay, joined=joined, window=window
+        fused=True,
+        record=record,
+        write_y=not replay,
+        replay=replay,
+        joined=joined,
+        window=window,
+        step_loads=step_loads,
     )
     inputs = ([] if joined else [conv_state]) + [qkv, conv_w, a, b, A_log, dt_bias, state]
     if replay:
