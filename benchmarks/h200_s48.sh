@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Session 48's device calls (after the three keep.sh calls and install.sh).
+# PART=1, after the fused Gated-DeltaNet kernel reads its conv input a thread per channel
+# (session 47's traces: 27 / 39 / 71 us a verify layer at 1 / 4 / 8 slots, the 24-layer replay
+# 0.27 / 0.53 ms at 4 / 8): the kernel's two reads timed side by side (benchmarks/gdn_loads.py),
+# the Gated-DeltaNet kernel tests on the GPU, the random 4B-shaped pair at 1, 4, 8 slots, the
+# one- and four-slot traces.
+# PART=2: session 47's PART=6, never run: the demo pair's bench alternating HF2Q_ROUND_WORDS
+# (words in synchronous rounds and plain batched decoding), then HF2Q_HOST_PIECES, in one process.
+set -uo pipefail
+# shellcheck source=benchmarks/h200_common.sh
+. benchmarks/h200_common.sh
+host_speed
+case "${PART:-1}" in
+1)
+  timeout 150 python3 benchmarks/gdn_loads.py --batches 1,4,8 --steps 1,16 \
+    --out "$OUT/gdn_loads.json" > "$OUT/gdn_loads.log" 2>&1
+  echo "gdn_loads exit $? $(el)"; grep '^{' "$OUT/gdn_loads.log" | cut -c1-300
+  synthetic_run syn4b 1,4,8 140
+  timelines "1 4" 60 100
+  t=$(left)
+  [ "$t" -gt 40 ] && gpu_pytest pytest_gdn "$t" tests/test_kernels_gated_delta.py -k cuda
+  ;;
+2)
+  bench_values ab_words_demo 1,4,8 HF2Q_ROUND_WORDS=0,HF2Q_ROUND_WORDS=1
+  bench_values ab_pieces_demo 4,8 HF2Q_HOST_PIECES=0,HF2Q_HOST_PIECES=1
+  ;;
+esac
+host_speed
+pack_logs
