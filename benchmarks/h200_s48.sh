@@ -4,7 +4,7 @@
 # (session 47's traces: 27 / 39 / 71 us a verify layer at 1 / 4 / 8 slots, the 24-layer replay
 # 0.27 / 0.53 ms at 4 / 8): the kernel's two reads timed side by side (benchmarks/gdn_loads.py),
 # the Gated-DeltaNet kernel tests on the GPU, the random 4B-shaped pair at 1, 4, 8 slots, the
-# one- and four-slot traces.
+# one-slot round's and plain step's traces, the four-slot round's.
 # PART=2: session 47's PART=6, never run: the demo pair's bench alternating HF2Q_ROUND_WORDS
 # (words in synchronous rounds and plain batched decoding), then HF2Q_HOST_PIECES, in one process.
 set -uo pipefail
@@ -17,7 +17,12 @@ case "${PART:-1}" in
     --out "$OUT/gdn_loads.json" > "$OUT/gdn_loads.log" 2>&1
   echo "gdn_loads exit $? $(el)"; grep '^{' "$OUT/gdn_loads.log" | cut -c1-300
   synthetic_run syn4b 1,4,8 140
-  timelines "1 4" 60 100
+  # the one-slot round and the plain step traced in one process (what a round adds to a step)
+  timeout 110 python3 benchmarks/gpu_timeline.py --synthetic 4b --prompt-tokens 64 --slots 1 \
+    --tokens 32 --top 40 --loops slots-dflash,slots-plain --out "$OUT/tl_s1.json" \
+    > "$OUT/tl_s1.log" 2>&1
+  echo "tl_s1 exit $? $(el)"; grep -A45 '^==' "$OUT/tl_s1.log" | cut -c1-150
+  timelines "4" 60 100
   t=$(left)
   [ "$t" -gt 40 ] && gpu_pytest pytest_gdn "$t" tests/test_kernels_gated_delta.py -k cuda
   ;;
