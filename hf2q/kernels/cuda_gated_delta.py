@@ -244,7 +244,11 @@ _FUSED_SETUP = r"""
     const float xc = hf2q_round<InT>(acc);
     return hf2q_round<InT>(xc * hf2q_sigmoid<InT>(xc));
   };
-  // Depthwise causal conv over rows [t, t + KC) then SiLU (``_LOAD_FUSED_STEPS``).
+"""
+
+# ``_LOAD_FUSED_STEPS``'s helper (defined only there: nvcc warns of an unused lambda): the
+# depthwise causal conv over rows [t, t + KC), then SiLU.
+_CONV_SILU = r"""
   auto hf2q_conv_silu = [&](int t, int ch) -> float {
     float acc = 0.0f;
 #pragma unroll
@@ -407,6 +411,7 @@ def _source(v: Variant) -> str:
     if fused:
         assert _SPLIT_READ in _FUSED_SETUP
         body += _FUSED_SETUP.replace(_SPLIT_READ, _JOINED_READ) if joined else _FUSED_SETUP
+        body += _CONV_SILU if v.step_loads else ""
     if v.window:
         body += _WRITE_WINDOW
     body += f"""
