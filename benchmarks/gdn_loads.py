@@ -1,16 +1,25 @@
-"""The fused Gated-DeltaNet kernel's conv read: a thread per channel against a thread per
-(step, channel), timed at the 4B shapes (MLX's CUDA backend only).
+"""Where the fused Gated-DeltaNet kernel's device time goes, at the 4B shapes (MLX's CUDA
+backend, torch's profiler for the kernels' device durations).
 
-Why: a one-slot DFlash round's kernel trace on an H100 (session 47) had the fused kernel at 27 us
-a layer for a 16-step verify, 0.66 ms of the round's 6.34, where the recurrence itself is a few
-microseconds: with one thread block per (value head, 32 value rows) the 4B shapes launch 128
-blocks, and the loads before session 48 walked 32 loops of dependent global loads a thread at 16
-steps. The channel read (default) loads each channel's rows of the chunk once, all at a time.
+Why: session 47's one-slot DFlash round on an H100 had the fused kernel at 27 us a 16-step verify
+layer (0.66 ms of the round's 6.34), 39 / 71 us at 4 / 8 slots, where the recurrence's arithmetic
+is a few microseconds. Session 48 changed its conv read to a thread per channel (``channel``, the
+default; ``step`` is the read before) and the one-slot layer went to 22.6 us in the round's trace.
+This times the kernel's variants and probes side by side:
+
+* ``channel``, ``step``: the two conv reads (same bits: checked here too);
+* probes (timing only, their outputs are wrong): ``no-steps`` (the recurrence removed),
+  ``no-conv`` (the conv rows' reads replaced by made-up values), ``no-norm`` (the q/k
+  normalisation removed): what each phase costs is the time it takes off; and ``split-sums``
+  (four partial sums a lane for the recurrence's two dot products: shorter dependent chains,
+  another rounding) and ``vec-state`` (the state read and written as float4, same bits),
+  candidates.
 
 For each batch size and block length, ``--layers`` launches over separate inputs (a layer each,
-so the states come from memory, as in a forward) are one evaluation; the two reads take turns
-within each rep after a warm-up each; medians and min-max of microseconds a launch, and whether
-the two reads' outputs are bit-equal.
+so states come from memory as in a forward) make one evaluation; every evaluation of the run is
+traced in one trace of torch's profiler (CUPTI: the device's own start and end of each kernel).
+Each variant's median device microseconds a launch (min-max over its launches); the variants
+take turns within each rep.
 
     python3 benchmarks/gdn_loads.py --batches 1,4,8 --steps 1,16 --out runs/gdn_loads.json
 """
@@ -19,14 +28,94 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
-import time
+import tempfile
+from functools import cache
+from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hf2q.kernels import cuda_gated_delta as cg  # noqa: E402
+
 #: Qwen3.5-4B's Gated-DeltaNet: 16 key heads, 32 value heads, head dims 128, conv kernel 4.
 HK, HV, DK, DV, KC = 16, 32, 128, 128, 4
+
+#: Timing probes: replacements (text of the channel-read kernel's source, new text).
+PROBES: dict[str, list[tuple[str, str]]] = {
+    "no-steps": [
+        (
+            "for (int tt = 0; tt < tc; ++tt) {\n      const float gt",
+            "for (int tt = 0; tt < 0; ++tt) {\n      const float gt",
+        )
+    ],
+    "no-conv": [("xr[u] = hf2q_conv_in(t0 + u, ch);", "xr[u] = 0.25f * (float)(u + ch);")],
+    "no-norm": [
+        (
+            "for (int row = warp; row < 2 * tc; row += WARPS) {",
+            "for (int row = warp; row < 0; row += WARPS) {",
+        )
+    ],
+    # the state read and written 16 bytes a load / store (same bits)
+    "vec-state": [
+        (
+            "      st[j * 4 + c] = state_in[srow + j * 16 + sub * 4 + c];\n    }",
+            "      st[j * 4 + c] = reinterpret_cast<const float*>(&sv)[c];\n    }",
+        ),
+        (
+            "  for (int j = 0; j < NJ; ++j) {\n#pragma unroll\n    for (int c = 0; c < 4; ++c) {\n      st[j",
+            "  for (int j = 0; j < NJ; ++j) {\n    const float4 sv = *reinterpret_cast<const float4*>("
+            "state_in + srow + j * 16 + sub * 4);\n#pragma unroll\n    for (int c = 0; c < 4; ++c) {\n      st[j",
+        ),
+        (
+            "    for (int c = 0; c < 4; ++c) {\n      state_out[srow + j * 16 + sub * 4 + c] = st[j * 4 + c];\n    }",
+            "    reinterpret_cast<float4*>(state_out + srow)[j * 4 + sub] =\n"
+            "        make_float4(st[j * 4 + 0], st[j * 4 + 1], st[j * 4 + 2], st[j * 4 + 3]);",
+        ),
+    ],
+    # four partial sums a lane for kv and out (shorter dependent chains; other rounding)
+    "split-sums": [
+        ("float kv = 0.0f;", "float kv = 0.0f, kv0 = 0.0f, kv1 = 0.0f, kv2 = 0.0f, kv3 = 0.0f;"),
+        ("kv += st[j * 4 + 0] * kk.x;", "kv0 += st[j * 4 + 0] * kk.x;"),
+        ("kv += st[j * 4 + 1] * kk.y;", "kv1 += st[j * 4 + 1] * kk.y;"),
+        ("kv += st[j * 4 + 2] * kk.z;", "kv2 += st[j * 4 + 2] * kk.z;"),
+        ("kv += st[j * 4 + 3] * kk.w;", "kv3 += st[j * 4 + 3] * kk.w;"),
+        (
+            "      kv += __shfl_xor_sync(0xffffffffu, kv, 1);",
+            "      kv = (kv0 + kv1) + (kv2 + kv3);\n      kv += __shfl_xor_sync(0xffffffffu, kv, 1);",
+        ),
+        ("float out = 0.0f;", "float out = 0.0f, o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;"),
+        ("out += st[j * 4 + 0] * qq.x;", "o0 += st[j * 4 + 0] * qq.x;"),
+        ("out += st[j * 4 + 1] * qq.y;", "o1 += st[j * 4 + 1] * qq.y;"),
+        ("out += st[j * 4 + 2] * qq.z;", "o2 += st[j * 4 + 2] * qq.z;"),
+        ("out += st[j * 4 + 3] * qq.w;", "o3 += st[j * 4 + 3] * qq.w;"),
+        (
+            "      out += __shfl_xor_sync(0xffffffffu, out, 1);",
+            "      out = (o0 + o1) + (o2 + o3);\n      out += __shfl_xor_sync(0xffffffffu, out, 1);",
+        ),
+    ],
+}
+
+
+def _variant(step_loads: bool) -> dict[str, Any]:
+    return dict(
+        fused=True, record="final", write_y=True, replay=False, window=True, step_loads=step_loads
+    )
+
+
+@cache
+def _probe_kernel(probe: str) -> Any:
+    spec = cg.kernel_spec(**_variant(False))
+    for old, new in PROBES[probe]:
+        if spec["source"].count(old) != 1:
+            raise SystemExit(f"probe {probe}: {old!r} is not once in the kernel's source")
+        spec["source"] = spec["source"].replace(old, new)
+    spec["name"] = f"{spec['name']}_probe_{probe.replace('-', '_')}"
+    return mx.fast.cuda_kernel(**spec)
 
 
 def _layer_inputs(B: int, T: int, seed: int) -> tuple:
@@ -45,62 +134,113 @@ def _layer_inputs(B: int, T: int, seed: int) -> tuple:
     return args
 
 
-def _launches(layers: list[tuple], step_loads: bool) -> list[mx.array]:
-    from hf2q.kernels.cuda_gated_delta import gdn_fused_cuda
-
+def _launches(layers: list[tuple], variant: str) -> list[mx.array]:
     dims = dict(num_k_heads=HK, key_dim=DK, num_v_heads=HV, value_dim=DV)
-    outs = []
+    outs: list[mx.array] = []
+    if variant in PROBES:
+        real = cg._kernel
+        cg._kernel = lambda **v: _probe_kernel(variant)  # this process only: a timing probe
+        try:
+            for args in layers:
+                outs.extend(cg.gdn_fused_cuda(*args, **dims, record="final", window=True))
+        finally:
+            cg._kernel = real
+        return outs
     for args in layers:
         # A verify's launch: outputs, the final state (rollback replays) and the conv window.
         outs.extend(
-            gdn_fused_cuda(*args, **dims, record="final", window=True, step_loads=step_loads)
+            cg.gdn_fused_cuda(
+                *args, **dims, record="final", window=True, step_loads=variant == "step"
+            )
         )
     return outs
 
 
-def _time(layers: list[tuple], step_loads: bool) -> float:
+def _trace(plan: list[tuple[list[tuple], str]]) -> list[list[float]]:
+    """Evaluate each (layers, variant) of ``plan`` in turn under one trace of torch's profiler
+    (one per process: session 47 saw it crash on a third) and return each evaluation's device
+    durations (us) of its launches, matched in order and by kernel name."""
+    from torch.profiler import ProfilerActivity, profile
+
     mx.synchronize()
-    t0 = time.perf_counter()
-    outs = _launches(layers, step_loads)
-    mx.eval(outs)
-    mx.synchronize()
-    return (time.perf_counter() - t0) / len(layers) * 1e6
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for layers, variant in plan:
+            mx.eval(_launches(layers, variant))
+        mx.synchronize()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        trace = json.loads(Path(path).read_text())
+    finally:
+        os.unlink(path)
+    events = sorted(
+        (float(e["ts"]), float(e.get("dur", 0.0)), str(e.get("name")))
+        for e in trace.get("traceEvents", [])
+        if e.get("ph") == "X" and e.get("cat") == "kernel" and "hf2q_gdn" in str(e.get("name"))
+    )
+    out, i = [], 0
+    for layers, variant in plan:
+        chunk = events[i : i + len(layers)]
+        i += len(layers)
+        tag = _tag(variant)
+        if len(chunk) != len(layers) or any((tag in n) != bool(tag) for _, _, n in chunk):
+            raise SystemExit(f"the trace's kernels do not match the plan at {variant}")
+        out.append([d for _, d, _ in chunk])
+    return out
+
+
+def _tag(variant: str) -> str:
+    """What a variant's kernel name holds that the channel read's does not ('' for it)."""
+    if variant == "step":
+        return "steploads"
+    return "" if variant == "channel" else "probe_" + variant.replace("-", "_")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,4,8", help="batch rows (slots), comma-separated")
     ap.add_argument("--steps", default="1,16", help="block lengths T, comma-separated")
+    ap.add_argument(
+        "--variants", default="channel,step,no-steps,no-conv,no-norm,split-sums,vec-state"
+    )
     ap.add_argument("--layers", type=int, default=24, help="launches an evaluation (default 24)")
-    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", help="write the results as JSON here")
     a = ap.parse_args(argv)
     cuda = getattr(mx, "cuda", None)
     if cuda is None or not cuda.is_available():
         print("gdn_loads.py times CUDA kernels: run it where MLX's CUDA backend is available")
         return 2
+    variants = a.variants.split(",")
+    configs = [(int(B), int(T)) for B in a.batches.split(",") for T in a.steps.split(",")]
+    inputs, same = {}, {}
+    for B, T in configs:
+        layers = inputs[B, T] = [_layer_inputs(B, T, seed=i) for i in range(a.layers)]
+        same[B, T] = all(
+            mx.array_equal(x, y).item()
+            for x, y in zip(_launches(layers, "channel"), _launches(layers, "step"), strict=True)
+        )
+        for v in variants:
+            mx.eval(_launches(layers, v))  # compile / warm up
+    plan, keys = [], []
+    for rep in range(a.reps):
+        for B, T in configs:
+            for v in variants[rep % len(variants) :] + variants[: rep % len(variants)]:
+                plan.append((inputs[B, T], v))
+                keys.append((B, T, v))
+    times: dict[tuple, list[float]] = {}
+    for key, durs in zip(keys, _trace(plan), strict=True):
+        times.setdefault(key, []).extend(durs)
     rows = []
-    for B in (int(x) for x in a.batches.split(",")):
-        for T in (int(x) for x in a.steps.split(",")):
-            layers = [_layer_inputs(B, T, seed=i) for i in range(a.layers)]
-            same = all(
-                mx.array_equal(x, y).item()
-                for x, y in zip(_launches(layers, False), _launches(layers, True), strict=True)
-            )
-            times: dict[str, list[float]] = {"channel": [], "step": []}
-            for step_loads in (False, True):
-                _time(layers, step_loads)  # compile / warm up
-            for rep in range(a.reps):
-                order = (False, True) if rep % 2 == 0 else (True, False)
-                for step_loads in order:
-                    times["step" if step_loads else "channel"].append(_time(layers, step_loads))
-            row = {"batch": B, "T": T, "layers": a.layers, "bits_equal": same}
-            for name, ts in times.items():
-                row[f"{name}_us"] = round(statistics.median(ts), 2)
-                row[f"{name}_us_min_max"] = [round(min(ts), 2), round(max(ts), 2)]
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            del layers
+    for B, T in configs:
+        row: dict[str, Any] = {"batch": B, "T": T, "layers": a.layers, "bits_equal": same[B, T]}
+        for v in variants:
+            ts = times[B, T, v]
+            row[f"{v}_us"] = round(statistics.median(ts), 2)
+            row[f"{v}_us_min_max"] = [round(min(ts), 2), round(max(ts), 2)]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"shape": [HK, HV, DK, DV, KC], "results": rows}, f)

@@ -7,6 +7,10 @@
 # one-slot round's and plain step's traces, the four-slot round's.
 # PART=2: session 47's PART=6, never run: the demo pair's bench alternating HF2Q_ROUND_WORDS
 # (words in synchronous rounds and plain batched decoding), then HF2Q_HOST_PIECES, in one process.
+# PART=3, after run 1 showed the channel read worth only 5 us a one-slot verify layer (27.6 ->
+# 22.6) and 2 at four slots: where the kernel's time goes (benchmarks/gdn_loads.py rewritten to
+# take the kernels' device times from one CUPTI trace: the two reads, probes without the
+# recurrence / the conv read / the q/k norm, two candidates), then the demo pair's queue.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
@@ -29,6 +33,17 @@ case "${PART:-1}" in
 2)
   bench_values ab_words_demo 1,4,8 HF2Q_ROUND_WORDS=0,HF2Q_ROUND_WORDS=1
   bench_values ab_pieces_demo 4,8 HF2Q_HOST_PIECES=0,HF2Q_HOST_PIECES=1
+  ;;
+3)
+  timeout 200 python3 benchmarks/gdn_loads.py --batches 1,4,8 --steps 1,16 \
+    --out "$OUT/gdn_probe.json" > "$OUT/gdn_probe.log" 2>&1
+  echo "gdn_probe exit $? $(el)"; grep '^{' "$OUT/gdn_probe.log" | python3 -c "
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    print(r['batch'], r['T'], r['bits_equal'], {k[:-3]: v for k, v in r.items() if k.endswith('_us')})"
+  tail -n 3 "$OUT/gdn_probe.log" | cut -c1-300
+  demo_queue_bench demo_queue
   ;;
 esac
 host_speed
