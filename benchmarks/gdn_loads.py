@@ -179,22 +179,43 @@ def _trace(plan: list[tuple[list[tuple], str]]) -> list[list[float]]:
         for e in trace.get("traceEvents", [])
         if e.get("ph") == "X" and e.get("cat") == "kernel" and "hf2q_gdn" in str(e.get("name"))
     )
+    return split_events(events, [(len(layers), variant) for layers, variant in plan])
+
+
+def split_events(
+    events: list[tuple[float, float, str]], plan: list[tuple[int, str]]
+) -> list[list[float]]:
+    """The durations of ``events`` (start, duration, kernel name; in start order) cut into the
+    plan's evaluations ((launches, variant) each, in order), each launch checked to be its
+    variant's kernel."""
     out, i = [], 0
-    for layers, variant in plan:
-        chunk = events[i : i + len(layers)]
-        i += len(layers)
-        tag = _tag(variant)
-        if len(chunk) != len(layers) or any((tag in n) != bool(tag) for _, _, n in chunk):
-            raise SystemExit(f"the trace's kernels do not match the plan at {variant}")
+    for n, variant in plan:
+        chunk = events[i : i + n]
+        i += n
+        names = sorted({name for _, _, name in chunk})
+        if len(chunk) != n or not all(_is_variant(name, variant) for name in names):
+            raise SystemExit(
+                f"the trace's kernels do not match the plan at evaluation {len(out)} "
+                f"({variant}, {n} launches): {len(chunk)} kernels, {names}"
+            )
         out.append([d for _, d, _ in chunk])
+    if i != len(events):
+        raise SystemExit(f"the trace has {len(events) - i} kernels more than the plan")
     return out
 
 
+def _is_variant(name: str, variant: str) -> bool:
+    """Whether kernel ``name`` is ``variant``'s (the channel read's name has no other's tag)."""
+    if variant == "channel":
+        return "steploads" not in name and "_probe_" not in name
+    return _tag(variant) in name
+
+
 def _tag(variant: str) -> str:
-    """What a variant's kernel name holds that the channel read's does not ('' for it)."""
+    """What the kernel name of a variant other than the channel read holds."""
     if variant == "step":
         return "steploads"
-    return "" if variant == "channel" else "probe_" + variant.replace("-", "_")
+    return "_probe_" + variant.replace("-", "_")
 
 
 def main(argv: list[str] | None = None) -> int:
