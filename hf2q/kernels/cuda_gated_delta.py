@@ -172,7 +172,7 @@ _LOAD_FUSED = r"""
         }
       }
     }
-__GATES__"""
+"""
 
 # The loads before session 48 (``Variant.step_loads``): a thread per (step, channel), each conv
 # output's KC rows read where it is computed. Same values as ``_LOAD_FUSED``; kept as the
@@ -194,7 +194,7 @@ _LOAD_FUSED_STEPS = r"""
       const int rr = i - tt * ROWS;
       s_v[i] = hf2q_conv_silu(t0 + tt, 2 * Hk * Dk + hv * Dv + tile * ROWS + rr);
     }
-__GATES__"""
+"""
 
 # The chunk's gates, then mlx-lm's q/k normalisation in shared memory (both loaders).
 _GATES_NORM = r"""    if (tid < tc) {
@@ -422,8 +422,7 @@ def _source(v: Variant) -> str:
     __syncthreads();  // the previous chunk is fully consumed
 """
     if fused:
-        loads = _LOAD_FUSED_STEPS if v.step_loads else _LOAD_FUSED
-        body += loads.replace("__GATES__", _GATES_NORM)
+        body += (_LOAD_FUSED_STEPS if v.step_loads else _LOAD_FUSED) + _GATES_NORM
     else:
         body += _LOAD_PLAIN
     body += steps
