@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -39,6 +37,7 @@ from typing import Any
 import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hf2q.kernels import cuda_gated_delta as cg  # noqa: E402
 
@@ -160,6 +159,7 @@ def _trace(plan: list[tuple[list[tuple], str]]) -> list[list[float]]:
     """Evaluate each (layers, variant) of ``plan`` in turn under one trace of torch's profiler
     (one per process: session 47 saw it crash on a third) and return each evaluation's device
     durations (us) of its launches, matched in order and by kernel name."""
+    from gpu_timeline import chrome_trace, device_events
     from torch.profiler import ProfilerActivity, profile
 
     mx.synchronize()
@@ -167,18 +167,7 @@ def _trace(plan: list[tuple[list[tuple], str]]) -> list[list[float]]:
         for layers, variant in plan:
             mx.eval(_launches(layers, variant))
         mx.synchronize()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        trace = json.loads(Path(path).read_text())
-    finally:
-        os.unlink(path)
-    events = sorted(
-        (float(e["ts"]), float(e.get("dur", 0.0)), str(e.get("name")))
-        for e in trace.get("traceEvents", [])
-        if e.get("ph") == "X" and e.get("cat") == "kernel" and "hf2q_gdn" in str(e.get("name"))
-    )
+    events = [e for e in device_events(chrome_trace(prof), cats=("kernel",)) if "hf2q_gdn" in e[2]]
     return split_events(events, [(len(layers), variant) for layers, variant in plan])
 
 
