@@ -10,10 +10,10 @@ This times the kernel's variants and probes side by side:
 * ``channel``, ``step``: the two conv reads (same bits: checked here too);
 * probes (timing only, their outputs are wrong): ``no-steps`` (the recurrence removed),
   ``no-conv`` (the conv rows' reads replaced by made-up values), ``no-norm`` (the q/k
-  normalisation removed): what each phase costs is the time it takes off; and ``split-sums``
-  (four partial sums a lane for the recurrence's two dot products: shorter dependent chains,
-  another rounding) and ``vec-state`` (the state read and written as float4, same bits),
-  candidates.
+  normalisation removed): what each phase costs is the time it takes off; and
+  ``scalar-state``, the state read and written 4 bytes a load as before session 49 (same bits).
+  Session 49's run had two candidates here: the float4 state read (now the kernel's) and four
+  partial sums a lane for the recurrence's dot products (slower at 5 of 6 shapes, dropped).
 
 For each batch size and block length, ``--layers`` launches over separate inputs (a layer each,
 so states come from memory as in a forward) make one evaluation; every evaluation of the run is
@@ -59,42 +59,14 @@ PROBES: dict[str, list[tuple[str, str]]] = {
             "for (int row = warp; row < 0; row += WARPS) {",
         )
     ],
-    # the state read and written 16 bytes a load / store (same bits)
-    "vec-state": [
+    # the state read and written 4 bytes a load / store, as before session 49 (same bits)
+    "scalar-state": [
+        ("if ((reinterpret_cast<size_t>(state_in) & 15) == 0) {", "if (false) {"),
         (
-            "      st[j * 4 + c] = state_in[srow + j * 16 + sub * 4 + c];\n    }",
-            "      st[j * 4 + c] = reinterpret_cast<const float*>(&sv)[c];\n    }",
-        ),
-        (
-            "  for (int j = 0; j < NJ; ++j) {\n#pragma unroll\n    for (int c = 0; c < 4; ++c) {\n      st[j",
-            "  for (int j = 0; j < NJ; ++j) {\n    const float4 sv = *reinterpret_cast<const float4*>("
-            "state_in + srow + j * 16 + sub * 4);\n#pragma unroll\n    for (int c = 0; c < 4; ++c) {\n      st[j",
-        ),
-        (
-            "    for (int c = 0; c < 4; ++c) {\n      state_out[srow + j * 16 + sub * 4 + c] = st[j * 4 + c];\n    }",
-            "    reinterpret_cast<float4*>(state_out + srow)[j * 4 + sub] =\n"
-            "        make_float4(st[j * 4 + 0], st[j * 4 + 1], st[j * 4 + 2], st[j * 4 + 3]);",
-        ),
-    ],
-    # four partial sums a lane for kv and out (shorter dependent chains; other rounding)
-    "split-sums": [
-        ("float kv = 0.0f;", "float kv = 0.0f, kv0 = 0.0f, kv1 = 0.0f, kv2 = 0.0f, kv3 = 0.0f;"),
-        ("kv += st[j * 4 + 0] * kk.x;", "kv0 += st[j * 4 + 0] * kk.x;"),
-        ("kv += st[j * 4 + 1] * kk.y;", "kv1 += st[j * 4 + 1] * kk.y;"),
-        ("kv += st[j * 4 + 2] * kk.z;", "kv2 += st[j * 4 + 2] * kk.z;"),
-        ("kv += st[j * 4 + 3] * kk.w;", "kv3 += st[j * 4 + 3] * kk.w;"),
-        (
-            "      kv += __shfl_xor_sync(0xffffffffu, kv, 1);",
-            "      kv = (kv0 + kv1) + (kv2 + kv3);\n      kv += __shfl_xor_sync(0xffffffffu, kv, 1);",
-        ),
-        ("float out = 0.0f;", "float out = 0.0f, o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;"),
-        ("out += st[j * 4 + 0] * qq.x;", "o0 += st[j * 4 + 0] * qq.x;"),
-        ("out += st[j * 4 + 1] * qq.y;", "o1 += st[j * 4 + 1] * qq.y;"),
-        ("out += st[j * 4 + 2] * qq.z;", "o2 += st[j * 4 + 2] * qq.z;"),
-        ("out += st[j * 4 + 3] * qq.w;", "o3 += st[j * 4 + 3] * qq.w;"),
-        (
-            "      out += __shfl_xor_sync(0xffffffffu, out, 1);",
-            "      out = (o0 + o1) + (o2 + o3);\n      out += __shfl_xor_sync(0xffffffffu, out, 1);",
+            "      dst[j * 4 + sub] = make_float4(st[j * 4 + 0], st[j * 4 + 1], st[j * 4 + 2], "
+            "st[j * 4 + 3]);",
+            "      for (int c = 0; c < 4; ++c) {\n"
+            "        state_out[srow + j * 16 + sub * 4 + c] = st[j * 4 + c];\n      }",
         ),
     ],
 }
@@ -106,15 +78,21 @@ def _variant(step_loads: bool) -> dict[str, Any]:
     )
 
 
-@cache
-def _probe_kernel(probe: str) -> Any:
+def probe_spec(probe: str) -> dict[str, Any]:
+    """``mx.fast.cuda_kernel``'s arguments for the channel read's kernel with ``probe`` applied
+    (each replacement's text must be in the source once)."""
     spec = cg.kernel_spec(**_variant(False))
     for old, new in PROBES[probe]:
         if spec["source"].count(old) != 1:
             raise SystemExit(f"probe {probe}: {old!r} is not once in the kernel's source")
         spec["source"] = spec["source"].replace(old, new)
     spec["name"] = f"{spec['name']}_probe_{probe.replace('-', '_')}"
-    return mx.fast.cuda_kernel(**spec)
+    return spec
+
+
+@cache
+def _probe_kernel(probe: str) -> Any:
+    return mx.fast.cuda_kernel(**probe_spec(probe))
 
 
 def _layer_inputs(B: int, T: int, seed: int) -> tuple:
@@ -211,9 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,4,8", help="batch rows (slots), comma-separated")
     ap.add_argument("--steps", default="1,16", help="block lengths T, comma-separated")
-    ap.add_argument(
-        "--variants", default="channel,step,no-steps,no-conv,no-norm,split-sums,vec-state"
-    )
+    ap.add_argument("--variants", default="channel,step,no-steps,no-conv,no-norm,scalar-state")
     ap.add_argument("--layers", type=int, default=24, help="launches an evaluation (default 24)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", help="write the results as JSON here")

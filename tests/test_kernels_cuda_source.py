@@ -44,33 +44,55 @@ def _dtypes(fused: bool, dt, joined: bool = False):
 @pytest.mark.parametrize("fused", [False, True], ids=["steps", "fused"])
 @pytest.mark.parametrize("dtype", [mx.bfloat16], ids=["bf16"])
 def test_every_variant_compiles_for_sm90_without_spills(tmp_path: Path, fused, dtype):
-    import cuda_emu
-
     for v in VARIANTS:
         joined = v.get("joined", False)
         if (joined or v.get("window")) and not fused:
             continue
-        spec = cg.kernel_spec(fused=fused, **v)
-        in_dtypes = _dtypes(fused, dtype, joined) + ([mx.int32] if v["replay"] else [])
-        in_ndims = [4, 4, 4, 3, 3, 4] if not fused else [3, 3, 2, 3, 3, 1, 1, 4][int(joined) :]
-        in_ndims += [1] if v["replay"] else []
-        out_dtypes = ([dtype] if v["write_y"] else []) + [mx.float32]
-        out_dtypes += [dtype] if v.get("window") else []
-        template = [("InT", dtype)] + ([("GT", dtype)] if fused else [])
-        template += [("Dk", 128), ("Dv", 128), ("Hk", 16), ("Hv", 32)]
-        template += ([("KC", 4)] if fused else []) + [("WARPS", 4), ("TC", 16)]
-        src = cuda_emu.mlx_cuda_source(
-            spec["name"],
-            spec["input_names"],
-            in_dtypes,
-            in_ndims,
-            spec["output_names"],
-            out_dtypes,
-            spec["source"],
-            spec["header"],
-            template,
-        )
-        _assert_compiles_without_spills(tmp_path, spec["name"], src)
+        _compile_gated_delta(tmp_path, cg.kernel_spec(fused=fused, **v), fused, dtype, v)
+
+
+def test_gdn_loads_timing_probes_apply_and_compile(tmp_path: Path):
+    """benchmarks/gdn_loads.py's probes edit the kernel's text: each edit still finds its text
+    once and the result compiles (a GPU run is not spent finding out). Warnings allowed: a probe
+    leaves what it removes the use of (the conv read's helper) unused."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gdn_loads
+
+    v = dict(record="final", write_y=True, replay=False, window=True)
+    assert gdn_loads._variant(False) == dict(fused=True, step_loads=False, **v)
+    for probe in gdn_loads.PROBES:
+        spec = gdn_loads.probe_spec(probe)
+        _compile_gated_delta(tmp_path, spec, True, mx.bfloat16, v, werror=False)
+
+
+def _compile_gated_delta(
+    tmp_path: Path, spec: dict, fused: bool, dtype, v: dict, werror: bool = True
+) -> None:
+    import cuda_emu
+
+    joined = v.get("joined", False)
+    in_dtypes = _dtypes(fused, dtype, joined) + ([mx.int32] if v["replay"] else [])
+    in_ndims = [4, 4, 4, 3, 3, 4] if not fused else [3, 3, 2, 3, 3, 1, 1, 4][int(joined) :]
+    in_ndims += [1] if v["replay"] else []
+    out_dtypes = ([dtype] if v["write_y"] else []) + [mx.float32]
+    out_dtypes += [dtype] if v.get("window") else []
+    template = [("InT", dtype)] + ([("GT", dtype)] if fused else [])
+    template += [("Dk", 128), ("Dv", 128), ("Hk", 16), ("Hv", 32)]
+    template += ([("KC", 4)] if fused else []) + [("WARPS", 4), ("TC", 16)]
+    src = cuda_emu.mlx_cuda_source(
+        spec["name"],
+        spec["input_names"],
+        in_dtypes,
+        in_ndims,
+        spec["output_names"],
+        out_dtypes,
+        spec["source"],
+        spec["header"],
+        template,
+    )
+    _assert_compiles_without_spills(tmp_path, spec["name"], src, werror)
 
 
 @pytest.mark.parametrize("layers", [6, 24, 48])
@@ -165,8 +187,9 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(
     _assert_compiles_without_spills(tmp_path, name, src)
 
 
-def _compile_report(tmp_path: Path, name: str, src: str) -> str:
-    """ptxas's report of compiling ``src`` for sm_90a (warnings are errors)."""
+def _compile_report(tmp_path: Path, name: str, src: str, werror: bool = True) -> str:
+    """ptxas's report of compiling ``src`` for sm_90a (warnings are errors unless not
+    ``werror``)."""
     cu = tmp_path / f"{name}.cu"
     cu.write_text(src)
     res = subprocess.run(
@@ -177,8 +200,7 @@ def _compile_report(tmp_path: Path, name: str, src: str) -> str:
             "-cubin",
             "-Xptxas",
             "-v",
-            "-Werror",
-            "all-warnings",
+            *(["-Werror", "all-warnings"] if werror else []),
             "-o",
             str(tmp_path / "k.cubin"),
             str(cu),
@@ -190,8 +212,10 @@ def _compile_report(tmp_path: Path, name: str, src: str) -> str:
     return res.stderr
 
 
-def _assert_compiles_without_spills(tmp_path: Path, name: str, src: str) -> None:
-    report = _compile_report(tmp_path, name, src)
+def _assert_compiles_without_spills(
+    tmp_path: Path, name: str, src: str, werror: bool = True
+) -> None:
+    report = _compile_report(tmp_path, name, src, werror)
     assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", report), (
         report
     )

@@ -422,6 +422,29 @@ def test_fused_kernel_reads_each_channels_rows_once_with_the_same_bits(kernels, 
         cg.Variant(fused=False, record="final", write_y=True, replay=False, step_loads=True)
 
 
+def test_fused_kernel_reads_a_state_that_starts_off_its_16_byte_alignment(kernels):
+    # The state is read 16 bytes a load where its base allows; a row-contiguous view 4 bytes into
+    # a buffer (what a slice can hand the kernel without a copy) takes the scalar read, same bits.
+    attn = _tiny_gdn(mx.bfloat16, seed=7)
+    Hk, Hv, Dk, Dv = attn.num_k_heads, attn.num_v_heads, attn.head_k_dim, attn.head_v_dim
+    dims = dict(num_k_heads=Hk, key_dim=Dk, num_v_heads=Hv, value_dim=Dv)
+    mx.random.seed(19)
+    B, T = 2, 5
+    qkv = (mx.random.normal((B, T, attn.conv_dim)) * 0.5).astype(mx.bfloat16)
+    conv_state = (mx.random.normal((B, 3, attn.conv_dim)) * 0.5).astype(mx.bfloat16)
+    a, b = (mx.random.normal((B, T, Hv)).astype(mx.bfloat16) for _ in range(2))
+    flat = mx.random.normal((B * Hv * Dv * Dk + 1,)) * 0.1
+    mx.eval(flat)
+    shifted = flat[1:].reshape(B, Hv, Dv, Dk)
+    aligned = mx.array(shifted)  # a copy of its own
+    rest = (attn.conv1d.weight, a, b, attn.A_log, attn.dt_bias)
+    for kw in (dict(record="states"), dict(record="final", window=True)):
+        got = cg.gdn_fused_cuda(conv_state, qkv, *rest, shifted, **dims, **kw)
+        want = cg.gdn_fused_cuda(conv_state, qkv, *rest, aligned, **dims, **kw)
+        for g, w in zip(got, want, strict=True):
+            assert mx.array_equal(g, w), kw
+
+
 def test_final_state_record_replays_each_rows_kept_steps(kernels, monkeypatch):
     # HF2Q_GDN_RECORD=final's rollback (hf2q.kernels.gdn.replay_rows): each row's state after its
     # own kept count equals the per-step record's, bit for bit.
