@@ -5,7 +5,8 @@
 # (with the state 4 bytes off alignment), the random 4B-shaped pair at 1, 4, 8 slots, the
 # one-slot round's and plain step's traces; then what a draft head read from 8- or 4-bit weights
 # would cost at a draft's 15 rows (one slot) and 60 (four): MLX's quantized product and hf2q's
-# dequantizing kernel (quant_rows.py), against the bf16 head's kernel and cuBLAS (node_cost.py).
+# dequantizing kernel (quant_rows.py), against the bf16 head's kernel and cuBLAS (node_cost.py),
+# and end to end (plain_ab.py alternating HF2Q_DRAFT_HEAD_BITS 0 / 8 / 4 at one and four slots).
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
@@ -14,8 +15,15 @@ case "${PART:-1}" in
 1)
   gpu_pytest pytest_gdn 90 tests/test_kernels_gated_delta.py -k cuda
   synthetic_run syn4b 1,4,8 140
-  timeout 110 python3 benchmarks/gpu_timeline.py --synthetic 4b --prompt-tokens 64 --slots 1 \
-    --tokens 32 --top 40 --loops slots-dflash,slots-plain --out "$OUT/tl_s1.json" \
+  # drafts from an 8- or 4-bit copy of the head (--draft-head-bits), alternating in one process
+  heads=HF2Q_DRAFT_HEAD_BITS=0,HF2Q_DRAFT_HEAD_BITS=8,HF2Q_DRAFT_HEAD_BITS=4
+  ab_run ab_head1 100 --synthetic 4b --modes plain,dflash --tokens 32 --prompt-tokens 64 \
+    --runs 3 --values "$heads"
+  ab_run ab_head4 100 --synthetic 4b --slots 4 --modes plain,dflash --tokens 32 \
+    --prompt-tokens 64 --runs 3 --values "$heads"
+  t=$(left)
+  [ "$t" -gt 100 ] && timeout 100 python3 benchmarks/gpu_timeline.py --synthetic 4b --slots 1 \
+    --prompt-tokens 64 --tokens 32 --top 40 --loops slots-dflash,slots-plain --out "$OUT/tl_s1.json" \
     > "$OUT/tl_s1.log" 2>&1
   echo "tl_s1 exit $? $(el)"; grep -A24 '^==' "$OUT/tl_s1.log" | cut -c1-150
   t=$(left)

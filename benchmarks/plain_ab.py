@@ -16,6 +16,8 @@ Usage (GPU):
     python3 benchmarks/plain_ab.py --values HF2Q_GROUPED_MM=0,HF2Q_GROUPED_MM=1 --modes plain,dflash
     python3 benchmarks/plain_ab.py --demo --lookup --values HF2Q_LAGGED_LOOKUP=0,HF2Q_LAGGED_LOOKUP=1 \
         --modes plain,dflash
+    python3 benchmarks/plain_ab.py --values HF2Q_DRAFT_HEAD_BITS=0,HF2Q_DRAFT_HEAD_BITS=8 \
+        --modes plain,dflash --tokens 32 --prompt-tokens 64   (drafts from a quantized head)
 
 ``--slots N`` decodes N random prompts together (batched plain decoding and batched DFlash,
 ``hf2q.runtime.slots``) and reports per value the round time and the aggregate tok/s:
@@ -38,6 +40,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+#: A value naming it binds the drafter to ``TargetModel.draft_head(bits)`` for its runs.
+DRAFT_HEAD_ENV = "HF2Q_DRAFT_HEAD_BITS"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
             for n in names:
                 os.environ.pop(n, None)
             os.environ.update(settings[v])
+            if DRAFT_HEAD_ENV in names:  # what hf2q generate / bench do with the setting
+                bits = int(os.environ.get(DRAFT_HEAD_ENV, "0"))
+                pair.drafter.bind(pair.target.embed, pair.target.draft_head(bits))
             for mode in modes:
                 loop = f"slots-{mode}" if args.slots else mode
                 s = _once(loop, pair, prompts, args.slots, args.tokens, args.lookup)

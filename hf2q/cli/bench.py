@@ -11,7 +11,13 @@ from typing import Annotated
 
 import typer
 
-from hf2q.cli.options import DraftOption, DtypeOption, ModelOption
+from hf2q.cli.options import (
+    DraftHeadBitsOption,
+    DraftOption,
+    DtypeOption,
+    ModelOption,
+    check_draft_head_bits,
+)
 from hf2q.errors import OutputError, UsageError
 
 
@@ -92,6 +98,7 @@ def bench(
         ),
     ] = "compact",
     dtype: DtypeOption = None,
+    draft_head_bits: DraftHeadBitsOption = 0,
     chat: Annotated[
         bool | None,
         typer.Option(
@@ -140,6 +147,7 @@ def bench(
     ).validate()
     if dtype is not None and dtype not in DTYPE_CHOICES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
+    check_draft_head_bits(draft_head_bits)
     if out_file is not None:
         _check_out(out_file)
 
@@ -153,7 +161,7 @@ def bench(
     from hf2q.runtime.bench import run_bench
     from hf2q.runtime.pair import load_pair
 
-    pair = load_pair(model, draft, dflash=True, revision=revision)
+    pair = load_pair(model, draft, dflash=True, revision=revision, draft_head_bits=draft_head_bits)
     if plan.action == "hint" and not json_out:
         warn(blas_hint(plan))
     use_chat = pair.chat_default if chat is None else chat
@@ -184,6 +192,7 @@ def bench(
     report = {
         "model": pair.target_source,
         "draft": pair.draft_source,
+        "draft_head_bits": draft_head_bits or None,
         **report,
         "platform": {**describe(), "kernels": select.summary(pair.target)},
     }

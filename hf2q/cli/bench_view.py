@@ -167,7 +167,13 @@ def print_report(report: dict[str, Any], *, terminal: bool) -> None:
     """The table, then the chart, then one line on what was measured."""
     cfg = report["config"]
     about = (
-        f"{report.get('model')} + {report.get('draft')}; workload {cfg['workload']}, "
+        f"{report.get('model')} + {report.get('draft')}"
+        + (
+            f" (draft head {report['draft_head_bits']}-bit)"
+            if report.get("draft_head_bits")
+            else ""
+        )
+        + f"; workload {cfg['workload']}, "
         f"{cfg['gen_tokens']} tokens per request, "
         f"{cfg.get('requests_per_slot', 1)} request(s) per slot, block size {cfg['block_size']}, "
         f"median of {cfg['trials']} trial(s) after {cfg['warmup']} warm-up; "

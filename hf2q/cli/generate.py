@@ -12,7 +12,13 @@ from typing import Annotated
 
 import typer
 
-from hf2q.cli.options import DraftOption, DtypeOption, ModelOption
+from hf2q.cli.options import (
+    DraftHeadBitsOption,
+    DraftOption,
+    DtypeOption,
+    ModelOption,
+    check_draft_head_bits,
+)
 from hf2q.errors import UsageError
 
 
@@ -76,6 +82,7 @@ def generate(
         bool, typer.Option("--json", help="Print one JSON object (last line) instead of text.")
     ] = False,
     dtype: DtypeOption = None,
+    draft_head_bits: DraftHeadBitsOption = 0,
     revision: Annotated[
         str | None, typer.Option("--revision", help="Hub revision of --model.")
     ] = None,
@@ -100,6 +107,7 @@ def generate(
         )
     if block_size is not None and not dflash:
         raise UsageError("--block-size applies to DFlash only: drop it or drop --no-dflash")
+    check_draft_head_bits(draft_head_bits)
     if prompt is not None and prompt_file is not None:
         raise UsageError("pass the prompt as an argument or with --prompt-file, not both")
 
@@ -130,7 +138,9 @@ def generate(
 
     if dtype is not None and dtype not in DTYPE_CHOICES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
-    pair = load_pair(model, draft, dflash=dflash, revision=revision)
+    pair = load_pair(
+        model, draft, dflash=dflash, revision=revision, draft_head_bits=draft_head_bits
+    )
     compute_dtype = apply_dtype(pair.target, pair.drafter if dflash else None, dtype)
     if text is None:
         if pair.default_prompt is None:
@@ -173,6 +183,7 @@ def generate(
     extra = {
         "model": pair.target_source,
         **({"draft": pair.draft_source} if dflash else {}),
+        **({"draft_head_bits": draft_head_bits} if dflash and draft_head_bits else {}),
         "dtype": compute_dtype,
         "kernels": select.summary(pair.target),
         **blas_summary(),

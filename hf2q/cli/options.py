@@ -36,3 +36,24 @@ DtypeOption = Annotated[
         "native (as loaded), float32, bfloat16 or float16.",
     ),
 ]
+
+#: ``--draft-head-bits``: drafts read a 4- or 8-bit copy of the target's head (0: the head itself).
+DraftHeadBitsOption = Annotated[
+    int,
+    typer.Option(
+        "--draft-head-bits",
+        envvar="HF2Q_DRAFT_HEAD_BITS",
+        help="Drafts read a 4- or 8-bit copy of the target's head (its largest product; a "
+        "drafter shares it): faster rounds, the same output (the verify keeps the full head); "
+        "may accept fewer tokens a round. 0: the head itself.",
+    ),
+]
+
+
+def check_draft_head_bits(bits: int) -> int:
+    """``--draft-head-bits`` checked before anything loads (0, 4 or 8)."""
+    from hf2q.errors import UsageError
+
+    if bits not in (0, 4, 8):
+        raise UsageError(f"--draft-head-bits must be 0, 4 or 8, got {bits}")
+    return bits

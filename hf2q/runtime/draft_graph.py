@@ -126,6 +126,14 @@ def _layer(lay: Any, x: mx.array, ctx: mx.array, where: tuple, K, V, mm, rows: b
     return swiglu_mlp(lay.mlp, lay.post_attention_layernorm(h), mm, add=h), K, V
 
 
+def _callable_key(fn: Any) -> Any:
+    """A hashable key of a bound head (a bound method's owner may be an unhashable module; a
+    target's ``head`` method is a new object at each access, equal to the last): its owner's id
+    and function, or a plain function's id. The kept entry's ``==`` check guards a reused id."""
+    owner, func = getattr(fn, "__self__", None), getattr(fn, "__func__", None)
+    return (id(owner), func) if owner is not None and func is not None else id(fn)
+
+
 def _graph_for(drafter: Any, mm: bool, head_mm: Frozen | None, rows: bool) -> Any:
     """The compiled forward of ``drafter`` for these settings (see :class:`CompiledDraft`), kept
     on the drafter as a plain attribute (not a parameter; it goes with the drafter), so a later
@@ -142,12 +150,13 @@ def _graph_for(drafter: Any, mm: bool, head_mm: Frozen | None, rows: bool) -> An
         select.kernel_mode(),
         select.backend(),
         select.compile_enabled(),
+        _callable_key(drafter._head),
     )
     weights = _drafter_weights(drafter)
     hit = per.get(key)
     if (
         hit is not None
-        and hit[1] is drafter._head
+        and hit[1] == drafter._head
         and hit[2] is drafter._embed
         and len(hit[0]) == len(weights)
         and all(a is b for a, b in zip(hit[0], weights))

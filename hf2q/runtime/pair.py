@@ -108,6 +108,7 @@ def load_pair(
     *,
     dflash: bool = True,
     revision: str | None = None,
+    draft_head_bits: int = 0,
 ) -> Pair:
     """Load the target (and with ``dflash`` its drafter) and validate the pair.
 
@@ -116,6 +117,8 @@ def load_pair(
         draft: drafter source; None looks the target up in the registry.
         dflash: load the drafter (False: plain decoding, the drafter is not needed).
         revision: Hub revision of the target.
+        draft_head_bits: 4 or 8: the drafter binds a quantized copy of the target's head
+            (``TargetModel.draft_head``); 0: the head itself.
 
     Raises:
         ModelError / DrafterError / SourceError / UsageError: one line naming the fix.
@@ -147,7 +150,7 @@ def load_pair(
         cfg = load_drafter_config(folder)
         validate_pair(target, cfg, where=f"drafter {draft}")
         drafter = load_drafter(folder, dtype=target.dtype)
-        drafter.bind(target.embed, target.head)
+        drafter.bind(target.embed, target.draft_head(draft_head_bits))
     has_template = bool(getattr(loaded.tokenizer, "chat_template", None))
     chat_default = bool(entry.get("chat", True)) and has_template
     return Pair(
@@ -225,6 +228,7 @@ def cast_models(target: Any, drafter: Any | None, dtype: str) -> None:
         if params:
             model.update(tree_unflatten(params))
     mx.eval([m.parameters() for m in models])
+    target.refresh_draft_heads()  # a quantized draft head follows the head's new weight
 
 
 def auto_dtype(target: Any, drafter: Any | None, *, memory_share: float = 0.4) -> str | None:

@@ -54,6 +54,9 @@ class TargetModel:
         self.model_type = getattr(model, "model_type", getattr(self.args, "model_type", ""))
         # Read on every layer of every forward: asked of the modules once.
         self._linear = tuple(bool(getattr(x, "is_linear", False)) for x in inner.layers)
+        # draft_head's quantized copies, bits -> (the weight copied, the copy), and functions
+        self._draft_heads: dict[int, tuple[mx.array, nn.Module]] = {}
+        self._draft_head_fns: dict[int, Callable[..., mx.array]] = {}
 
     # -- sizes -----------------------------------------------------------------------------
     @property
@@ -117,6 +120,64 @@ class TargetModel:
         if getattr(self.args, "tie_word_embeddings", False) or not hasattr(self.lm, "lm_head"):
             return small_mm.head(self.inner.embed_tokens, h, on)
         return small_mm.linear(self.lm.lm_head, h, on)
+
+    def draft_head(self, bits: int | None = None) -> Callable[..., mx.array]:
+        """The head a drafter binds: :meth:`head` itself, or with ``bits`` 4 or 8 the product of
+        a copy of the head's weight quantized (MLX's affine layout, groups of 64; 32 where the
+        hidden size is not a multiple of 64).
+
+        Drafts only propose: the verify and every token still come from :meth:`head`, so greedy
+        output stays plain decoding's and sampled output the target's distribution (rejection
+        sampling takes the draft's probabilities whatever they are). The copy reads a quarter
+        (4-bit) or half (8-bit) of a bf16 head's bytes a draft; it may propose other tokens where
+        two are close, which changes only how many are accepted. A head that is already quantized
+        (a quantized target) is used as it is. The copy is made here, once a bit width, and made
+        again by :meth:`refresh_draft_heads` when the target's weights are cast.
+        """
+        if bits is None or bits == 0:
+            return self.head
+        if bits not in (4, 8):
+            raise ModelError(f"a draft head is quantized to 4 or 8 bits, not {bits}: pass 4 or 8")
+        mod, tied = self._head_module()
+        if type(mod) not in (nn.Embedding, nn.Linear):
+            return self.head  # quantized already
+        if self.hidden_size % 32:
+            raise ModelError(
+                f"a quantized draft head needs a hidden size that is a multiple of 32, this "
+                f"target's is {self.hidden_size}: drop --draft-head-bits"
+            )
+        if bits not in self._draft_head_fns:
+            self._quantize_head(bits)
+
+            def head(h: mx.array, mm: bool | small_mm.Frozen | None = None) -> mx.array:
+                q = self._draft_heads[bits][1]
+                on = small_mm_enabled() if mm is None else mm
+                return small_mm.head(q, h, on) if tied else small_mm.linear(q, h, on)
+
+            self._draft_head_fns[bits] = head
+        return self._draft_head_fns[bits]
+
+    def refresh_draft_heads(self) -> None:
+        """Quantize :meth:`draft_head`'s copies again where the head's weight was replaced (a
+        dtype cast), before any draft reads them."""
+        mod, _ = self._head_module()
+        for bits, (weight, _) in list(self._draft_heads.items()):
+            if weight is not mod.weight:
+                self._quantize_head(bits)
+
+    def _head_module(self) -> tuple[nn.Module, bool]:
+        tied = getattr(self.args, "tie_word_embeddings", False) or not hasattr(self.lm, "lm_head")
+        return (self.inner.embed_tokens if tied else self.lm.lm_head), tied
+
+    def _quantize_head(self, bits: int) -> None:
+        mod, tied = self._head_module()
+        group = 64 if self.hidden_size % 64 == 0 else 32
+        if tied:
+            q = nn.QuantizedEmbedding.from_embedding(mod, group_size=group, bits=bits)
+        else:
+            q = nn.QuantizedLinear.from_linear(mod, group_size=group, bits=bits)
+        mx.eval(q.parameters())
+        self._draft_heads[bits] = (mod.weight, q)
 
     def logits(self, h: mx.array, mm: bool | None = None) -> mx.array:
         """Last-layer hidden states -> logits (final norm, then head; ``mm`` as in :meth:`head`)."""

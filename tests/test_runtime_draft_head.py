@@ -1,0 +1,122 @@
+"""``--draft-head-bits``: drafts read a 4- or 8-bit copy of the target's head, the output does not
+change.
+
+Greedy DFlash with the quantized draft head gives plain greedy decoding's tokens (one sequence and
+batched slots), on a fitted untied pair and on the tied demo pair; sampled DFlash still follows the
+target's distribution; the copy follows a dtype cast; bad values fail before anything loads.
+"""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import FIT_TEXTS, assert_greedy_dflash_equals_plain, load_fitted
+
+from hf2q.errors import ModelError
+from hf2q.runtime.dflash import RoundDone, dflash_generate, run
+
+
+@pytest.fixture(scope="module")
+def fitted(fitted_pairs):
+    lm, target, drafter = load_fitted(*fitted_pairs["qwen35"])
+    prompts = [lm.tokenizer.encode(t)[:n] for t, n in zip(FIT_TEXTS[:3], (5, 9, 3), strict=True)]
+    return target, drafter, prompts
+
+
+def _draft_logits(target, head, seed: int = 3) -> tuple[mx.array, mx.array]:
+    mx.random.seed(seed)
+    h = mx.random.normal((1, 15, target.hidden_size)).astype(target.dtype)
+    return head(h), target.head(h)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_draft_head_keeps_greedy_dflash_equal_to_plain(fitted, bits):
+    target, drafter, prompts = fitted
+    head = target.draft_head(bits)
+    got, full = _draft_logits(target, head)
+    # a real copy: other logits, close to the head's (what the drafts propose from)
+    assert not mx.array_equal(got, full)
+    err = float(mx.abs(got - full).max()) / float(mx.abs(full).max())
+    assert err < (0.15 if bits == 4 else 0.02), err
+    assert target.draft_head(bits) is head  # made once a bit width
+    drafter.bind(target.embed, head)
+    try:
+        assert_greedy_dflash_equals_plain(
+            target, drafter, prompts, [24, 17, 30], blocks=(4, 16), slots=2
+        )
+    finally:
+        drafter.bind(target.embed, target.head)
+
+
+def test_quantized_draft_head_proposes_what_the_full_head_proposes_on_the_demo_pair():
+    # The tied demo pair (a drafter trained on its target): the 8-bit draft head accepts about
+    # as many tokens a round as the head itself, and the tokens are plain decoding's.
+    from hf2q.runtime.dflash import plain_generate
+    from hf2q.runtime.pair import apply_dtype, encode_prompt, load_pair
+
+    full = load_pair(None)
+    pair = load_pair(None, draft_head_bits=8)
+    assert pair.target.args.tie_word_embeddings
+    apply_dtype(full.target, full.drafter, None)
+    apply_dtype(pair.target, pair.drafter, None)
+    ids = encode_prompt(pair.tokenizer, pair.default_prompt, chat=pair.chat_default)
+    # the copy followed the cast (auto: float32 on a CPU) before any draft read it
+    weight, q = pair.target._draft_heads[8]
+    assert weight is pair.target.inner.embed_tokens.weight and q.scales.dtype == pair.target.dtype
+    taus = {}
+    for name, p in (("full", full), ("8-bit", pair)):
+        events = list(dflash_generate(p.target, p.drafter, ids, max_tokens=64, lookup=False))
+        rounds = [e for e in events if isinstance(e, RoundDone)]
+        taus[name] = np.mean([len(r.committed) for r in rounds])
+        want = run(plain_generate(p.target, ids, max_tokens=64)).tokens
+        assert events[-1].tokens == want, name
+    assert taus["8-bit"] >= 0.8 * taus["full"], taus
+
+
+def test_sampled_dflash_with_a_quantized_draft_head_follows_the_target(fitted):
+    # Rejection sampling takes the draft's own probabilities: a 4-bit head's q changes how often
+    # drafts are kept, not what is committed (chi-square against the target's exact joint).
+    from test_runtime_sampling import BLOCK, N_RUNS, _chi2_pvalue, _draws, _exact_joint
+
+    target, drafter, prompts = fitted
+    prompt = prompts[0][:4]
+    exact = _exact_joint(target, prompt, 3)
+    drafter.bind(target.embed, target.draft_head(4))
+    try:
+        dfl = _draws(
+            lambda sp: dflash_generate(
+                target, drafter, prompt, max_tokens=32, block_size=BLOCK, sampling=sp
+            )
+        )
+    finally:
+        drafter.bind(target.embed, target.head)
+    assert _chi2_pvalue(dfl, exact, N_RUNS) > 1e-3
+
+
+def test_draft_head_bits_are_checked(fitted):
+    target, _, _ = fitted
+    assert target.draft_head(0) == target.head
+    with pytest.raises(ModelError, match="4 or 8 bits, not 6: pass 4 or 8"):
+        target.draft_head(6)
+
+
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_cli_rejects_other_draft_head_bits_before_loading(capsys, command):
+    from hf2q.cli.app import main
+
+    assert main([command, "--draft-head-bits", "5"]) != 0
+    err = capsys.readouterr().err
+    assert "--draft-head-bits must be 0, 4 or 8, got 5" in err
+    assert "Traceback" not in err
+
+
+def test_generate_reports_the_draft_head_it_ran(capsys, monkeypatch):
+    from hf2q.cli.app import main
+
+    monkeypatch.setenv("HF2Q_DRAFT_HEAD_BITS", "8")
+    assert main(["generate", "def add(a, b):", "-n", "12", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["draft_head_bits"] == 8
