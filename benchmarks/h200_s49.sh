@@ -7,6 +7,7 @@
 # at a draft's 15 rows (one slot) and 60 (four): MLX's quantized product and hf2q's dequantizing
 # kernel (quant_rows.py), against the bf16 head's kernel and cuBLAS (node_cost.py); then the
 # random 4B-shaped pair at 1, 4, 8 slots in what is left.
+# PART=2: the draft head's A/Bs again after the changes run 2 asked for (see there).
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
@@ -31,6 +32,16 @@ case "${PART:-1}" in
   echo "bfhead exit $? $(el)"; grep -v '"add"' "$OUT/bfhead.log" | cut -c1-200 | tail -n 8
   t=$(left)
   [ "$t" -gt 60 ] && synthetic_run syn4b 1,4,8 "$t"
+  ;;
+2)
+  # after run 2: 8-bit copies through MLX's product at every row count, and a draft's quantized
+  # head off the kernel as one product of all slots' rows (was: a GEMM a slot)
+  heads=HF2Q_DRAFT_HEAD_BITS=0,HF2Q_DRAFT_HEAD_BITS=8,HF2Q_DRAFT_HEAD_BITS=4
+  ab_run ab_head4 90 --synthetic 4b --slots 4 --modes plain,dflash --tokens 32 \
+    --prompt-tokens 64 --runs 2 --values "$heads"
+  t=$(left)
+  [ "$t" -gt 50 ] && ab_run ab_head1 "$t" --synthetic 4b --modes plain,dflash --tokens 32 \
+    --prompt-tokens 64 --runs 2 --values "$heads"
   ;;
 esac
 host_speed

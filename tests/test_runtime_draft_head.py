@@ -120,3 +120,25 @@ def test_generate_reports_the_draft_head_it_ran(capsys, monkeypatch):
     assert main(["generate", "def add(a, b):", "-n", "12", "--json"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert record["draft_head_bits"] == 8
+
+
+@pytest.mark.parametrize("kind", ["linear", "embedding"])
+def test_frozen_quantized_products_take_all_slots_rows_at_once(kind):
+    # A draft's quantized head / layer off the kernel (FROZEN) joins the slots' rows into one
+    # product (MLX's CUDA product runs a 3-D input as one GEMM a slot); same values, same shape.
+    import mlx.nn as nn
+
+    from hf2q.kernels import linear as small_mm
+
+    mx.random.seed(5)
+    if kind == "linear":
+        mod = nn.QuantizedLinear.from_linear(nn.Linear(128, 96, bias=False), 64, 4)
+        call = small_mm.linear
+    else:
+        mod = nn.QuantizedEmbedding.from_embedding(nn.Embedding(96, 128), 64, 4)
+        call = small_mm.head
+    x = mx.random.normal((3, 5, 128))
+    got = call(mod, x, small_mm.FROZEN)
+    want = mod(x) if kind == "linear" else mod.as_linear(x)
+    assert got.shape == (3, 5, 96)
+    assert mx.allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -151,7 +151,12 @@ class TargetModel:
 
             def head(h: mx.array, mm: bool | small_mm.Frozen | None = None) -> mx.array:
                 q = self._draft_heads[bits][1]
-                on = small_mm_enabled() if mm is None else mm
+                # Which product: drafts need no row invariance, so the faster one. On an H100
+                # (session 49, quant_rows.py, the 248320 x 2560 head, us at 15 / 60 rows): 8-bit
+                # MLX 334 / 506, hf2q's kernel 414 / 658; 4-bit MLX 307 / 599, the kernel 280 /
+                # 644. So 8-bit copies take MLX's product always, 4-bit ones the kernel where the
+                # draft's head rows take it (select.draft_head_mm_rows), MLX's beyond.
+                on = small_mm.FROZEN if bits == 8 else small_mm_enabled() if mm is None else mm
                 return small_mm.head(q, h, on) if tied else small_mm.linear(q, h, on)
 
             self._draft_head_fns[bits] = head
