@@ -7,7 +7,8 @@
 # at a draft's 15 rows (one slot) and 60 (four): MLX's quantized product and hf2q's dequantizing
 # kernel (quant_rows.py), against the bf16 head's kernel and cuBLAS (node_cost.py); then the
 # random 4B-shaped pair at 1, 4, 8 slots in what is left.
-# PART=2: the draft head's A/Bs again after the changes run 2 asked for (see there).
+# PART=2 (BUDGET=450): the draft head's A/Bs again after the changes run 2 asked for (see
+# there), then the Gated-DeltaNet CUDA tests with the time left.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
@@ -40,8 +41,11 @@ case "${PART:-1}" in
   ab_run ab_head4 90 --synthetic 4b --slots 4 --modes plain,dflash --tokens 32 \
     --prompt-tokens 64 --runs 2 --values "$heads"
   t=$(left)
-  [ "$t" -gt 50 ] && ab_run ab_head1 "$t" --synthetic 4b --modes plain,dflash --tokens 32 \
-    --prompt-tokens 64 --runs 2 --values "$heads"
+  [ "$t" -gt 50 ] && ab_run ab_head1 $(( t < 90 ? t : 90 )) --synthetic 4b --modes plain,dflash \
+    --tokens 32 --prompt-tokens 64 --runs 2 --values "$heads"
+  # run 2 cut these at 12 passed by a 90 s timeout (first compiles on a fresh machine)
+  t=$(left)
+  [ "$t" -gt 60 ] && gpu_pytest pytest_gdn "$t" tests/test_kernels_gated_delta.py -k cuda
   ;;
 esac
 host_speed
