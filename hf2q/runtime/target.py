@@ -35,6 +35,11 @@ def _run_layer(index: int, layer: nn.Module, h: mx.array, mask: Any, cache: Any)
     return layer(h, mask=mask, cache=cache)
 
 
+def _head_product(mod: nn.Module, tied: bool, h: mx.array, on: bool | small_mm.Frozen) -> mx.array:
+    """Logits of ``h`` through a head module: a tied embedding's ``as_linear`` or a linear head."""
+    return small_mm.head(mod, h, on) if tied else small_mm.linear(mod, h, on)
+
+
 class TargetModel:
     """A loaded mlx-lm model plus the handles DFlash needs; see the module docstring."""
 
@@ -54,8 +59,7 @@ class TargetModel:
         self.model_type = getattr(model, "model_type", getattr(self.args, "model_type", ""))
         # Read on every layer of every forward: asked of the modules once.
         self._linear = tuple(bool(getattr(x, "is_linear", False)) for x in inner.layers)
-        # draft_head's quantized copies, bits -> (the weight copied, the copy), and functions
-        self._draft_heads: dict[int, tuple[mx.array, nn.Module]] = {}
+        # draft_head's functions by bits (their quantized copies are kept on the head's module)
         self._draft_head_fns: dict[int, Callable[..., mx.array]] = {}
 
     # -- sizes -----------------------------------------------------------------------------
@@ -116,10 +120,8 @@ class TargetModel:
         runners' products (None: ``select.small_mm_enabled()``, on CUDA); ``small_mm.FROZEN``:
         MLX's matmul with the weight's transposed view made once (inference only).
         """
-        on = small_mm_enabled() if mm is None else mm
-        if getattr(self.args, "tie_word_embeddings", False) or not hasattr(self.lm, "lm_head"):
-            return small_mm.head(self.inner.embed_tokens, h, on)
-        return small_mm.linear(self.lm.lm_head, h, on)
+        mod, tied = self._head_module()
+        return _head_product(mod, tied, h, small_mm_enabled() if mm is None else mm)
 
     def draft_head(self, bits: int | None = None) -> Callable[..., mx.array]:
         """The head a drafter binds: :meth:`head` itself, or with ``bits`` 4 or 8 the product of
@@ -147,17 +149,16 @@ class TargetModel:
                 f"target's is {self.hidden_size}: drop --draft-head-bits"
             )
         if bits not in self._draft_head_fns:
-            self._quantize_head(bits)
+            self._quantized_head(bits)  # made now: a compiled draft's trace cannot evaluate it
 
             def head(h: mx.array, mm: bool | small_mm.Frozen | None = None) -> mx.array:
-                q = self._draft_heads[bits][1]
                 # Which product: drafts need no row invariance, so the faster one. On an H100
                 # (session 49, quant_rows.py, the 248320 x 2560 head, us at 15 / 60 rows): 8-bit
                 # MLX 334 / 506, hf2q's kernel 414 / 658; 4-bit MLX 307 / 599, the kernel 280 /
                 # 644. So 8-bit copies take MLX's product always, 4-bit ones the kernel where the
                 # draft's head rows take it (select.draft_head_mm_rows), MLX's beyond.
                 on = small_mm.FROZEN if bits == 8 else small_mm_enabled() if mm is None else mm
-                return small_mm.head(q, h, on) if tied else small_mm.linear(q, h, on)
+                return _head_product(self._quantized_head(bits), tied, h, on)
 
             self._draft_head_fns[bits] = head
         return self._draft_head_fns[bits]
@@ -165,24 +166,29 @@ class TargetModel:
     def refresh_draft_heads(self) -> None:
         """Quantize :meth:`draft_head`'s copies again where the head's weight was replaced (a
         dtype cast), before any draft reads them."""
-        mod, _ = self._head_module()
-        for bits, (weight, _) in list(self._draft_heads.items()):
-            if weight is not mod.weight:
-                self._quantize_head(bits)
+        for bits in self._draft_head_fns:
+            self._quantized_head(bits)
 
     def _head_module(self) -> tuple[nn.Module, bool]:
+        """(the head's module, whether it is the tied embedding)."""
         tied = getattr(self.args, "tie_word_embeddings", False) or not hasattr(self.lm, "lm_head")
         return (self.inner.embed_tokens if tied else self.lm.lm_head), tied
 
-    def _quantize_head(self, bits: int) -> None:
+    def _quantized_head(self, bits: int) -> nn.Module:
+        """The head's ``bits``-bit copy, kept on the head's module with the weight it copies
+        (``small_mm.kept``: made again when that weight is replaced)."""
         mod, tied = self._head_module()
         group = 64 if self.hidden_size % 64 == 0 else 32
-        if tied:
-            q = nn.QuantizedEmbedding.from_embedding(mod, group_size=group, bits=bits)
-        else:
-            q = nn.QuantizedLinear.from_linear(mod, group_size=group, bits=bits)
-        mx.eval(q.parameters())
-        self._draft_heads[bits] = (mod.weight, q)
+
+        def build() -> nn.Module:
+            if tied:
+                q = nn.QuantizedEmbedding.from_embedding(mod, group_size=group, bits=bits)
+            else:
+                q = nn.QuantizedLinear.from_linear(mod, group_size=group, bits=bits)
+            mx.eval(q.parameters())
+            return q
+
+        return small_mm.kept(mod, f"_hf2q_draft_head_{bits}", [mod.weight], build)
 
     def logits(self, h: mx.array, mm: bool | None = None) -> mx.array:
         """Last-layer hidden states -> logits (final norm, then head; ``mm`` as in :meth:`head`)."""
