@@ -39,10 +39,9 @@ import mlx.core as mx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hf2q.kernels import cuda_gated_delta as cg  # noqa: E402
+from gdn_record_cost import DK, DV, HK, HV, KC, layer_inputs  # noqa: E402
 
-#: Qwen3.5-4B's Gated-DeltaNet: 16 key heads, 32 value heads, head dims 128, conv kernel 4.
-HK, HV, DK, DV, KC = 16, 32, 128, 128, 4
+from hf2q.kernels import cuda_gated_delta as cg  # noqa: E402
 
 #: Timing probes: replacements (text of the channel-read kernel's source, new text).
 PROBES: dict[str, list[tuple[str, str]]] = {
@@ -93,22 +92,6 @@ def probe_spec(probe: str) -> dict[str, Any]:
 @cache
 def _probe_kernel(probe: str) -> Any:
     return mx.fast.cuda_kernel(**probe_spec(probe))
-
-
-def _layer_inputs(B: int, T: int, seed: int) -> tuple:
-    mx.random.seed(seed)
-    C = 2 * HK * DK + HV * DV
-    bf = mx.bfloat16
-    conv_state = (mx.random.normal((B, KC - 1, C)) * 0.5).astype(bf)
-    qkv = (mx.random.normal((B, T, C)) * 0.5).astype(bf)
-    conv_w = (mx.random.normal((C, KC)) * 0.3).astype(bf)
-    a, b = (mx.random.normal((B, T, HV)).astype(bf) for _ in range(2))
-    A_log = mx.random.uniform(0.0, 1.0, (HV,))
-    dt_bias = mx.random.normal((HV,)).astype(bf)
-    state = mx.random.normal((B, HV, DV, DK)) * 0.1
-    args = (conv_state, qkv, conv_w, a, b, A_log, dt_bias, state)
-    mx.eval(args)
-    return args
 
 
 def _launches(layers: list[tuple], variant: str) -> list[mx.array]:
@@ -202,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = [(int(B), int(T)) for B in a.batches.split(",") for T in a.steps.split(",")]
     inputs, same = {}, {}
     for B, T in configs:
-        layers = inputs[B, T] = [_layer_inputs(B, T, seed=i) for i in range(a.layers)]
+        layers = inputs[B, T] = [tuple(x) for x in layer_inputs(B, a.layers, seed=T, steps=T)]
         same[B, T] = all(
             mx.array_equal(x, y).item()
             for x, y in zip(_launches(layers, "channel"), _launches(layers, "step"), strict=True)

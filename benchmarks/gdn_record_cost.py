@@ -45,18 +45,19 @@ C = 2 * HK * DK + HV * DV
 DIMS = dict(num_k_heads=HK, key_dim=DK, num_v_heads=HV, value_dim=DV)
 
 
-def _layer_inputs(B: int, layers: int, seed: int) -> list[list[mx.array]]:
-    """Per layer: conv_state, qkv, conv_w, a, b, A_log, dt_bias, state (random, model dtypes)."""
+def layer_inputs(B: int, layers: int, seed: int, steps: int = T) -> list[list[mx.array]]:
+    """Per layer: conv_state, qkv, conv_w, a, b, A_log, dt_bias, state (random, model dtypes)
+    of a ``steps``-token block at the 4B shapes (``gdn_loads.py`` uses them too)."""
     mx.random.seed(seed)
     out = []
     for _ in range(layers):
         out.append(
             [
                 (mx.random.normal((B, KC - 1, C)) * 0.5).astype(mx.bfloat16),
-                (mx.random.normal((B, T, C)) * 0.5).astype(mx.bfloat16),
+                (mx.random.normal((B, steps, C)) * 0.5).astype(mx.bfloat16),
                 (mx.random.normal((C, KC)) * 0.3).astype(mx.bfloat16),
-                mx.random.normal((B, T, HV)).astype(mx.bfloat16),
-                mx.random.normal((B, T, HV)).astype(mx.bfloat16),
+                mx.random.normal((B, steps, HV)).astype(mx.bfloat16),
+                mx.random.normal((B, steps, HV)).astype(mx.bfloat16),
                 mx.random.uniform(-1.0, 1.0, (HV,)),
                 mx.random.normal((HV,)).astype(mx.bfloat16),
                 mx.random.normal((B, HV, DV, DK)) * 0.1,
@@ -102,7 +103,7 @@ def main() -> None:
     ways = {"states": mx.compile(_states_way), "final+replay": mx.compile(_replay_way)}
     results = []
     for B in [int(r) for r in args.rows.split(",")]:
-        flat = [a for layer in _layer_inputs(B, args.layers, seed=B) for a in layer]
+        flat = [a for layer in layer_inputs(B, args.layers, seed=B) for a in layer]
         mx.random.seed(100 + B)
         keep = mx.random.randint(1, T + 1, (B,)).astype(mx.int32)
         kinds = {name: functools.partial(fn, keep, *flat) for name, fn in ways.items()}
