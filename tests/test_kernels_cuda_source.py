@@ -222,12 +222,15 @@ def _assert_compiles_without_spills(
 
 
 @pytest.mark.parametrize(
-    "mt,nb,warps,unroll,add,bits",
-    [(*launch, False, bits) for bits in (4, 8) for launch in _LAUNCHES]
-    + [(*launch, True, 4) for launch in _LAUNCHES[:3]],
+    "mt,nb,warps,unroll,cw,add,bits",
+    [(*launch, 1, False, bits) for bits in (4, 8) for launch in _LAUNCHES]
+    + [(*launch, 1, True, 4) for launch in _LAUNCHES[:3]]
+    # the column split (a wide head's launch, tuned on a GPU) and the K-split's wider blocks
+    + [(*launch, False, bits) for bits in (4, 8) for launch in _COLUMN_LAUNCHES[:2]]
+    + [(1, 2, 8, 1, 8, False, 4), (1, 8, 8, 1, 1, False, 4), (1, 16, 4, 1, 1, False, 4)],
 )
 def test_small_qmm_kernels_compile_for_sm90_without_spills(
-    tmp_path: Path, mt, nb, warps, unroll, add, bits
+    tmp_path: Path, mt, nb, warps, unroll, cw, add, bits
 ):
     import cuda_emu
 
@@ -242,8 +245,8 @@ def test_small_qmm_kernels_compile_for_sm90_without_spills(
         [2] * len(ins),
         ["y"],
         [dt],
-        cm._QSOURCE_ADD if add else cm._QSOURCE,
+        cm._QSOURCE_COLUMNS if cw > 1 else cm._QSOURCE_ADD if add else cm._QSOURCE,
         cm._QHEADER,
-        cm._template(dt, mt, nb, warps, unroll) + [("BITS", bits), ("GS", 64)],
+        cm._template(dt, mt, nb, warps, unroll, cw) + [("BITS", bits), ("GS", 64)],
     )
     _assert_compiles_without_spills(tmp_path, "hf2q_small_qmm", src)

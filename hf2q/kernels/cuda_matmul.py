@@ -178,17 +178,24 @@ _BODY_TEMPLATE = r"""
 """
 # The unquantized weights' loads: the 16 bf16/fp16 weights of the lane's column in this chunk.
 _LOAD_W = r"""
-    unsigned wv[NB][8];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
-      const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)(n0 + nb * 8 + g) * K + kb);
+      const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)(@COL0@ + nb * 8 + g) * K + kb);
       const uint4 lo = wp[0];
       const uint4 hi = wp[1];
-      wv[nb][0] = lo.x; wv[nb][1] = lo.y; wv[nb][2] = lo.z; wv[nb][3] = lo.w;
-      wv[nb][4] = hi.x; wv[nb][5] = hi.y; wv[nb][6] = hi.z; wv[nb][7] = hi.w;
+      @DST@[nb][0] = lo.x; @DST@[nb][1] = lo.y; @DST@[nb][2] = lo.z; @DST@[nb][3] = lo.w;
+      @DST@[nb][4] = hi.x; @DST@[nb][5] = hi.y; @DST@[nb][6] = hi.z; @DST@[nb][7] = hi.w;
     }
 """
-_BODY = _BODY_TEMPLATE.replace("@LOAD_W@\n", _LOAD_W[1:])
+
+
+def _k_split(load: str) -> str:
+    """:data:`_BODY_TEMPLATE` with a chunk's weights loaded by ``load`` (columns from ``n0``)."""
+    code = "    unsigned wv[NB][8];\n" + load[1:]
+    return _BODY_TEMPLATE.replace("@LOAD_W@\n", code.replace("@DST@", "wv").replace("@COL0@", "n0"))
+
+
+_BODY = _k_split(_LOAD_W)
 
 
 # The same products with the warps splitting the columns instead of K (CW warps, each NB * 8 of
@@ -205,7 +212,7 @@ _BODY = _BODY_TEMPLATE.replace("@LOAD_W@\n", _LOAD_W[1:])
 # (rows g, g + 1, k offsets 16 t) fall in eight distinct bank groups. WARPS > 1 only (the
 # running sum starts at 0.0f as _BODY's sum of the warps' partials does; one warp stores its
 # accumulators as they are).
-_BODY_COLUMNS = r"""
+_BODY_COLUMNS_TEMPLATE = r"""
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
@@ -251,16 +258,9 @@ _BODY_COLUMNS = r"""
   };
   auto load_w = [&](int c, unsigned (&dst)[NB][8]) {
     const int kb = c * 64 + 16 * t;
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)(nw + nb * 8 + g) * K + kb);
-      const uint4 lo = wp[0];
-      const uint4 hi = wp[1];
-      dst[nb][0] = lo.x; dst[nb][1] = lo.y; dst[nb][2] = lo.z; dst[nb][3] = lo.w;
-      dst[nb][4] = hi.x; dst[nb][5] = hi.y; dst[nb][6] = hi.z; dst[nb][7] = hi.w;
-    }
+@LOAD_W@
   };
-  int s = 0;
+  int ks = 0;
   int c = 0;
   load_x(c);
   store_x(0);
@@ -268,11 +268,11 @@ _BODY_COLUMNS = r"""
   __syncthreads();
 #pragma unroll U
   for (int it = 0; it < chunks; ++it) {
-    int sn = s;
+    int ksn = ks;
     int cn = c + WARPS;
     if (cn >= chunks) {
-      sn = s + 1;
-      cn = sn;
+      ksn = ks + 1;
+      cn = ksn;
     }
     const bool more = it + 1 < chunks;
     if (more) {
@@ -296,7 +296,7 @@ _BODY_COLUMNS = r"""
         }
       }
     }
-    if (sn != s || !more) {
+    if (ksn != ks || !more) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -315,7 +315,7 @@ _BODY_COLUMNS = r"""
         for (int e = 0; e < 8; ++e) wv[nb][e] = wn[nb][e];
     }
     __syncthreads();
-    s = sn;
+    ks = ksn;
     c = cn;
   }
 #pragma unroll
@@ -330,6 +330,15 @@ _BODY_COLUMNS = r"""
       }
 """
 
+
+def _column_split(load: str) -> str:
+    """:data:`_BODY_COLUMNS_TEMPLATE` with a chunk's weights loaded by ``load`` (the warp's
+    columns from ``nw``, into the buffer ``dst``)."""
+    code = load[1:].replace("@DST@", "dst").replace("@COL0@", "nw")
+    return _BODY_COLUMNS_TEMPLATE.replace("@LOAD_W@\n", code)
+
+
+_BODY_COLUMNS = _column_split(_LOAD_W)
 
 _SINGLE = r"""
   const int N = w_shape[0];
@@ -613,10 +622,9 @@ def small_matmul_cuda(
 # for agree bit for bit, which MLX's own quantized product does not give on CUDA (MLX 0.32:
 # a matrix-vector kernel below 8 rows, a CUTLASS GEMM above; benchmarks/quant_rows.py).
 _LOAD_WQ = r"""
-    unsigned wv[NB][8];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
-      const int col = n0 + nb * 8 + g;
+      const int col = @COL0@ + nb * 8 + g;
       const size_t gi = (size_t)col * (K / GS) + kb / GS;
       const float sc = Hf2qDeq<T>::from(s[gi]);
       const float bi = Hf2qDeq<T>::from(b[gi]);
@@ -634,11 +642,12 @@ _LOAD_WQ = r"""
       for (int i = 0; i < 8; ++i) {
         const float v0 = (float)((q[(2 * i) / PER] >> (BITS * ((2 * i) % PER))) & MASK);
         const float v1 = (float)((q[(2 * i + 1) / PER] >> (BITS * ((2 * i + 1) % PER))) & MASK);
-        wv[nb][i] = Hf2qDeq<T>::pack(fmaf(sc, v0, bi), fmaf(sc, v1, bi));
+        @DST@[nb][i] = Hf2qDeq<T>::pack(fmaf(sc, v0, bi), fmaf(sc, v1, bi));
       }
     }
 """
-_QBODY = _BODY_TEMPLATE.replace("@LOAD_W@\n", _LOAD_WQ[1:])
+_QBODY = _k_split(_LOAD_WQ)
+_QBODY_COLUMNS = _column_split(_LOAD_WQ)
 
 _QHEADER = (
     _HEADER
@@ -664,6 +673,7 @@ template <> __device__ __forceinline__ float Hf2qDeq<__half>::from(__half v) {
 )
 _QSOURCE = _ROWS + _SINGLE + _STORE + _QBODY
 _QSOURCE_ADD = _ROWS + _SINGLE + _STORE_ADD + _QBODY
+_QSOURCE_COLUMNS = _ROWS + _SINGLE + _STORE + _QBODY_COLUMNS
 
 #: HF2Q_QMM_LAUNCH=NBxWARPSxU (e.g. ``8x8x2``): the dequantizing kernel's launch instead of
 #: :func:`launch_shape`'s, for tuning on a GPU (``benchmarks/quant_rows.py --tune``,
@@ -710,6 +720,17 @@ def _qkernel(add: bool = False) -> Any:
     )
 
 
+@cache
+def _qkernel_columns() -> Any:
+    return mx.fast.cuda_kernel(
+        name="hf2q_small_qmm_cols",
+        input_names=["x", "w", "s", "b"],
+        output_names=["y"],
+        source=_QSOURCE_COLUMNS,
+        header=_QHEADER,
+    )
+
+
 def quantized_supported(
     x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, bits: int, group: int
 ) -> str | None:
@@ -740,7 +761,7 @@ def small_qmatmul_cuda(
     bits: int,
     group: int,
     add: mx.array | None = None,
-    tune: tuple[int, int, int] | None = None,
+    tune: tuple[int, ...] | None = None,
 ) -> mx.array:
     """``x @ dequantize(w, scales, biases).T`` (MLX's affine layout, ``nn.QuantizedLinear``'s
     weights) in one tensor-core launch, each weight dequantized in float32 and rounded once to
@@ -748,25 +769,34 @@ def small_qmatmul_cuda(
     :func:`small_matmul_cuda`'s K-split, so a row's bits do not depend on the row count.
     ``add``: an array of the output's shape and dtype added in the same launch. ``tune``:
     (column blocks, warps, unrolling) instead of :func:`launch_shape`'s, for tuning (a row's
-    bits depend on ``warps`` only)."""
+    bits depend on ``warps`` only); a fourth value above 1 takes the column-split layout
+    (:data:`_BODY_COLUMNS_TEMPLATE`: the block's chunk of x staged once in shared memory, that
+    many warps of column blocks each; the K-split's bits for the same ``warps``; no addend)."""
     N, K = w.shape[0], w.shape[1] * 32 // bits
     rows = math.prod(x.shape[:-1])
     mt, nb, warps, unroll = launch_shape(rows, K, N)
     tune = _env_launch(rows, N) if tune is None else tune
+    cw = 1
     if tune is not None:
-        nb, warps, unroll = tune
-        if shared_bytes(mt, nb, warps) > SHARED_BYTES or N % (8 * nb):
+        if len(tune) not in (3, 4):
+            raise ValueError(f"tune {tune}: (column blocks, warps, unrolling[, column warps])")
+        nb, warps, unroll = tune[:3]
+        cw = tune[3] if len(tune) == 4 else 1
+        if shared_bytes(mt, nb, warps, cw) > SHARED_BYTES or N % (8 * nb * cw):
             raise ValueError(f"tune {tune}: does not fit {rows} rows x {N} columns")
+        if cw > 1 and (warps == 1 or add is not None):
+            raise ValueError(f"tune {tune}: the column split needs warps > 1 and no addend")
     if add is not None and (add.shape != (*x.shape[:-1], N) or add.dtype != x.dtype):
         raise ValueError(
             f"addend {add.shape} {add.dtype} is not the output's {x.shape[:-1]}+({N},)"
         )
-    template = _template(x.dtype, mt, nb, warps, unroll) + [("BITS", bits), ("GS", group)]
-    (y,) = _qkernel(add is not None)(
+    template = _template(x.dtype, mt, nb, warps, unroll, cw) + [("BITS", bits), ("GS", group)]
+    kernel = _qkernel_columns() if cw > 1 else _qkernel(add is not None)
+    (y,) = kernel(
         inputs=[x, w, scales, biases] if add is None else [x, w, scales, biases, add],
         template=template,
-        grid=((N // (8 * nb)) * 32 * warps, 1, 1),
-        threadgroup=(32 * warps, 1, 1),
+        grid=((N // (8 * nb * cw)) * 32 * (cw if cw > 1 else warps), 1, 1),
+        threadgroup=(32 * (cw if cw > 1 else warps), 1, 1),
         output_shapes=[(*x.shape[:-1], N)],
         output_dtypes=[x.dtype],
     )
