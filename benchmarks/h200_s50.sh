@@ -5,8 +5,9 @@
 # the demo pair's queue at 1, 4, 8 slots (eight slots against plain batched), verify-16 / decode-1
 # and decode against the bandwidth floor (verify_cost.py, call by call), then the same slot sweep
 # with drafts from a 4-bit copy of the head (--draft-head-bits 4) in what is left.
-# PART=2 (BUDGET=450): session 49's pending PART=2 (the draft head's A/Bs after its fixes at four
-# and one slots), then the Gated-DeltaNet CUDA tests and the greedy fidelity tests with the time left.
+# PART=2 (BUDGET=560): the 4-bit draft head's kernel launches timed in turn (quant_rows.py --tune:
+# wider column blocks, the column split), then session 49's pending A/Bs of the draft head at four
+# and one slots with the fastest launch as a fourth value, then the GPU tests with the time left.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
@@ -25,15 +26,35 @@ case "${PART:-1}" in
   [ "$t" -gt 80 ] && (export HF2Q_DRAFT_HEAD_BITS=4; synthetic_run syn4b_head4 1,4,8 "$t")
   ;;
 2)
-  heads=HF2Q_DRAFT_HEAD_BITS=0,HF2Q_DRAFT_HEAD_BITS=8,HF2Q_DRAFT_HEAD_BITS=4
-  ab_run ab_head4 90 --synthetic 4b --slots 4 --modes plain,dflash --tokens 32 \
-    --prompt-tokens 64 --runs 2 --values "$heads"
+  # the 4-bit head's launches at a draft's rows (one slot, four): the default K-split, wider
+  # column blocks, the column split (x staged once a block); then the fastest of each end to end
+  timeout 90 python3 benchmarks/quant_rows.py --shapes head --bits 4 --rows 15,60 --ops 2 --reps 7 \
+    --tune "8,8,1;16,4,1;8,4,1;1,8,1,8;2,8,1,8;4,8,1,8" --out "$OUT/qtune.json" > "$OUT/qtune.log" 2>&1
+  echo "qtune exit $? $(el)"; cat "$OUT/qtune.log" | cut -c1-400
+  best() {  # the fastest kernel launch at $1 rows in qtune.json, as HF2Q_QMM_LAUNCH wants it
+    python3 - "$OUT/qtune.json" "$1" <<'PY'
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["tune"] if r["rows"] == int(sys.argv[2])]
+us = {k: v for k, v in rows[0]["us"].items() if k not in ("mlx",)} if rows else {}
+k = min(us, key=us.get) if us else "default"
+print("" if k == "default" else k.replace(",", "x"))
+PY
+  }
+  l15=$(best 15); l60=$(best 60); echo "best launches: 15 rows '$l15', 60 rows '$l60'"
+  h4=HF2Q_DRAFT_HEAD_BITS=4
+  v4="HF2Q_DRAFT_HEAD_BITS=0,HF2Q_DRAFT_HEAD_BITS=8,$h4,$h4+HF2Q_DRAFT_HEAD_MM_ROWS=64"
+  [ -n "$l60" ] && v4="$v4+HF2Q_QMM_LAUNCH=$l60"
+  ab_run ab_head4 110 --synthetic 4b --slots 4 --modes plain,dflash --tokens 32 \
+    --prompt-tokens 64 --runs 2 --values "$v4"
+  v1="HF2Q_DRAFT_HEAD_BITS=0,HF2Q_DRAFT_HEAD_BITS=8,$h4"
+  [ -n "$l15" ] && v1="$v1,$h4+HF2Q_QMM_LAUNCH=$l15"
   t=$(left)
-  [ "$t" -gt 50 ] && ab_run ab_head1 $(( t < 90 ? t : 90 )) --synthetic 4b --modes plain,dflash \
-    --tokens 32 --prompt-tokens 64 --runs 2 --values "$heads"
+  [ "$t" -gt 50 ] && ab_run ab_head1 $(( t < 100 ? t : 100 )) --synthetic 4b --modes plain,dflash \
+    --tokens 32 --prompt-tokens 64 --runs 2 --values "$v1"
   t=$(left)
-  [ "$t" -gt 60 ] && gpu_pytest pytest_gpu "$t" tests/test_kernels_gated_delta.py \
-    tests/test_runtime_fidelity.py tests/test_runtime_draft_head.py -k "cuda or greedy or tokens"
+  [ "$t" -gt 60 ] && gpu_pytest pytest_gpu "$t" tests/test_kernels_qmatmul.py \
+    tests/test_kernels_gated_delta.py tests/test_runtime_fidelity.py \
+    tests/test_runtime_draft_head.py -k "cuda or greedy or tokens"
   ;;
 esac
 host_speed
