@@ -5,6 +5,7 @@
 # the demo pair's queue at 1, 4, 8 slots (eight slots against plain batched), verify-16 / decode-1
 # and decode against the bandwidth floor (verify_cost.py, call by call), then the same slot sweep
 # with drafts from a 4-bit copy of the head (--draft-head-bits 4) in what is left.
+# PART=3 (BUDGET=200): the 4-bit head's launches at 60 and 15 rows, longer.
 # PART=2 (BUDGET=560): the 4-bit draft head's kernel launches timed in turn (quant_rows.py --tune:
 # wider column blocks, the column split), then session 49's pending A/Bs of the draft head at four
 # and one slots with the fastest launch as a fourth value, then the GPU tests with the time left.
@@ -55,6 +56,14 @@ PY
   [ "$t" -gt 60 ] && gpu_pytest pytest_gpu "$t" tests/test_kernels_qmatmul.py \
     tests/test_kernels_gated_delta.py tests/test_runtime_fidelity.py \
     tests/test_runtime_draft_head.py -k "cuda or greedy or tokens"
+  ;;
+3)
+  # the 4-bit head's launches again, four slots' 60 rows first (run 1 on a slow host reached
+  # only 15 rows in 90 s: first compiles), the K-split's wider blocks and the column split
+  timeout $(( $(left) - 10 )) python3 benchmarks/quant_rows.py --shapes head --bits 4 --rows 60,15 \
+    --ops 2 --reps 9 --tune "8,4,1;16,4,1;8,8,1;4,4,1;2,8,1,8;1,8,1,8;2,4,1,8;4,4,1,4;4,8,1,8" \
+    --out "$OUT/qtune.json" > "$OUT/qtune.log" 2>&1
+  echo "qtune exit $? $(el)"; cut -c1-400 "$OUT/qtune.log"
   ;;
 esac
 host_speed

@@ -144,8 +144,9 @@ def _one(N: int, K: int, bits: int, kernel: bool, rows: list[int], dtype, args) 
 
 def _tune(args) -> int:
     """us a product of the dequantizing kernel for each launch of ``--tune``, in turn (each
-    launch's products of one evaluation timed round-robin with the others, medians)."""
-    rows = sorted({int(r) for r in args.rows.split(",")})
+    launch's products of one evaluation timed round-robin with the others, medians), the row
+    counts in the order given."""
+    rows = list(dict.fromkeys(int(r) for r in args.rows.split(",")))
     dtype = getattr(mx, args.dtype)
     cands = [tuple(int(v) for v in c.split(",")) for c in args.tune.split(";")]
     out = []
@@ -183,11 +184,12 @@ def _tune(args) -> int:
                     out.append(row)
                     best = sorted(row["us"].items(), key=lambda kv: kv[1])[:6]
                     print(f"{N}x{K} {bits}-bit {m} rows: {best}", flush=True)
+                    if args.out:  # after each row count: a run cut by its time limit keeps these
+                        args.out.parent.mkdir(parents=True, exist_ok=True)
+                        doc = {"mlx": mx.__version__, "tune": out}
+                        args.out.write_text(json.dumps(doc, indent=2) + "\n")
                 del qs
                 mx.clear_cache()
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"mlx": mx.__version__, "tune": out}, indent=2) + "\n")
     return 0
 
 
