@@ -29,8 +29,10 @@ case "${PART:-1}" in
 2)
   # the 4-bit head's launches at a draft's rows (one slot, four): the default K-split, wider
   # column blocks, the column split (x staged once a block); then the fastest of each end to end
-  timeout 90 python3 benchmarks/quant_rows.py --shapes head --bits 4 --rows 15,60 --ops 2 --reps 7 \
-    --tune "8,8,1;16,4,1;8,4,1;1,8,1,8;2,8,1,8;4,8,1,8" --out "$OUT/qtune.json" > "$OUT/qtune.log" 2>&1
+  # (run 1, commit 31d07b9: 15 rows then 60 in 90 s, cut after 15 on a slow host; now 60 first)
+  timeout 170 python3 benchmarks/quant_rows.py --shapes head --bits 4 --rows 60,15 --ops 2 --reps 7 \
+    --tune "8,4,1;16,4,1;8,8,1;4,4,1;2,8,1,8;1,8,1,8;2,4,1,8;4,4,1,4;4,8,1,8" \
+    --out "$OUT/qtune.json" > "$OUT/qtune.log" 2>&1
   echo "qtune exit $? $(el)"; cat "$OUT/qtune.log" | cut -c1-400
   best() {  # the fastest kernel launch at $1 rows in qtune.json, as HF2Q_QMM_LAUNCH wants it
     python3 - "$OUT/qtune.json" "$1" <<'PY'
@@ -45,7 +47,7 @@ PY
   h4=HF2Q_DRAFT_HEAD_BITS=4
   v4="HF2Q_DRAFT_HEAD_BITS=0,HF2Q_DRAFT_HEAD_BITS=8,$h4,$h4+HF2Q_DRAFT_HEAD_MM_ROWS=64"
   [ -n "$l60" ] && v4="$v4+HF2Q_QMM_LAUNCH=$l60"
-  ab_run ab_head4 110 --synthetic 4b --slots 4 --modes plain,dflash --tokens 32 \
+  ab_run ab_head4 200 --synthetic 4b --slots 4 --modes plain,dflash --tokens 32 \
     --prompt-tokens 64 --runs 2 --values "$v4"
   v1="HF2Q_DRAFT_HEAD_BITS=0,HF2Q_DRAFT_HEAD_BITS=8,$h4"
   [ -n "$l15" ] && v1="$v1,$h4+HF2Q_QMM_LAUNCH=$l15"
