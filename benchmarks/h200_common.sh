@@ -119,11 +119,13 @@ bench_values() {
 # gpu_pytest NAME TIMEOUT ARGS...: pytest ARGS into $OUT/NAME.log in one process (the GPU is one
 # device: pyproject's `-n auto` workers would share it, and the device's install may lack
 # pytest-xdist), its summary shown. Verbose, so that a run cut by TIMEOUT still says which tests
-# passed (session 24 runs 2 and 5 only had dots).
+# passed (session 24 runs 2 and 5 only had dots), and each failure's report as it fails
+# (HF2Q_TEST_INSTAFAIL, tests/conftest.py; session 50 lost one to the limit).
 gpu_pytest() {
   local name=$1 t=$2
   shift 2
-  timeout "$t" python3 -m pytest -v -o addopts=-ra -p no:cacheprovider "$@" > "$OUT/$name.log" 2>&1
+  HF2Q_TEST_INSTAFAIL=1 timeout "$t" python3 -m pytest -v -o addopts=-ra -p no:cacheprovider "$@" \
+    > "$OUT/$name.log" 2>&1
   echo "$name exit $? $(el): $(grep -c ' PASSED' "$OUT/$name.log") passed"
   grep -E " FAILED| ERROR|[0-9]+ (passed|failed)" "$OUT/$name.log" | tail -n 8
 }

@@ -63,6 +63,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     return OneWorkerModules(config, log)
 
 
+#: HF2Q_TEST_INSTAFAIL=1: a failing test's report is printed as it fails, not at the end of the
+#: run. The GPU calls (benchmarks/h200_common.sh gpu_pytest) run under a time limit that may end
+#: the run before pytest's summary (session 50: a failure whose reason was lost so).
+INSTAFAIL_ENV = "HF2Q_TEST_INSTAFAIL"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.failed and os.environ.get(INSTAFAIL_ENV) == "1":
+        print(f"\n{report.nodeid} ({report.when}) failed:\n{report.longreprtext}", flush=True)
+
+
 def build_once(folder: Path, build: Callable[[Path], object]) -> Path:
     """``build(folder)``, unless a process of this run has already built it: under a lock, and
     done only when the build finished (a marker beside the folder), so every xdist worker gets
