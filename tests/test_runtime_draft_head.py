@@ -51,6 +51,26 @@ def test_quantized_draft_head_keeps_greedy_dflash_equal_to_plain(fitted, bits):
         drafter.bind(target.embed, target.head)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_drafts_of_more_rows_than_the_heads_kernel_takes_read_the_head_itself(
+    fitted, bits, monkeypatch
+):
+    # Four slots' drafts (60 rows): the copies' products were slower than the bf16 head's there
+    # (session 50), so beyond select.draft_head_mm_rows() the draft head is the head itself.
+    from hf2q.kernels import select
+
+    target, _, _ = fitted
+    head = target.draft_head(bits)
+    mx.random.seed(7)
+    h = mx.random.normal((4, 15, target.hidden_size)).astype(target.dtype)
+    assert select.draft_head_mm_rows() == 32
+    assert mx.array_equal(head(h), target.head(h))  # 60 rows
+    assert not mx.array_equal(head(h[:2]), target.head(h[:2]))  # 30 rows: the copy
+    monkeypatch.setenv(select.DRAFT_HEAD_MM_ROWS_ENV, "8")
+    assert mx.array_equal(head(h[:1]), target.head(h[:1]))  # 15 rows
+    assert not mx.array_equal(head(h[:1, :8]), target.head(h[:1, :8]))
+
+
 def test_quantized_draft_head_proposes_what_the_full_head_proposes_on_the_demo_pair():
     # The tied demo pair (a drafter trained on its target): the 8-bit draft head accepts about
     # as many tokens a round as the head itself, and the tokens are plain decoding's.

@@ -46,7 +46,8 @@ DraftHeadBitsOption = Annotated[
         help="Drafts read a 4- or 8-bit copy of the target's head (its largest product; a "
         "drafter shares it): the same output (the verify keeps the full head), shorter rounds "
         "where the head weighs on the draft (one slot of a 4B model on an H100: 6.41 -> 6.21 "
-        "ms with 4 bits); may accept fewer tokens a round. 0: the head itself.",
+        "ms with 4 bits; drafts of three or more slots keep the full head, faster there); may "
+        "accept fewer tokens a round. 0: the head itself.",
     ),
 ]
 

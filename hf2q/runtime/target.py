@@ -22,7 +22,7 @@ from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 
 from hf2q.errors import ModelError
 from hf2q.kernels import linear as small_mm
-from hf2q.kernels.select import small_mm_enabled
+from hf2q.kernels.select import draft_head_mm_rows, small_mm_enabled
 
 #: model_type values whose layer structure this adapter understands.
 SUPPORTED_TARGET_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "qwen3")
@@ -132,7 +132,9 @@ class TargetModel:
         output stays plain decoding's and sampled output the target's distribution (rejection
         sampling takes the draft's probabilities whatever they are). The copy reads a quarter
         (4-bit) or half (8-bit) of a bf16 head's bytes a draft; it may propose other tokens where
-        two are close, which changes only how many are accepted. A head that is already quantized
+        two are close, which changes only how many are accepted. Drafts of more rows than
+        ``select.draft_head_mm_rows()`` (32; four slots' 60) take the head itself, whose product
+        was the faster there. A head that is already quantized
         (a quantized target) is used as it is. The copy is made here, once a bit width, and made
         again by :meth:`refresh_draft_heads` when the target's weights are cast.
         """
@@ -152,11 +154,18 @@ class TargetModel:
             self._quantized_head(bits)  # made now: a compiled draft's trace cannot evaluate it
 
             def head(h: mx.array, mm: bool | small_mm.Frozen | None = None) -> mx.array:
+                # The copy up to select.draft_head_mm_rows() rows (32: one or two slots' drafts),
+                # the head itself beyond: on an H100 four slots' rounds of the 4B-shaped pair
+                # (60 head rows) took 8.742 ms with the bf16 head (cuBLAS), 8.807 with the 8-bit
+                # copy and 8.950 with the 4-bit one, one slot's 6.233 / 6.130 / 6.092 (session
+                # 50, plain_ab.py; quant_rows.py at 60 rows: 4-bit MLX 659 us, hf2q's kernel 717,
+                # bf16 cuBLAS 546 in session 49).
+                if h.size // h.shape[-1] > draft_head_mm_rows():
+                    return self.head(h, mm)
                 # Which product: drafts need no row invariance, so the faster one. On an H100
-                # (session 49, quant_rows.py, the 248320 x 2560 head, us at 15 / 60 rows): 8-bit
-                # MLX 334 / 506, hf2q's kernel 414 / 658; 4-bit MLX 307 / 599, the kernel 280 /
-                # 644. So 8-bit copies take MLX's product always, 4-bit ones the kernel where the
-                # draft's head rows take it (select.draft_head_mm_rows), MLX's beyond.
+                # (session 49, quant_rows.py, the 248320 x 2560 head, us at 15 rows): 8-bit MLX
+                # 334, hf2q's kernel 414; 4-bit MLX 307, the kernel 280. So 8-bit copies take
+                # MLX's product, 4-bit ones the kernel where the small-M kernels run.
                 on = small_mm.FROZEN if bits == 8 else small_mm_enabled() if mm is None else mm
                 return _head_product(self._quantized_head(bits), tied, h, on)
 
