@@ -270,18 +270,7 @@ def test_launch_setting_keeps_the_warps_and_fits_the_rows(monkeypatch):
     # many rows (a prefill chunk, a batched verify): the default blocks, the setting's warps
     default = cm.launch_shape(64, 2560, 9216)
     assert cm._env_launch(64, 9216) == (default[1], 8, default[3])
-    # with column-split warps: that launch where N takes its blocks, two blocks a warp above two
-    # m-tiles; the K-split's elsewhere
-    monkeypatch.setenv(cm.QMM_LAUNCH_ENV, "4x8x1x8")
-    assert cm._env_launch(15, 248320) == (4, 8, 1, 8)
-    assert cm._env_launch(60, 248320) == (2, 8, 1, 8)
-    assert cm._env_launch(1, 2560 + 64) == (4, 8, 1)
-    for bad, why in [
-        ("8x8", "NBxWARPSxUNROLL"),
-        ("4x8x1x8x1", "NBxWARPSxUNROLL"),
-        ("4x16x1", "1 to 8 warps"),
-        ("4x1x1x8", "column split"),
-    ]:
+    for bad, why in [("8x8", "NBxWARPSxUNROLL"), ("4x16x1", "1 to 8 warps")]:
         monkeypatch.setenv(cm.QMM_LAUNCH_ENV, bad)
         with pytest.raises(UsageError, match=why):
             cm._env_launch(1, 9216)
@@ -303,18 +292,6 @@ def test_cuda_kernel_computes_the_dequantized_product_with_row_invariant_bits(K,
     assert mx.allclose(full.astype(mx.float32), want, rtol=2e-2, atol=2e-2)
     for rows in (1, 2, 16, 17, 48, 64):
         assert mx.array_equal(cm.small_qmatmul_cuda(x[:rows], *q, bits=bits, group=64), full[:rows])
-
-
-@cuda_only
-@pytest.mark.parametrize("bits", [4, 8])
-def test_cuda_column_split_has_the_k_splits_bits_on_the_head(bits):
-    # The wide head's launch candidates (quant_rows.py --tune) at a draft's rows, one slot and four.
-    x, q = _quantized(60, 2560, 248320, mx.bfloat16, bits, 64, seed=bits)
-    for rows in (15, 60):
-        want = cm.small_qmatmul_cuda(x[:rows], *q, bits=bits, group=64)
-        for tune in ((2, 8, 1, 8), (1, 8, 1, 8)) + (((4, 8, 1, 8),) if rows <= 32 else ()):
-            got = cm.small_qmatmul_cuda(x[:rows], *q, bits=bits, group=64, tune=tune)
-            assert mx.array_equal(got, want), (rows, tune)
 
 
 @cuda_only

@@ -680,41 +680,23 @@ _QSOURCE_COLUMNS = _ROWS + _SINGLE + _STORE + _QBODY_COLUMNS
 #: ``plain_ab.py``): those column blocks and unrolling up to two m-tiles (halved where shared
 #: memory or N ask), :func:`launch_shape`'s above (session 34: 8 column blocks at 64 rows, a
 #: prefill chunk, asked more registers than a launch has), the warps at every row count. Rows
-#: keep their bits across row counts for one setting; the warps change them. A fourth value
-#: (``NBxWARPSxUxCW``, e.g. ``2x8x1x8``) asks for the column split with CW warps where it fits
-#: (N a multiple of the block's columns, no addend; two column blocks a warp above two m-tiles,
-#: as :func:`column_shape`'s), the K-split elsewhere: the same bits.
+#: keep their bits across row counts for one setting; the warps change them.
 QMM_LAUNCH_ENV = "HF2Q_QMM_LAUNCH"
 
 
-def _env_launch(rows: int, N: int) -> tuple[int, ...] | None:
+def _env_launch(rows: int, N: int) -> tuple[int, int, int] | None:
     raw = os.environ.get(QMM_LAUNCH_ENV, "").strip()
     if not raw:
         return None
     try:
-        vals = [int(v) for v in raw.lower().split("x")]
-        if len(vals) not in (3, 4):
-            raise ValueError
+        nb, warps, unroll = (int(v) for v in raw.lower().split("x"))
     except ValueError:
         raise UsageError(
-            f"{QMM_LAUNCH_ENV}={raw!r} must be NBxWARPSxUNROLL[xCOLUMNWARPS], e.g. 8x8x2: unset "
-            "it or fix it"
+            f"{QMM_LAUNCH_ENV}={raw!r} must be NBxWARPSxUNROLL, e.g. 8x8x2: unset it or fix it"
         ) from None
-    nb, warps, unroll = vals[:3]
-    cw = vals[3] if len(vals) == 4 else 1
     if not 1 <= warps <= 8:  # (512 threads with the accumulators of many rows do not launch)
         raise UsageError(f"{QMM_LAUNCH_ENV}={raw!r} must ask for 1 to 8 warps: unset it or fix it")
-    if not 1 <= cw <= 8 or (cw > 1 and warps == 1):
-        raise UsageError(
-            f"{QMM_LAUNCH_ENV}={raw!r}: the column split takes 2 to 8 warps and needs WARPS > 1: "
-            "unset it or fix it"
-        )
     mt = -(-rows // 16)
-    if cw > 1:
-        if mt > 2:
-            nb = 2
-        if N % (8 * nb * cw) == 0 and shared_bytes(mt, nb, warps, cw) <= SHARED_BYTES:
-            return nb, warps, unroll, cw
     if mt > 2:  # many rows: the default launch's blocks (they depend on rows and N only)
         _, nb, _, unroll = launch_shape(rows, K_CHUNK, N)
     while nb > 1 and (shared_bytes(mt, nb, warps) > SHARED_BYTES or N % (8 * nb)):
@@ -793,8 +775,7 @@ def small_qmatmul_cuda(
     N, K = w.shape[0], w.shape[1] * 32 // bits
     rows = math.prod(x.shape[:-1])
     mt, nb, warps, unroll = launch_shape(rows, K, N)
-    if tune is None and (tune := _env_launch(rows, N)) is not None and add is not None:
-        tune = tune[:3]  # (the column split takes no addend: the K-split's launch, same bits)
+    tune = _env_launch(rows, N) if tune is None else tune
     cw = 1
     if tune is not None:
         if len(tune) not in (3, 4):
