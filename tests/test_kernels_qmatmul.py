@@ -44,15 +44,6 @@ def emulated(monkeypatch, tmp_path):
         for add in (False, True)
     }
     monkeypatch.setattr(cm, "_qkernel", lambda add=False: kerns[add])
-    columns = cuda_emu.EmulatedKernel(
-        "hf2q_small_qmm_cols",
-        ["x", "w", "s", "b"],
-        ["y"],
-        cm._QSOURCE_COLUMNS,
-        cm._QHEADER,
-        workdir=tmp_path,
-    )
-    monkeypatch.setattr(cm, "_qkernel_columns", lambda: columns)
     return kerns
 
 
@@ -126,22 +117,6 @@ def test_emulated_residual_in_the_launch_has_the_bits_of_the_two_steps(emulated)
     assert mx.array_equal(cm.small_qmatmul_cuda(x, *q, bits=4, group=64, add=r), y + r)
     with pytest.raises(ValueError, match="addend"):
         cm.small_qmatmul_cuda(x, *q, bits=4, group=64, add=r[:, :32])
-
-
-@pytest.mark.parametrize("bits,rows", [(4, 15), (8, 20), (4, 60)])
-def test_emulated_column_split_has_the_k_splits_bits(emulated, bits, rows):
-    # The column-split layout (x staged once a block in shared memory, each warp its own columns
-    # over every chunk) is a launch for wide heads: it must compute each row as the K-split does.
-    x, q = _quantized(rows, 512, 64, mx.bfloat16, bits, 64, seed=5)
-    warps = cm.launch_shape(rows, 512, 64)[2]
-    want = cm.small_qmatmul_cuda(x, *q, bits=bits, group=64)
-    for tune in ((2, warps, 1, 2), (1, warps, 2, 4)):
-        got = cm.small_qmatmul_cuda(x, *q, bits=bits, group=64, tune=tune)
-        assert mx.array_equal(got, want), tune
-    with pytest.raises(ValueError, match="column split"):
-        cm.small_qmatmul_cuda(x, *q, bits=bits, group=64, tune=(2, 1, 1, 2))
-    with pytest.raises(ValueError, match="does not fit"):
-        cm.small_qmatmul_cuda(x, *q, bits=bits, group=64, tune=(4, warps, 1, 4))
 
 
 def test_quantized_supported_names_what_it_cannot_do():

@@ -260,7 +260,7 @@ _BODY_COLUMNS_TEMPLATE = r"""
     const int kb = c * 64 + 16 * t;
 @LOAD_W@
   };
-  int ks = 0;
+  int s = 0;
   int c = 0;
   load_x(c);
   store_x(0);
@@ -268,11 +268,11 @@ _BODY_COLUMNS_TEMPLATE = r"""
   __syncthreads();
 #pragma unroll U
   for (int it = 0; it < chunks; ++it) {
-    int ksn = ks;
+    int sn = s;
     int cn = c + WARPS;
     if (cn >= chunks) {
-      ksn = ks + 1;
-      cn = ksn;
+      sn = s + 1;
+      cn = sn;
     }
     const bool more = it + 1 < chunks;
     if (more) {
@@ -296,7 +296,7 @@ _BODY_COLUMNS_TEMPLATE = r"""
         }
       }
     }
-    if (ksn != ks || !more) {
+    if (sn != s || !more) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -315,7 +315,7 @@ _BODY_COLUMNS_TEMPLATE = r"""
         for (int e = 0; e < 8; ++e) wv[nb][e] = wn[nb][e];
     }
     __syncthreads();
-    ks = ksn;
+    s = sn;
     c = cn;
   }
 #pragma unroll
@@ -647,7 +647,6 @@ _LOAD_WQ = r"""
     }
 """
 _QBODY = _k_split(_LOAD_WQ)
-_QBODY_COLUMNS = _column_split(_LOAD_WQ)
 
 _QHEADER = (
     _HEADER
@@ -673,7 +672,6 @@ template <> __device__ __forceinline__ float Hf2qDeq<__half>::from(__half v) {
 )
 _QSOURCE = _ROWS + _SINGLE + _STORE + _QBODY
 _QSOURCE_ADD = _ROWS + _SINGLE + _STORE_ADD + _QBODY
-_QSOURCE_COLUMNS = _ROWS + _SINGLE + _STORE + _QBODY_COLUMNS
 
 #: HF2Q_QMM_LAUNCH=NBxWARPSxU (e.g. ``8x8x2``): the dequantizing kernel's launch instead of
 #: :func:`launch_shape`'s, for tuning on a GPU (``benchmarks/quant_rows.py --tune``,
@@ -720,17 +718,6 @@ def _qkernel(add: bool = False) -> Any:
     )
 
 
-@cache
-def _qkernel_columns() -> Any:
-    return mx.fast.cuda_kernel(
-        name="hf2q_small_qmm_cols",
-        input_names=["x", "w", "s", "b"],
-        output_names=["y"],
-        source=_QSOURCE_COLUMNS,
-        header=_QHEADER,
-    )
-
-
 def quantized_supported(
     x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, bits: int, group: int
 ) -> str | None:
@@ -761,7 +748,7 @@ def small_qmatmul_cuda(
     bits: int,
     group: int,
     add: mx.array | None = None,
-    tune: tuple[int, ...] | None = None,
+    tune: tuple[int, int, int] | None = None,
 ) -> mx.array:
     """``x @ dequantize(w, scales, biases).T`` (MLX's affine layout, ``nn.QuantizedLinear``'s
     weights) in one tensor-core launch, each weight dequantized in float32 and rounded once to
@@ -769,34 +756,25 @@ def small_qmatmul_cuda(
     :func:`small_matmul_cuda`'s K-split, so a row's bits do not depend on the row count.
     ``add``: an array of the output's shape and dtype added in the same launch. ``tune``:
     (column blocks, warps, unrolling) instead of :func:`launch_shape`'s, for tuning (a row's
-    bits depend on ``warps`` only); a fourth value above 1 takes the column-split layout
-    (:data:`_BODY_COLUMNS_TEMPLATE`: the block's chunk of x staged once in shared memory, that
-    many warps of column blocks each; the K-split's bits for the same ``warps``; no addend)."""
+    bits depend on ``warps`` only)."""
     N, K = w.shape[0], w.shape[1] * 32 // bits
     rows = math.prod(x.shape[:-1])
     mt, nb, warps, unroll = launch_shape(rows, K, N)
     tune = _env_launch(rows, N) if tune is None else tune
-    cw = 1
     if tune is not None:
-        if len(tune) not in (3, 4):
-            raise ValueError(f"tune {tune}: (column blocks, warps, unrolling[, column warps])")
-        nb, warps, unroll = tune[:3]
-        cw = tune[3] if len(tune) == 4 else 1
-        if shared_bytes(mt, nb, warps, cw) > SHARED_BYTES or N % (8 * nb * cw):
+        nb, warps, unroll = tune
+        if shared_bytes(mt, nb, warps) > SHARED_BYTES or N % (8 * nb):
             raise ValueError(f"tune {tune}: does not fit {rows} rows x {N} columns")
-        if cw > 1 and (warps == 1 or add is not None):
-            raise ValueError(f"tune {tune}: the column split needs warps > 1 and no addend")
     if add is not None and (add.shape != (*x.shape[:-1], N) or add.dtype != x.dtype):
         raise ValueError(
             f"addend {add.shape} {add.dtype} is not the output's {x.shape[:-1]}+({N},)"
         )
-    template = _template(x.dtype, mt, nb, warps, unroll, cw) + [("BITS", bits), ("GS", group)]
-    kernel = _qkernel_columns() if cw > 1 else _qkernel(add is not None)
-    (y,) = kernel(
+    template = _template(x.dtype, mt, nb, warps, unroll) + [("BITS", bits), ("GS", group)]
+    (y,) = _qkernel(add is not None)(
         inputs=[x, w, scales, biases] if add is None else [x, w, scales, biases, add],
         template=template,
-        grid=((N // (8 * nb * cw)) * 32 * (cw if cw > 1 else warps), 1, 1),
-        threadgroup=(32 * (cw if cw > 1 else warps), 1, 1),
+        grid=((N // (8 * nb)) * 32 * warps, 1, 1),
+        threadgroup=(32 * warps, 1, 1),
         output_shapes=[(*x.shape[:-1], N)],
         output_dtypes=[x.dtype],
     )
