@@ -186,6 +186,13 @@ def _quantized(mod: nn.Module, x: mx.array) -> QWeights | None:
     return qw if rows_ok and _select().small_qmm_enabled() else None
 
 
+def quantized_fits(mod: nn.Module, x: mx.array) -> bool:
+    """Whether hf2q's dequantizing kernel computes ``mod``'s product of ``x`` where asked (see
+    :func:`_quantized`): an affine-quantized layer or embedding it supports, in bf16 or fp16, at
+    rows it takes, on CUDA."""
+    return _quantized(mod, x) is not None
+
+
 def _qmatmul(mod: nn.Module, x: mx.array, qw: QWeights, add: mx.array | None = None) -> mx.array:
     """:func:`hf2q.kernels.cuda_matmul.small_qmatmul_cuda` of ``mod``'s weights ``qw`` (from
     :func:`_quantized`; ``+ add`` in the launch, for N a multiple of 8)."""

@@ -165,9 +165,14 @@ class TargetModel:
                 # Which product: drafts need no row invariance, so the faster one. On an H100
                 # (session 49, quant_rows.py, the 248320 x 2560 head, us at 15 rows): 8-bit MLX
                 # 334, hf2q's kernel 414; 4-bit MLX 307, the kernel 280. So 8-bit copies take
-                # MLX's product, 4-bit ones the kernel where the small-M kernels run.
-                on = small_mm.FROZEN if bits == 8 else small_mm_enabled() if mm is None else mm
-                return _head_product(self._quantized_head(bits), tied, h, on)
+                # MLX's product, 4-bit ones the kernel where it runs (CUDA, bf16 / fp16) and the
+                # draft's rows take it. MLX's product goes through FROZEN: all rows as one
+                # product (a 3-D input would be a batched GEMM, a pass over the copy a slot).
+                q = self._quantized_head(bits)
+                on = small_mm_enabled() if mm is None else mm
+                if bits == 8 or not (on and small_mm.quantized_fits(q, h)):
+                    on = small_mm.FROZEN
+                return _head_product(q, tied, h, on)
 
             self._draft_head_fns[bits] = head
         return self._draft_head_fns[bits]
