@@ -19,9 +19,9 @@ case "${PART:-1}" in
   synthetic_run syn4b 1,4,8 200
   demo_queue_bench demo_queue
   t=$(left)
-  [ "$t" -gt 80 ] && HF2Q_DRAFT_HEAD_BITS=4 timeout "$t" python3 benchmarks/slots_synthetic.py \
+  [ "$t" -gt 80 ] && timeout "$t" python3 benchmarks/slots_synthetic.py \
     --shape 4b --slots 1,4 --gen-tokens 32 --prompt-tokens 64 --trials 3 --warmup 1 \
-    --draft-bits 4 --out "$OUT/syn4b_draft4.json" > "$OUT/syn4b_draft4.log" 2>&1
+    --draft-bits 4 --draft-head-bits 4 --out "$OUT/syn4b_draft4.json" > "$OUT/syn4b_draft4.log" 2>&1
   echo "syn4b_draft4 exit $? $(el)"
   [ -f "$OUT/syn4b_draft4.json" ] && python3 benchmarks/bench_rows.py "$OUT/syn4b_draft4.json"
   ;;
