@@ -133,9 +133,9 @@ class TargetModel:
         sampling takes the draft's probabilities whatever they are). The copy reads a quarter
         (4-bit) or half (8-bit) of a bf16 head's bytes a draft; it may propose other tokens where
         two are close, which changes only how many are accepted. Drafts of more rows than
-        ``select.draft_head_mm_rows()`` (32; four slots' 60) take the head itself, whose product
-        was the faster there. A head that is already quantized
-        (a quantized target) is used as it is. The copy is made here, once a bit width, and made
+        ``select.draft_head_mm_rows()`` (32; four slots' 60) read the head itself, whose product
+        was faster than the copies' there on an H100. A head that is already quantized (a
+        quantized target) is used as it is. The copy is made here, once a bit width, and made
         again by :meth:`refresh_draft_heads` when the target's weights are cast.
         """
         if bits is None or bits == 0:
