@@ -208,6 +208,33 @@ def test_narrow_quantized_layers_run_padded_and_keep_their_columns(emulated, mon
     assert mx.array_equal(lin.linear(q, x[:1], True)[0], y[0])  # and row-invariant
 
 
+def test_a_4bit_draft_head_runs_on_the_kernel_in_bf16_and_as_one_product_off_it(
+    emulated, monkeypatch, fitted_pairs
+):
+    # TargetModel.draft_head(4): a bf16 draft's rows on the dequantizing kernel where it runs;
+    # a float32 draft (which the kernel does not take) on MLX's product of all rows at once,
+    # never a batched product a slot (the path session 50's failing GPU test took).
+    from conftest import load_fitted
+
+    monkeypatch.setattr(select, "small_qmm_enabled", lambda: True)
+    for dtype in (mx.bfloat16, mx.float32):
+        _, target, _ = load_fitted(*fitted_pairs["qwen35"])
+        target.model.set_dtype(dtype)
+        head = target.draft_head(4)
+        q = target.lm.lm_head.__dict__["_hf2q_draft_head_4"][1]  # (small_mm.kept's entry)
+        assert q.scales.dtype == dtype
+        h = mx.random.normal((2, 15, target.hidden_size)).astype(dtype)
+        flat = h.reshape(-1, h.shape[-1])
+        got = head(h, True)  # the drafter's mm where the head's rows take the kernel
+        assert got.shape == (2, 15, q.weight.shape[0])
+        if dtype == mx.bfloat16:
+            want = cm.small_qmatmul_cuda(flat, q.weight, q.scales, q.biases, bits=4, group=64)
+        else:
+            assert not lin.quantized_fits(q, h)
+            want = q(flat)
+        assert mx.array_equal(got.reshape(flat.shape[0], -1), want)
+
+
 def test_quantized_tied_head_runs_on_the_kernel(emulated, monkeypatch):
     monkeypatch.setattr(select, "small_qmm_enabled", lambda: True)
     emb = nn.Embedding(64, 128)
