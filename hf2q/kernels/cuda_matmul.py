@@ -178,24 +178,17 @@ _BODY_TEMPLATE = r"""
 """
 # The unquantized weights' loads: the 16 bf16/fp16 weights of the lane's column in this chunk.
 _LOAD_W = r"""
+    unsigned wv[NB][8];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
-      const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)(@COL0@ + nb * 8 + g) * K + kb);
+      const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)(n0 + nb * 8 + g) * K + kb);
       const uint4 lo = wp[0];
       const uint4 hi = wp[1];
-      @DST@[nb][0] = lo.x; @DST@[nb][1] = lo.y; @DST@[nb][2] = lo.z; @DST@[nb][3] = lo.w;
-      @DST@[nb][4] = hi.x; @DST@[nb][5] = hi.y; @DST@[nb][6] = hi.z; @DST@[nb][7] = hi.w;
+      wv[nb][0] = lo.x; wv[nb][1] = lo.y; wv[nb][2] = lo.z; wv[nb][3] = lo.w;
+      wv[nb][4] = hi.x; wv[nb][5] = hi.y; wv[nb][6] = hi.z; wv[nb][7] = hi.w;
     }
 """
-
-
-def _k_split(load: str) -> str:
-    """:data:`_BODY_TEMPLATE` with a chunk's weights loaded by ``load`` (columns from ``n0``)."""
-    code = "    unsigned wv[NB][8];\n" + load[1:]
-    return _BODY_TEMPLATE.replace("@LOAD_W@\n", code.replace("@DST@", "wv").replace("@COL0@", "n0"))
-
-
-_BODY = _k_split(_LOAD_W)
+_BODY = _BODY_TEMPLATE.replace("@LOAD_W@\n", _LOAD_W[1:])
 
 
 # The same products with the warps splitting the columns instead of K (CW warps, each NB * 8 of
@@ -212,7 +205,7 @@ _BODY = _k_split(_LOAD_W)
 # (rows g, g + 1, k offsets 16 t) fall in eight distinct bank groups. WARPS > 1 only (the
 # running sum starts at 0.0f as _BODY's sum of the warps' partials does; one warp stores its
 # accumulators as they are).
-_BODY_COLUMNS_TEMPLATE = r"""
+_BODY_COLUMNS = r"""
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
@@ -258,7 +251,14 @@ _BODY_COLUMNS_TEMPLATE = r"""
   };
   auto load_w = [&](int c, unsigned (&dst)[NB][8]) {
     const int kb = c * 64 + 16 * t;
-@LOAD_W@
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)(nw + nb * 8 + g) * K + kb);
+      const uint4 lo = wp[0];
+      const uint4 hi = wp[1];
+      dst[nb][0] = lo.x; dst[nb][1] = lo.y; dst[nb][2] = lo.z; dst[nb][3] = lo.w;
+      dst[nb][4] = hi.x; dst[nb][5] = hi.y; dst[nb][6] = hi.z; dst[nb][7] = hi.w;
+    }
   };
   int s = 0;
   int c = 0;
@@ -330,15 +330,6 @@ _BODY_COLUMNS_TEMPLATE = r"""
       }
 """
 
-
-def _column_split(load: str) -> str:
-    """:data:`_BODY_COLUMNS_TEMPLATE` with a chunk's weights loaded by ``load`` (the warp's
-    columns from ``nw``, into the buffer ``dst``)."""
-    code = load[1:].replace("@DST@", "dst").replace("@COL0@", "nw")
-    return _BODY_COLUMNS_TEMPLATE.replace("@LOAD_W@\n", code)
-
-
-_BODY_COLUMNS = _column_split(_LOAD_W)
 
 _SINGLE = r"""
   const int N = w_shape[0];
@@ -622,9 +613,10 @@ def small_matmul_cuda(
 # for agree bit for bit, which MLX's own quantized product does not give on CUDA (MLX 0.32:
 # a matrix-vector kernel below 8 rows, a CUTLASS GEMM above; benchmarks/quant_rows.py).
 _LOAD_WQ = r"""
+    unsigned wv[NB][8];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
-      const int col = @COL0@ + nb * 8 + g;
+      const int col = n0 + nb * 8 + g;
       const size_t gi = (size_t)col * (K / GS) + kb / GS;
       const float sc = Hf2qDeq<T>::from(s[gi]);
       const float bi = Hf2qDeq<T>::from(b[gi]);
@@ -642,11 +634,11 @@ _LOAD_WQ = r"""
       for (int i = 0; i < 8; ++i) {
         const float v0 = (float)((q[(2 * i) / PER] >> (BITS * ((2 * i) % PER))) & MASK);
         const float v1 = (float)((q[(2 * i + 1) / PER] >> (BITS * ((2 * i + 1) % PER))) & MASK);
-        @DST@[nb][i] = Hf2qDeq<T>::pack(fmaf(sc, v0, bi), fmaf(sc, v1, bi));
+        wv[nb][i] = Hf2qDeq<T>::pack(fmaf(sc, v0, bi), fmaf(sc, v1, bi));
       }
     }
 """
-_QBODY = _k_split(_LOAD_WQ)
+_QBODY = _BODY_TEMPLATE.replace("@LOAD_W@\n", _LOAD_WQ[1:])
 
 _QHEADER = (
     _HEADER
