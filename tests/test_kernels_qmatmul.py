@@ -221,7 +221,7 @@ def test_a_4bit_draft_head_runs_on_the_kernel_in_bf16_and_as_one_product_off_it(
         _, target, _ = load_fitted(*fitted_pairs["qwen35"])
         target.model.set_dtype(dtype)
         head = target.draft_head(4)
-        q = target.lm.lm_head.__dict__["_hf2q_draft_head_4"][1]  # (small_mm.kept's entry)
+        q = target._quantized_head(4)  # the copy the draft head reads (made once, kept)
         assert q.scales.dtype == dtype
         h = mx.random.normal((2, 15, target.hidden_size)).astype(dtype)
         flat = h.reshape(-1, h.shape[-1])
