@@ -34,12 +34,12 @@ node_tune() {
   grep -v '"add"' "$OUT/$1.log" | grep -o '"N": [0-9]*, "rows": [0-9]*, "kind": "[^"]*".*"total_us": [0-9.]*'
 }
 
-# synthetic_run NAME SLOTS TIMEOUT: the random 4B-shaped pair at SLOTS (comma-separated; 32 new
-# tokens after 64 prompt tokens, 3 trials after a warm-up) into $OUT/NAME.json / .log, its rows
-# shown.
+# synthetic_run NAME SLOTS TIMEOUT [ARGS...]: the random 4B-shaped pair at SLOTS (comma-separated;
+# 32 new tokens after 64 prompt tokens, 3 trials after a warm-up; ARGS more of slots_synthetic.py's
+# options) into $OUT/NAME.json / .log, its rows shown.
 synthetic_run() {
   timeout "$3" python3 benchmarks/slots_synthetic.py --shape 4b --slots "$2" --gen-tokens 32 \
-    --prompt-tokens 64 --trials 3 --warmup 1 --out "$OUT/$1.json" > "$OUT/$1.log" 2>&1
+    --prompt-tokens 64 --trials 3 --warmup 1 "${@:4}" --out "$OUT/$1.json" > "$OUT/$1.log" 2>&1
   echo "$1 exit $? $(el)"; python3 benchmarks/bench_rows.py "$OUT/$1.json" || tail -c 300 "$OUT/$1.log"
 }
 

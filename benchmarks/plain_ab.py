@@ -18,6 +18,8 @@ Usage (GPU):
         --modes plain,dflash
     python3 benchmarks/plain_ab.py --values HF2Q_DRAFT_HEAD_BITS=0,HF2Q_DRAFT_HEAD_BITS=8 \
         --modes plain,dflash --tokens 32 --prompt-tokens 64   (drafts from a quantized head)
+    python3 benchmarks/plain_ab.py --values HF2Q_DRAFT_VOCAB=0,HF2Q_DRAFT_VOCAB=32768 \
+        --modes plain,dflash --tokens 32 --prompt-tokens 64   (drafts from 32768 of the ids)
 
 ``--slots N`` decodes N random prompts together (batched plain decoding and batched DFlash,
 ``hf2q.runtime.slots``) and reports per value the round time and the aggregate tok/s:
@@ -42,8 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-#: A value naming it binds the drafter to ``TargetModel.draft_head(bits)`` for its runs.
+#: A value naming either binds the drafter to ``TargetModel.draft_head(bits, vocab)`` for its runs.
 DRAFT_HEAD_ENV = "HF2Q_DRAFT_HEAD_BITS"
+DRAFT_VOCAB_ENV = "HF2Q_DRAFT_VOCAB"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,9 +103,10 @@ def main(argv: list[str] | None = None) -> int:
             for n in names:
                 os.environ.pop(n, None)
             os.environ.update(settings[v])
-            if DRAFT_HEAD_ENV in names:  # what hf2q generate / bench do with the setting
+            if {DRAFT_HEAD_ENV, DRAFT_VOCAB_ENV} & set(names):  # as hf2q generate / bench do
                 bits = int(os.environ.get(DRAFT_HEAD_ENV, "0"))
-                pair.drafter.bind(pair.target.embed, pair.target.draft_head(bits))
+                vocab = int(os.environ.get(DRAFT_VOCAB_ENV, "0"))
+                pair.drafter.bind(pair.target.embed, pair.target.draft_head(bits, vocab))
             for mode in modes:
                 loop = f"slots-{mode}" if args.slots else mode
                 s = _once(loop, pair, prompts, args.slots, args.tokens, args.lookup)

@@ -188,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=[0, 4, 8],
         help="drafts read a quantized copy of the target's head (hf2q generate's option)",
     )
+    ap.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=0,
+        help="drafts propose from this many of the lowest token ids (hf2q generate's option)",
+    )
     ap.add_argument("--slots", default="1,2,4,8")
     ap.add_argument("--gen-tokens", type=int, default=48)
     ap.add_argument("--prompt-tokens", type=int, default=256)
@@ -228,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     target, drafter = build_pair(
         args.shape, args.dtype, args.seed, args.target_bits, args.draft_bits
     )
-    drafter.bind(target.embed, target.draft_head(args.draft_head_bits))
+    drafter.bind(target.embed, target.draft_head(args.draft_head_bits, args.draft_vocab))
     built = time.perf_counter() - tic
 
     def progress(text: str) -> None:
@@ -239,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": f"synthetic Qwen3.5-{args.shape} (random {args.dtype} weights{_bits(args.target_bits)})",
         "draft": f"synthetic DFlash drafter ({args.shape} shape, random weights{_bits(args.draft_bits)})",
         "draft_head_bits": args.draft_head_bits or None,
+        "draft_vocab": args.draft_vocab or None,
         **report,
         "platform": describe(),
         "build_s": round(built, 1),

@@ -235,6 +235,28 @@ def test_a_4bit_draft_head_runs_on_the_kernel_in_bf16_and_as_one_product_off_it(
         assert mx.array_equal(got.reshape(flat.shape[0], -1), want)
 
 
+def test_a_4bit_draft_vocabularys_rows_run_on_the_kernel_in_bf16(
+    emulated, monkeypatch, fitted_pairs
+):
+    # TargetModel.draft_head(4, vocab): the 4-bit rows of the draft vocabulary on the
+    # dequantizing kernel where the draft's rows take it, widened to the vocabulary after.
+    from conftest import load_fitted
+
+    monkeypatch.setattr(select, "small_qmm_enabled", lambda: True)
+    _, target, _ = load_fitted(*fitted_pairs["qwen35"])
+    target.model.set_dtype(mx.bfloat16)
+    head = target.draft_head(4, 100)
+    q = target._vocab_rows(100, 4)
+    assert q.bits == 4 and q.weight.shape[0] == 128 and q.scales.dtype == mx.bfloat16
+    h = mx.random.normal((1, 15, target.hidden_size)).astype(mx.bfloat16)
+    flat = h.reshape(-1, h.shape[-1])
+    got = head(h, True)
+    assert got.shape == (1, 15, target.vocab_size)
+    ids = mx.array(target.draft_vocab_ids(100))
+    want = cm.small_qmatmul_cuda(flat, q.weight, q.scales, q.biases, bits=4, group=64)
+    assert mx.array_equal(got[0][:, ids], want)
+
+
 def test_quantized_tied_head_runs_on_the_kernel(emulated, monkeypatch):
     monkeypatch.setattr(select, "small_qmm_enabled", lambda: True)
     emb = nn.Embedding(64, 128)

@@ -162,3 +162,100 @@ def test_frozen_quantized_products_take_all_slots_rows_at_once(kind):
     want = mod(x) if kind == "linear" else mod.as_linear(x)
     assert got.shape == (3, 5, 96)
     assert mx.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# -- a draft vocabulary (--draft-vocab) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("bits", [0, 4])
+def test_a_draft_vocabulary_keeps_greedy_dflash_equal_to_plain(fitted, bits):
+    # The fitted pair's 512-token vocabulary cut to 128 ids (4-bit rows too): drafts propose
+    # from those only, the tokens are still plain decoding's, alone and on two slots.
+    target, drafter, prompts = fitted
+    head = target.draft_head(bits, 100)
+    assert target.draft_head(bits, 100) is head  # made once
+    drafter.bind(target.embed, head)
+    try:
+        assert_greedy_dflash_equals_plain(
+            target, drafter, prompts, [24, 17, 30], blocks=(4, 16), slots=2
+        )
+    finally:
+        drafter.bind(target.embed, target.head)
+
+
+def test_a_draft_vocabularys_logits_are_the_heads_at_its_ids_and_minus_inf_elsewhere(fitted):
+    target, _, _ = fitted
+    ids = target.draft_vocab_ids(100)
+    # 100 lowest ids, the tokenizer's special / stop tokens, more low ids up to 128 rows
+    special = {int(i) for i in target.tokenizer.eos_token_ids}
+    assert len(ids) == 128 and ids == sorted(set(ids))
+    assert set(range(100)) <= set(ids) and special <= set(ids)
+    got, full = _draft_logits(target, target.draft_head(0, 100))
+    inside = mx.array(ids)
+    assert got.shape == full.shape
+    assert mx.allclose(got[..., inside], full[..., inside], rtol=1e-5, atol=1e-5)
+    outside = np.setdiff1d(np.arange(target.vocab_size), ids)
+    assert np.all(np.array(got[..., mx.array(outside)]) == -np.inf)
+    # 4-bit rows: close to the head's there, -inf elsewhere too
+    got4, _ = _draft_logits(target, target.draft_head(4, 100))
+    err = float(mx.abs(got4[..., inside] - full[..., inside]).max())
+    assert 0 < err < 0.15 * float(mx.abs(full).max())
+    assert np.all(np.array(got4[..., mx.array(outside)]) == -np.inf)
+    # a vocabulary as large as the head's is the head itself
+    assert target.draft_head(0, target.vocab_size) == target.head
+    with pytest.raises(ModelError, match="pass 0 for the whole one"):
+        target.draft_head(0, -1)
+
+
+def test_a_draft_vocabulary_of_a_quantized_head_keeps_its_rows_quantized(fitted_pairs):
+    import mlx.nn as nn
+
+    lm, target, drafter = load_fitted(*fitted_pairs["qwen35"])
+    nn.quantize(lm.model, group_size=32, bits=8)
+    head = target.draft_head(4, 100)  # bits do not apply to a quantized head
+    rows = target._vocab_rows(100)
+    assert type(rows) is nn.QuantizedLinear and rows.bits == 8 and rows.weight.shape[0] == 128
+    got, full = _draft_logits(target, head)
+    inside = mx.array(target.draft_vocab_ids(100))
+    assert mx.allclose(got[..., inside], full[..., inside], rtol=1e-4, atol=1e-4)
+    prompts = [lm.tokenizer.encode(t)[:n] for t, n in zip(FIT_TEXTS[:2], (5, 9), strict=True)]
+    drafter.bind(target.embed, head)
+    assert_greedy_dflash_equals_plain(target, drafter, prompts, [20, 12], blocks=(16,), slots=2)
+
+
+def test_sampled_dflash_with_a_draft_vocabulary_follows_the_target(fitted):
+    # q is 0 outside the draft vocabulary: a target token there only comes from the residual,
+    # and the committed tokens still follow the target's exact joint (chi-square).
+    from test_runtime_sampling import BLOCK, N_RUNS, _chi2_pvalue, _draws, _exact_joint
+
+    target, drafter, prompts = fitted
+    prompt = prompts[0][:4]
+    exact = _exact_joint(target, prompt, 3)
+    drafter.bind(target.embed, target.draft_head(0, 60))
+    try:
+        dfl = _draws(
+            lambda sp: dflash_generate(
+                target, drafter, prompt, max_tokens=32, block_size=BLOCK, sampling=sp
+            )
+        )
+    finally:
+        drafter.bind(target.embed, target.head)
+    assert _chi2_pvalue(dfl, exact, N_RUNS) > 1e-3
+
+
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_cli_rejects_a_negative_draft_vocabulary_before_loading(capsys, command):
+    from hf2q.cli.app import main
+
+    assert main([command, "--draft-vocab", "-3"]) != 0
+    err = capsys.readouterr().err
+    assert "--draft-vocab must be 0 (the whole vocabulary) or a token count, got -3" in err
+    assert "Traceback" not in err
+
+
+def test_generate_reports_the_draft_vocabulary_it_ran(capsys):
+    from hf2q.cli.app import main
+
+    assert main(["generate", "def add(a, b):", "-n", "12", "--json", "--draft-vocab", "2048"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["draft_vocab"] == 2048

@@ -14,9 +14,11 @@ import typer
 from hf2q.cli.options import (
     DraftHeadBitsOption,
     DraftOption,
+    DraftVocabOption,
     DtypeOption,
     ModelOption,
     check_draft_head_bits,
+    check_draft_vocab,
 )
 from hf2q.errors import OutputError, UsageError
 
@@ -99,6 +101,7 @@ def bench(
     ] = "compact",
     dtype: DtypeOption = None,
     draft_head_bits: DraftHeadBitsOption = 0,
+    draft_vocab: DraftVocabOption = 0,
     chat: Annotated[
         bool | None,
         typer.Option(
@@ -148,6 +151,7 @@ def bench(
     if dtype is not None and dtype not in DTYPE_CHOICES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
     check_draft_head_bits(draft_head_bits)
+    check_draft_vocab(draft_vocab)
     if out_file is not None:
         _check_out(out_file)
 
@@ -161,7 +165,14 @@ def bench(
     from hf2q.runtime.bench import run_bench
     from hf2q.runtime.pair import load_pair
 
-    pair = load_pair(model, draft, dflash=True, revision=revision, draft_head_bits=draft_head_bits)
+    pair = load_pair(
+        model,
+        draft,
+        dflash=True,
+        revision=revision,
+        draft_head_bits=draft_head_bits,
+        draft_vocab=draft_vocab,
+    )
     if plan.action == "hint" and not json_out:
         warn(blas_hint(plan))
     use_chat = pair.chat_default if chat is None else chat
@@ -193,6 +204,7 @@ def bench(
         "model": pair.target_source,
         "draft": pair.draft_source,
         "draft_head_bits": draft_head_bits or None,
+        "draft_vocab": draft_vocab or None,
         **report,
         "platform": {**describe(), "kernels": select.summary(pair.target)},
     }

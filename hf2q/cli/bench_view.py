@@ -173,6 +173,11 @@ def print_report(report: dict[str, Any], *, terminal: bool) -> None:
             if report.get("draft_head_bits")
             else ""
         )
+        + (
+            f" (draft vocabulary {report['draft_vocab']} tokens)"
+            if report.get("draft_vocab")
+            else ""
+        )
         + f"; workload {cfg['workload']}, "
         f"{cfg['gen_tokens']} tokens per request, "
         f"{cfg.get('requests_per_slot', 1)} request(s) per slot, block size {cfg['block_size']}, "

@@ -15,9 +15,11 @@ import typer
 from hf2q.cli.options import (
     DraftHeadBitsOption,
     DraftOption,
+    DraftVocabOption,
     DtypeOption,
     ModelOption,
     check_draft_head_bits,
+    check_draft_vocab,
 )
 from hf2q.errors import UsageError
 
@@ -83,6 +85,7 @@ def generate(
     ] = False,
     dtype: DtypeOption = None,
     draft_head_bits: DraftHeadBitsOption = 0,
+    draft_vocab: DraftVocabOption = 0,
     revision: Annotated[
         str | None, typer.Option("--revision", help="Hub revision of --model.")
     ] = None,
@@ -108,6 +111,7 @@ def generate(
     if block_size is not None and not dflash:
         raise UsageError("--block-size applies to DFlash only: drop it or drop --no-dflash")
     check_draft_head_bits(draft_head_bits)
+    check_draft_vocab(draft_vocab)
     if prompt is not None and prompt_file is not None:
         raise UsageError("pass the prompt as an argument or with --prompt-file, not both")
 
@@ -139,7 +143,12 @@ def generate(
     if dtype is not None and dtype not in DTYPE_CHOICES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
     pair = load_pair(
-        model, draft, dflash=dflash, revision=revision, draft_head_bits=draft_head_bits
+        model,
+        draft,
+        dflash=dflash,
+        revision=revision,
+        draft_head_bits=draft_head_bits,
+        draft_vocab=draft_vocab,
     )
     compute_dtype = apply_dtype(pair.target, pair.drafter if dflash else None, dtype)
     if text is None:
@@ -184,6 +193,7 @@ def generate(
         "model": pair.target_source,
         **({"draft": pair.draft_source} if dflash else {}),
         **({"draft_head_bits": draft_head_bits} if dflash and draft_head_bits else {}),
+        **({"draft_vocab": draft_vocab} if dflash and draft_vocab else {}),
         "dtype": compute_dtype,
         "kernels": select.summary(pair.target),
         **blas_summary(),

@@ -109,6 +109,7 @@ def load_pair(
     dflash: bool = True,
     revision: str | None = None,
     draft_head_bits: int = 0,
+    draft_vocab: int = 0,
 ) -> Pair:
     """Load the target (and with ``dflash`` its drafter) and validate the pair.
 
@@ -119,6 +120,8 @@ def load_pair(
         revision: Hub revision of the target.
         draft_head_bits: 4 or 8: the drafter binds a quantized copy of the target's head
             (``TargetModel.draft_head``); 0: the head itself.
+        draft_vocab: K > 0: drafts propose from ``TargetModel.draft_vocab_ids(K)`` only (the
+            head's rows of those ids); 0: the whole vocabulary.
 
     Raises:
         ModelError / DrafterError / SourceError / UsageError: one line naming the fix.
@@ -150,7 +153,7 @@ def load_pair(
         cfg = load_drafter_config(folder)
         validate_pair(target, cfg, where=f"drafter {draft}")
         drafter = load_drafter(folder, dtype=target.dtype)
-        drafter.bind(target.embed, target.draft_head(draft_head_bits))
+        drafter.bind(target.embed, target.draft_head(draft_head_bits, draft_vocab))
     has_template = bool(getattr(loaded.tokenizer, "chat_template", None))
     chat_default = bool(entry.get("chat", True)) and has_template
     return Pair(

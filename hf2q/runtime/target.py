@@ -18,6 +18,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 
 from hf2q.errors import ModelError
@@ -40,6 +41,21 @@ def _head_product(mod: nn.Module, tied: bool, h: mx.array, on: bool | small_mm.F
     return small_mm.head(mod, h, on) if tied else small_mm.linear(mod, h, on)
 
 
+def _copy_product(
+    q: nn.Module, tied: bool, h: mx.array, mm: bool | small_mm.Frozen | None
+) -> mx.array:
+    """A draft head's quantized copy ``q`` of ``h``. Drafts need no row invariance, so the faster
+    product: on an H100 (session 49, quant_rows.py, the 248320 x 2560 head, us at 15 rows) 8-bit
+    MLX 334, hf2q's kernel 414; 4-bit MLX 307, the kernel 280. So 8-bit copies take MLX's
+    product, 4-bit ones the kernel where it runs (CUDA, bf16 / fp16) and the draft's rows take
+    it. MLX's product goes through FROZEN: all rows as one product (a 3-D input would be a
+    batched GEMM, a pass over the copy a slot)."""
+    on = small_mm_enabled() if mm is None else mm
+    if q.bits == 8 or not (on and small_mm.quantized_fits(q, h)):
+        on = small_mm.FROZEN
+    return _head_product(q, tied, h, on)
+
+
 class TargetModel:
     """A loaded mlx-lm model plus the handles DFlash needs; see the module docstring."""
 
@@ -60,7 +76,7 @@ class TargetModel:
         # Read on every layer of every forward: asked of the modules once.
         self._linear = tuple(bool(getattr(x, "is_linear", False)) for x in inner.layers)
         # draft_head's functions by bits (their quantized copies are kept on the head's module)
-        self._draft_head_fns: dict[int, Callable[..., mx.array]] = {}
+        self._draft_head_fns: dict[tuple[int, int], Callable[..., mx.array]] = {}
 
     # -- sizes -----------------------------------------------------------------------------
     @property
@@ -123,10 +139,11 @@ class TargetModel:
         mod, tied = self._head_module()
         return _head_product(mod, tied, h, small_mm_enabled() if mm is None else mm)
 
-    def draft_head(self, bits: int | None = None) -> Callable[..., mx.array]:
+    def draft_head(self, bits: int | None = None, vocab: int = 0) -> Callable[..., mx.array]:
         """The head a drafter binds: :meth:`head` itself, or with ``bits`` 4 or 8 the product of
         a copy of the head's weight quantized (MLX's affine layout, groups of 64; 32 where the
-        hidden size is not a multiple of 64).
+        hidden size is not a multiple of 64), or with ``vocab`` > 0 the product of the head's
+        rows of :meth:`draft_vocab_ids` only (quantized too with ``bits``).
 
         Drafts only propose: the verify and every token still come from :meth:`head`, so greedy
         output stays plain decoding's and sampled output the target's distribution (rejection
@@ -137,20 +154,30 @@ class TargetModel:
         was faster than the copies' there on an H100. A head that is already quantized (a
         quantized target) is used as it is. The copy is made here, once a bit width, and made
         again by :meth:`refresh_draft_heads` when the target's weights are cast.
+
+        A draft vocabulary (``vocab``: FR-Spec's frequency-ranked draft vocabulary, Zhao et al.
+        2025) reads ``vocab / vocab_size`` of the head's bytes: Qwen3.5's head is 248320 rows,
+        1.27 GB in bf16 at hidden 2560, the largest product of a draft. Its logits come back at
+        the full vocabulary's width with -inf outside the ids, so a draft never proposes one of
+        those and its probabilities there are 0 (rejection sampling stays exact); a target token
+        outside the ids is never accepted from a draft but still committed as the round's own.
         """
-        if bits is None or bits == 0:
-            return self.head
-        if bits not in (4, 8):
+        bits, vocab = bits or 0, vocab or 0
+        if bits not in (0, 4, 8):
             raise ModelError(f"a draft head is quantized to 4 or 8 bits, not {bits}: pass 4 or 8")
+        if vocab < 0:
+            raise ModelError(
+                f"a draft vocabulary is a positive token count, not {vocab}: pass 0 for the whole one"
+            )
         mod, tied = self._head_module()
+        if vocab and vocab < int(mod.weight.shape[0]):
+            return self._vocab_head(bits, vocab)
+        if bits == 0:
+            return self.head
         if type(mod) not in (nn.Embedding, nn.Linear):
             return self.head  # quantized already
-        if self.hidden_size % 32:
-            raise ModelError(
-                f"a quantized draft head needs a hidden size that is a multiple of 32, this "
-                f"target's is {self.hidden_size}: drop --draft-head-bits"
-            )
-        if bits not in self._draft_head_fns:
+        self._check_quantizable()
+        if (bits, 0) not in self._draft_head_fns:
             self._quantized_head(bits)  # made now: a compiled draft's trace cannot evaluate it
 
             def head(h: mx.array, mm: bool | small_mm.Frozen | None = None) -> mx.array:
@@ -162,26 +189,119 @@ class TargetModel:
                 # bf16 cuBLAS 546 in session 49).
                 if h.size // h.shape[-1] > draft_head_mm_rows():
                     return self.head(h, mm)
-                # Which product: drafts need no row invariance, so the faster one. On an H100
-                # (session 49, quant_rows.py, the 248320 x 2560 head, us at 15 rows): 8-bit MLX
-                # 334, hf2q's kernel 414; 4-bit MLX 307, the kernel 280. So 8-bit copies take
-                # MLX's product, 4-bit ones the kernel where it runs (CUDA, bf16 / fp16) and the
-                # draft's rows take it. MLX's product goes through FROZEN: all rows as one
-                # product (a 3-D input would be a batched GEMM, a pass over the copy a slot).
-                q = self._quantized_head(bits)
-                on = small_mm_enabled() if mm is None else mm
-                if bits == 8 or not (on and small_mm.quantized_fits(q, h)):
-                    on = small_mm.FROZEN
-                return _head_product(q, tied, h, on)
+                return _copy_product(self._quantized_head(bits), tied, h, mm)
 
-            self._draft_head_fns[bits] = head
-        return self._draft_head_fns[bits]
+            self._draft_head_fns[(bits, 0)] = head
+        return self._draft_head_fns[(bits, 0)]
+
+    def _check_quantizable(self) -> None:
+        if self.hidden_size % 32:
+            raise ModelError(
+                f"a quantized draft head needs a hidden size that is a multiple of 32, this "
+                f"target's is {self.hidden_size}: drop --draft-head-bits"
+            )
+
+    def draft_vocab_ids(self, vocab: int) -> list[int]:
+        """The token ids a draft vocabulary of ``vocab`` proposes: the ``vocab`` lowest ids, the
+        tokenizer's added (special) tokens and stop tokens, then more of the lowest ids up to a
+        multiple of 128 rows (what hf2q's product kernels take whole). Byte-level BPE
+        vocabularies (Qwen's) number their tokens in merge order, most frequent pieces first,
+        so the lowest ids stand in for FR-Spec's corpus counts."""
+        rows = int(self._head_module()[0].weight.shape[0])
+        extra: set[int] = set()
+        tok = self.tokenizer
+        if tok is not None:
+            inner = getattr(tok, "_tokenizer", tok)
+            added = getattr(inner, "get_added_vocab", None)
+            extra.update(int(i) for i in (added() if added else {}).values())
+            extra.update(int(i) for i in getattr(tok, "eos_token_ids", None) or ())
+            eos = getattr(inner, "eos_token_id", None)
+            if isinstance(eos, int):
+                extra.add(eos)
+        extra = {i for i in extra if vocab <= i < rows}
+        n = min(rows, -(-(vocab + len(extra)) // 128) * 128)
+        low = n - len(extra)
+        return sorted(set(range(low)) | extra)
+
+    def _vocab_head(self, bits: int, vocab: int) -> Callable[..., mx.array]:
+        """:meth:`draft_head` with a draft vocabulary: the head's rows of the ids (a plain
+        ``nn.Linear`` of them, or the quantized rows of a quantized head) and with ``bits`` a
+        quantized copy of those, read up to ``select.draft_head_mm_rows()`` rows as the whole
+        head's copy is; logits widened to the vocabulary by one gather (-inf elsewhere)."""
+        mod, _ = self._head_module()
+        quantized = type(mod) not in (nn.Embedding, nn.Linear)
+        if bits and not quantized:
+            self._check_quantizable()
+        else:
+            bits = 0
+        if (bits, vocab) in self._draft_head_fns:
+            return self._draft_head_fns[(bits, vocab)]
+        ids = self.draft_vocab_ids(vocab)
+        index = np.full(int(mod.weight.shape[0]), len(ids), dtype=np.int32)
+        index[ids] = np.arange(len(ids), dtype=np.int32)
+        widen = mx.array(index)
+        self._vocab_rows(vocab)  # made now: a compiled draft's trace cannot evaluate them
+        if bits:
+            self._vocab_rows(vocab, bits)
+
+        def head(h: mx.array, mm: bool | small_mm.Frozen | None = None) -> mx.array:
+            if bits and h.size // h.shape[-1] <= draft_head_mm_rows():
+                y = _copy_product(self._vocab_rows(vocab, bits), False, h, mm)
+            else:
+                rows = self._vocab_rows(vocab)
+                on = small_mm_enabled() if mm is None else mm
+                if quantized and not (on and small_mm.quantized_fits(rows, h)):
+                    on = small_mm.FROZEN  # all rows as one product, not a batched GEMM a slot
+                y = small_mm.linear(rows, h, on)
+            # -inf outside the ids: never a draft's argmax, probability 0 in its softmax
+            fill = mx.full((*y.shape[:-1], 1), -mx.inf, dtype=y.dtype)
+            return mx.take(mx.concatenate([y, fill], axis=-1), widen, axis=-1)
+
+        self._draft_head_fns[(bits, vocab)] = head
+        return head
+
+    def _vocab_rows(self, vocab: int, bits: int = 0) -> nn.Module:
+        """The head's rows of ``draft_vocab_ids(vocab)`` as a linear layer without bias (a
+        quantized head's rows stay quantized), or with ``bits`` a quantized copy of them; kept
+        on the head's module with the weights it copies (``small_mm.kept``)."""
+        mod, _ = self._head_module()
+        sources = [mod.weight] + ([mod.scales] if hasattr(mod, "scales") else [])
+
+        def build() -> nn.Module:
+            ids = mx.array(self.draft_vocab_ids(vocab))
+            if bits:
+                group = 64 if self.hidden_size % 64 == 0 else 32
+                q = nn.QuantizedLinear.from_linear(
+                    self._vocab_rows(vocab), group_size=group, bits=bits
+                )
+                mx.eval(q.parameters())
+                return q
+            if type(mod) in (nn.Embedding, nn.Linear):
+                rows = nn.Linear(self.hidden_size, len(ids), bias="bias" in mod)
+                rows.weight = mod.weight[ids]
+            else:
+                kind = dict(group_size=mod.group_size, bits=mod.bits, mode=mod.mode)
+                rows = nn.QuantizedLinear(self.hidden_size, len(ids), bias="bias" in mod, **kind)
+                rows.weight, rows.scales = mod.weight[ids], mod.scales[ids]
+                if mod.get("biases") is not None:
+                    rows.biases = mod.biases[ids]
+            if "bias" in mod:
+                rows.bias = mod.bias[ids]
+            mx.eval(rows.parameters())
+            return rows
+
+        return small_mm.kept(mod, f"_hf2q_draft_vocab_{vocab}_{bits}", sources, build)
 
     def refresh_draft_heads(self) -> None:
-        """Quantize :meth:`draft_head`'s copies again where the head's weight was replaced (a
-        dtype cast), before any draft reads them."""
-        for bits in self._draft_head_fns:
-            self._quantized_head(bits)
+        """Make :meth:`draft_head`'s copies again where the head's weight was replaced (a dtype
+        cast), before any draft reads them."""
+        for bits, vocab in self._draft_head_fns:
+            if vocab:
+                self._vocab_rows(vocab)
+                if bits:
+                    self._vocab_rows(vocab, bits)
+            else:
+                self._quantized_head(bits)
 
     def _head_module(self) -> tuple[nn.Module, bool]:
         """(the head's module, whether it is the tied embedding)."""
