@@ -1,0 +1,63 @@
+"""MLX's own quantized product (``mx.quantized_matmul``, affine) against the product of the
+dequantized weight, on the default device: the largest error relative to the largest logit, per
+dtype, bits, group and shape.
+
+Why: on an H100 (session 51) a float32 4-bit copy of the fitted test pair's head (64 x 512,
+groups of 64) gave logits off by 100% of their size through MLX's product, where the CPU's are
+within 10%; this says which shapes and dtypes MLX's CUDA product gets wrong.
+
+Usage: python3 benchmarks/qmm_check.py [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    import mlx.core as mx
+
+    rows = []
+    for dtype, bits, group, (K, N), M in itertools.product(
+        (mx.float32, mx.bfloat16),
+        (4, 8),
+        (64, 32),
+        ((64, 512), (128, 512), (2560, 4096)),
+        (1, 15, 60),
+    ):
+        mx.random.seed(0)
+        w = (mx.random.normal((N, K)) * K**-0.5).astype(dtype)
+        x = mx.random.normal((M, K)).astype(dtype)
+        q, s, b = mx.quantize(w, group_size=group, bits=bits)
+        got = mx.quantized_matmul(x, q, s, b, transpose=True, group_size=group, bits=bits)
+        deq = mx.dequantize(q, s, b, group_size=group, bits=bits)
+        want = (x.astype(mx.float32) @ deq.astype(mx.float32).T).astype(mx.float32)
+        err = float(mx.abs(got.astype(mx.float32) - want).max()) / float(mx.abs(want).max())
+        rows.append(
+            {
+                "dtype": str(dtype).split(".")[-1],
+                "bits": bits,
+                "group": group,
+                "K": K,
+                "N": N,
+                "M": M,
+                "rel_err": round(err, 6),
+            }
+        )
+    # float32 products round little; bf16 outputs (and a CPU's bf16 sums) lose about 10% at K 2560
+    bad = [r for r in rows if r["rel_err"] > (1e-3 if r["dtype"] == "float32" else 0.3)]
+    report = {"device": str(mx.default_device()), "rows": rows, "bad": bad}
+    print(json.dumps({"device": report["device"], "checked": len(rows), "bad": bad}))
+    if args.out:
+        args.out.write_text(json.dumps(report) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
