@@ -32,6 +32,18 @@ def _draft_logits(target, head, seed: int = 3) -> tuple[mx.array, mx.array]:
     return head(h), target.head(h)
 
 
+def _assert_greedy_equal_with(head, target, drafter, prompts) -> None:
+    """Greedy DFlash with the drafter bound to ``head`` gives plain decoding's tokens (blocks 4
+    and 16, then two slots)."""
+    drafter.bind(target.embed, head)
+    try:
+        assert_greedy_dflash_equals_plain(
+            target, drafter, prompts, [24, 17, 30], blocks=(4, 16), slots=2
+        )
+    finally:
+        drafter.bind(target.embed, target.head)
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_quantized_draft_head_keeps_greedy_dflash_equal_to_plain(fitted, bits):
     target, drafter, prompts = fitted
@@ -42,13 +54,7 @@ def test_quantized_draft_head_keeps_greedy_dflash_equal_to_plain(fitted, bits):
     err = float(mx.abs(got - full).max()) / float(mx.abs(full).max())
     assert err < (0.15 if bits == 4 else 0.02), err
     assert target.draft_head(bits) is head  # made once a bit width
-    drafter.bind(target.embed, head)
-    try:
-        assert_greedy_dflash_equals_plain(
-            target, drafter, prompts, [24, 17, 30], blocks=(4, 16), slots=2
-        )
-    finally:
-        drafter.bind(target.embed, target.head)
+    _assert_greedy_equal_with(head, target, drafter, prompts)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -96,15 +102,18 @@ def test_quantized_draft_head_proposes_what_the_full_head_proposes_on_the_demo_p
     assert taus["8-bit"] >= 0.8 * taus["full"], taus
 
 
-def test_sampled_dflash_with_a_quantized_draft_head_follows_the_target(fitted):
+@pytest.mark.parametrize(("bits", "vocab"), [(4, 0), (0, 60)])
+def test_sampled_dflash_with_a_quantized_or_cut_draft_head_follows_the_target(fitted, bits, vocab):
     # Rejection sampling takes the draft's own probabilities: a 4-bit head's q changes how often
-    # drafts are kept, not what is committed (chi-square against the target's exact joint).
+    # drafts are kept, not what is committed; with a draft vocabulary q is 0 outside its ids (a
+    # target token there only comes from the residual). Chi-square against the target's exact
+    # joint.
     from test_runtime_sampling import BLOCK, N_RUNS, _chi2_pvalue, _draws, _exact_joint
 
     target, drafter, prompts = fitted
     prompt = prompts[0][:4]
     exact = _exact_joint(target, prompt, 3)
-    drafter.bind(target.embed, target.draft_head(4))
+    drafter.bind(target.embed, target.draft_head(bits, vocab))
     try:
         dfl = _draws(
             lambda sp: dflash_generate(
@@ -124,12 +133,22 @@ def test_draft_head_bits_are_checked(fitted):
 
 
 @pytest.mark.parametrize("command", ["generate", "bench"])
-def test_cli_rejects_other_draft_head_bits_before_loading(capsys, command):
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--draft-head-bits=5", "--draft-head-bits must be 0, 4 or 8, got 5"),
+        (
+            "--draft-vocab=-3",
+            "--draft-vocab must be 0 (the whole vocabulary) or a token count, got -3",
+        ),
+    ],
+)
+def test_cli_rejects_bad_draft_head_options_before_loading(capsys, command, option, message):
     from hf2q.cli.app import main
 
-    assert main([command, "--draft-head-bits", "5"]) != 0
+    assert main([command, option]) != 0
     err = capsys.readouterr().err
-    assert "--draft-head-bits must be 0, 4 or 8, got 5" in err
+    assert message in err
     assert "Traceback" not in err
 
 
@@ -174,13 +193,7 @@ def test_a_draft_vocabulary_keeps_greedy_dflash_equal_to_plain(fitted, bits):
     target, drafter, prompts = fitted
     head = target.draft_head(bits, 100)
     assert target.draft_head(bits, 100) is head  # made once
-    drafter.bind(target.embed, head)
-    try:
-        assert_greedy_dflash_equals_plain(
-            target, drafter, prompts, [24, 17, 30], blocks=(4, 16), slots=2
-        )
-    finally:
-        drafter.bind(target.embed, target.head)
+    _assert_greedy_equal_with(head, target, drafter, prompts)
 
 
 def test_a_draft_vocabularys_logits_are_the_heads_at_its_ids_and_minus_inf_elsewhere(fitted):
@@ -221,36 +234,6 @@ def test_a_draft_vocabulary_of_a_quantized_head_keeps_its_rows_quantized(fitted_
     prompts = [lm.tokenizer.encode(t)[:n] for t, n in zip(FIT_TEXTS[:2], (5, 9), strict=True)]
     drafter.bind(target.embed, head)
     assert_greedy_dflash_equals_plain(target, drafter, prompts, [20, 12], blocks=(16,), slots=2)
-
-
-def test_sampled_dflash_with_a_draft_vocabulary_follows_the_target(fitted):
-    # q is 0 outside the draft vocabulary: a target token there only comes from the residual,
-    # and the committed tokens still follow the target's exact joint (chi-square).
-    from test_runtime_sampling import BLOCK, N_RUNS, _chi2_pvalue, _draws, _exact_joint
-
-    target, drafter, prompts = fitted
-    prompt = prompts[0][:4]
-    exact = _exact_joint(target, prompt, 3)
-    drafter.bind(target.embed, target.draft_head(0, 60))
-    try:
-        dfl = _draws(
-            lambda sp: dflash_generate(
-                target, drafter, prompt, max_tokens=32, block_size=BLOCK, sampling=sp
-            )
-        )
-    finally:
-        drafter.bind(target.embed, target.head)
-    assert _chi2_pvalue(dfl, exact, N_RUNS) > 1e-3
-
-
-@pytest.mark.parametrize("command", ["generate", "bench"])
-def test_cli_rejects_a_negative_draft_vocabulary_before_loading(capsys, command):
-    from hf2q.cli.app import main
-
-    assert main([command, "--draft-vocab", "-3"]) != 0
-    err = capsys.readouterr().err
-    assert "--draft-vocab must be 0 (the whole vocabulary) or a token count, got -3" in err
-    assert "Traceback" not in err
 
 
 def test_generate_reports_the_draft_vocabulary_it_ran(capsys):
