@@ -220,6 +220,24 @@ def test_a_draft_vocabularys_logits_are_the_heads_at_its_ids_and_minus_inf_elsew
         target.draft_head(0, -1)
 
 
+def test_a_draft_vocabulary_keeps_special_and_stop_tokens_in_whole_blocks_of_rows(
+    fitted, monkeypatch
+):
+    class Tokenizer:  # what draft_vocab_ids reads of mlx-lm's wrapper / a transformers tokenizer
+        eos_token_ids = [100, 300]
+
+        def get_added_vocab(self):
+            return {"<|im_end|>": 101, "<think>": 511}
+
+    target, _, _ = fitted
+    monkeypatch.setattr(target, "tokenizer", Tokenizer())
+    ids = target.draft_vocab_ids(100)
+    assert len(ids) == len(set(ids)) == 128 and ids == sorted(ids)
+    assert {100, 101, 300, 511} <= set(ids) and set(range(100)) <= set(ids)
+    assert len(target.draft_vocab_ids(400)) == 512  # rounded up to all rows: every id once
+    assert target.draft_head(0, 400) == target.head  # so the head itself
+
+
 def test_a_draft_vocabulary_of_a_quantized_head_keeps_its_rows_quantized(fitted_pairs):
     import mlx.nn as nn
 

@@ -13,6 +13,7 @@ caches module).
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -170,8 +171,8 @@ class TargetModel:
                 f"a draft vocabulary is a positive token count, not {vocab}: pass 0 for the whole one"
             )
         mod, tied = self._head_module()
-        if vocab and vocab < int(mod.weight.shape[0]):
-            return self._vocab_head(bits, vocab)
+        if vocab and len(self.draft_vocab_ids(vocab)) < int(mod.weight.shape[0]):
+            return self._vocab_head(bits, vocab)  # (ids rounded up to every row: the head)
         if bits == 0:
             return self.head
         if type(mod) not in (nn.Embedding, nn.Linear):
@@ -220,8 +221,8 @@ class TargetModel:
                 extra.add(eos)
         extra = {i for i in extra if vocab <= i < rows}
         n = min(rows, -(-(vocab + len(extra)) // 128) * 128)
-        low = n - len(extra)
-        return sorted(set(range(low)) | extra)
+        low = itertools.islice((i for i in range(rows) if i not in extra), n - len(extra))
+        return sorted([*low, *extra])
 
     def _vocab_head(self, bits: int, vocab: int) -> Callable[..., mx.array]:
         """:meth:`draft_head` with a draft vocabulary: the head's rows of the ids (a plain
