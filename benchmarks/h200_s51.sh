@@ -33,7 +33,8 @@ case "${PART:-1}" in
   ab_run vocab1b 150 --synthetic 4b --modes plain,dflash --tokens 32 --prompt-tokens 64 --runs 3 \
     --values "$V0,$B4,$V32,$V32+$B4"
   python3 -c "import json; r=json.load(open('$OUT/vocab1b.json')); print(r['dflash_round_ms'], r['E'])"
-  gpu_pytest pytest_head 170 tests/test_runtime_draft_head.py
+  t=$(left)
+  [ "$t" -gt 40 ] && gpu_pytest pytest_head $(( t < 170 ? t : 170 )) tests/test_runtime_draft_head.py
   t=$(left)
   [ "$t" -gt 60 ] && synthetic_run syn4b_draft4_vocab 1,4 "$t" --draft-bits 4 --draft-head-bits 4 \
     --draft-vocab 32768
