@@ -30,7 +30,8 @@ case "${PART:-1}" in
   timeout 60 python3 benchmarks/qmm_check.py --out "$OUT/qmm_check.json" > "$OUT/qmm_check.log" 2>&1
   echo "qmm_check exit $? $(el)"; cut -c1-1500 "$OUT/qmm_check.log"
   V0=HF2Q_DRAFT_VOCAB=0 V32=HF2Q_DRAFT_VOCAB=32768 B4=HF2Q_DRAFT_HEAD_BITS=4
-  ab_run vocab1b 150 --synthetic 4b --modes plain,dflash --tokens 32 --prompt-tokens 64 --runs 3 \
+  t=$(left)
+  ab_run vocab1b $(( t < 150 ? t : 150 )) --synthetic 4b --modes plain,dflash --tokens 32 --prompt-tokens 64 --runs "${RUNS:-3}" \
     --values "$V0,$B4,$V32,$V32+$B4"
   python3 -c "import json; r=json.load(open('$OUT/vocab1b.json')); print(r['dflash_round_ms'], r['E'])"
   t=$(left)
