@@ -260,3 +260,45 @@ def test_generate_reports_the_draft_vocabulary_it_ran(capsys):
     assert main(["generate", "def add(a, b):", "-n", "12", "--json", "--draft-vocab", "2048"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert record["draft_vocab"] == 2048
+
+
+# -- a copy whose product is wrong on the device ---------------------------------------------------
+
+
+def _zero_quantized_products(monkeypatch):
+    """MLX's quantized product giving zeros, as it gave about zero for the fitted pair's float32
+    4-bit copy on an H100 (session 51)."""
+    real = mx.quantized_matmul
+    monkeypatch.setattr(mx, "quantized_matmul", lambda x, *a, **k: mx.zeros_like(real(x, *a, **k)))
+
+
+@pytest.mark.parametrize("vocab", [0, 100])
+def test_a_copy_whose_logits_are_far_off_is_not_read_and_says_why(fitted_pairs, monkeypatch, vocab):
+    lm, target, drafter = load_fitted(*fitted_pairs["qwen35"])
+    _zero_quantized_products(monkeypatch)
+    head = target.draft_head(4, vocab)
+    assert "4-bit copy gave logits 100% of the largest off" in target.draft_head_notes[(4, vocab)]
+    assert "drop --draft-head-bits" in target.draft_head_notes[(4, vocab)]
+    got, full = _draft_logits(target, head)
+    if vocab:  # the vocabulary's unquantized rows
+        inside = mx.array(target.draft_vocab_ids(vocab))
+        assert mx.allclose(got[..., inside], full[..., inside], rtol=1e-5, atol=1e-5)
+    else:
+        assert mx.array_equal(got, full)
+    monkeypatch.undo()  # the product right again, the weights cast: checked again, read again
+    target.model.set_dtype(mx.float16)
+    target.refresh_draft_heads()
+    assert target.draft_head_notes == {}
+    got, full = _draft_logits(target, head)
+    assert not mx.array_equal(got, full)
+
+
+def test_generate_says_when_the_draft_heads_copy_is_not_read(capsys, monkeypatch):
+    from hf2q.cli.app import main
+
+    _zero_quantized_products(monkeypatch)
+    assert main(["generate", "def add(a, b):", "-n", "8", "--draft-head-bits", "8"]) == 0
+    assert "draft head's 8-bit copy gave logits" in capsys.readouterr().err
+    assert main(["generate", "def add(a, b):", "-n", "8", "--draft-head-bits", "8", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "drop --draft-head-bits" in record["draft_head_notes"][0]

@@ -179,6 +179,8 @@ def bench(
     from hf2q.runtime.pair import apply_dtype
 
     apply_dtype(pair.target, pair.drafter, dtype)
+    for note in pair.target.draft_head_notes.values() if not json_out else ():
+        warn(note)
     status = err.status("benchmarking") if is_terminal() and not json_out else None
 
     def progress(text: str) -> None:
@@ -205,6 +207,11 @@ def bench(
         "draft": pair.draft_source,
         "draft_head_bits": draft_head_bits or None,
         "draft_vocab": draft_vocab or None,
+        **(
+            {"draft_head_notes": list(pair.target.draft_head_notes.values())}
+            if pair.target.draft_head_notes
+            else {}
+        ),
         **report,
         "platform": {**describe(), "kernels": select.summary(pair.target)},
     }

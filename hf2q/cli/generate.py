@@ -169,6 +169,8 @@ def generate(
         warn(blas_hint(plan))
     if dflash and not json_out and (note := dflash_cpu_note(pair.target)):
         warn(note)
+    for note in pair.target.draft_head_notes.values() if dflash and not json_out else ():
+        warn(note)
     if dflash:
         events = dflash_generate(
             pair.target,
@@ -194,6 +196,11 @@ def generate(
         **({"draft": pair.draft_source} if dflash else {}),
         **({"draft_head_bits": draft_head_bits} if dflash and draft_head_bits else {}),
         **({"draft_vocab": draft_vocab} if dflash and draft_vocab else {}),
+        **(
+            {"draft_head_notes": list(pair.target.draft_head_notes.values())}
+            if dflash and pair.target.draft_head_notes
+            else {}
+        ),
         "dtype": compute_dtype,
         "kernels": select.summary(pair.target),
         **blas_summary(),

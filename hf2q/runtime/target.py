@@ -29,6 +29,11 @@ from hf2q.kernels.select import draft_head_mm_rows, small_mm_enabled
 #: model_type values whose layer structure this adapter understands.
 SUPPORTED_TARGET_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "qwen3")
 
+#: A draft head's quantized copy is read only while its logits of 15 random rows are within this
+#: share of the largest logit of the head's (4-bit copies: about 0.1; session 51 saw MLX's CUDA
+#: product of a float32 4-bit copy give logits 100% off, about zero).
+COPY_TOLERANCE = 0.5
+
 #: ``layer_fn(index, layer, h, mask, cache) -> h``: how one decoder layer is run (default: its own __call__).
 LayerFn = Callable[[int, nn.Module, mx.array, Any, Any], mx.array]
 
@@ -78,6 +83,8 @@ class TargetModel:
         self._linear = tuple(bool(getattr(x, "is_linear", False)) for x in inner.layers)
         # draft_head's functions by bits (their quantized copies are kept on the head's module)
         self._draft_head_fns: dict[tuple[int, int], Callable[..., mx.array]] = {}
+        #: (bits, vocab) -> why that draft head's quantized copy is not read (see _copy_agrees)
+        self.draft_head_notes: dict[tuple[int, int], str] = {}
 
     # -- sizes -----------------------------------------------------------------------------
     @property
@@ -179,7 +186,7 @@ class TargetModel:
             return self.head  # quantized already
         self._check_quantizable()
         if (bits, 0) not in self._draft_head_fns:
-            self._quantized_head(bits)  # made now: a compiled draft's trace cannot evaluate it
+            self._copy_agrees(bits)  # made and checked now: a compiled trace cannot evaluate
 
             def head(h: mx.array, mm: bool | small_mm.Frozen | None = None) -> mx.array:
                 # The copy up to select.draft_head_mm_rows() rows (32: one or two slots' drafts),
@@ -188,7 +195,7 @@ class TargetModel:
                 # copy and 8.950 with the 4-bit one, one slot's 6.233 / 6.130 / 6.092 (session
                 # 50, plain_ab.py; quant_rows.py at 60 rows: 4-bit MLX 659 us, hf2q's kernel 717,
                 # bf16 cuBLAS 546 in session 49).
-                if h.size // h.shape[-1] > draft_head_mm_rows():
+                if h.size // h.shape[-1] > draft_head_mm_rows() or not self._copy_agrees(bits):
                     return self.head(h, mm)
                 return _copy_product(self._quantized_head(bits), tied, h, mm)
 
@@ -243,10 +250,11 @@ class TargetModel:
         widen = mx.array(index)
         self._vocab_rows(vocab)  # made now: a compiled draft's trace cannot evaluate them
         if bits:
-            self._vocab_rows(vocab, bits)
+            self._copy_agrees(bits, vocab)
 
         def head(h: mx.array, mm: bool | small_mm.Frozen | None = None) -> mx.array:
-            if bits and h.size // h.shape[-1] <= draft_head_mm_rows():
+            rows_ok = h.size // h.shape[-1] <= draft_head_mm_rows()
+            if bits and rows_ok and self._copy_agrees(bits, vocab):
                 y = _copy_product(self._vocab_rows(vocab, bits), False, h, mm)
             else:
                 rows = self._vocab_rows(vocab)
@@ -299,10 +307,40 @@ class TargetModel:
         for bits, vocab in self._draft_head_fns:
             if vocab:
                 self._vocab_rows(vocab)
-                if bits:
-                    self._vocab_rows(vocab, bits)
+            if bits:
+                self._copy_agrees(bits, vocab)
+
+    def _copy_agrees(self, bits: int, vocab: int = 0) -> bool:
+        """Whether :meth:`draft_head`'s ``bits``-bit copy (of the draft vocabulary's rows with
+        ``vocab``) gives, for 15 random rows in its dtype and through the product a draft takes,
+        logits within :data:`COPY_TOLERANCE` of the largest of the full-precision rows'. Checked
+        once a copy (kept with it); where not, the draft reads the rows themselves and
+        :attr:`draft_head_notes` says why. Session 51: MLX's quantized product of the fitted test
+        pair's float32 4-bit copy on an H100 gave logits about zero."""
+        mod, tied = self._head_module()
+        sources = [mod.weight] + ([mod.scales] if hasattr(mod, "scales") else [])
+
+        def build() -> bool:
+            if vocab:
+                copy, ref, copy_tied = self._vocab_rows(vocab, bits), self._vocab_rows(vocab), False
             else:
-                self._quantized_head(bits)
+                copy, ref, copy_tied = self._quantized_head(bits), mod, tied
+            h = mx.random.normal((1, 15, self.hidden_size), key=mx.random.key(0))
+            h = h.astype(copy.scales.dtype)
+            got = _copy_product(copy, copy_tied, h, None).astype(mx.float32)
+            want = _head_product(ref, copy_tied, h, small_mm.FROZEN).astype(mx.float32)
+            err = (mx.abs(got - want).max() / mx.maximum(mx.abs(want).max(), 1e-30)).item()
+            if err < COPY_TOLERANCE:
+                self.draft_head_notes.pop((bits, vocab), None)
+                return True
+            self.draft_head_notes[(bits, vocab)] = (
+                f"the draft head's {bits}-bit copy gave logits {err:.0%} of the largest off the "
+                f"head's on {mx.default_device()} ({h.dtype}): drafts read the unquantized rows; drop "
+                f"--draft-head-bits or pick another --dtype"
+            )
+            return False
+
+        return small_mm.kept(mod, f"_hf2q_draft_check_{vocab}_{bits}", sources, build)
 
     def _head_module(self) -> tuple[nn.Module, bool]:
         """(the head's module, whether it is the tied embedding)."""
