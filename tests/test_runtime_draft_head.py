@@ -49,10 +49,18 @@ def test_quantized_draft_head_keeps_greedy_dflash_equal_to_plain(fitted, bits):
     target, drafter, prompts = fitted
     head = target.draft_head(bits)
     got, full = _draft_logits(target, head)
-    # a real copy: other logits, close to the head's (what the drafts propose from)
-    assert not mx.array_equal(got, full)
-    err = float(mx.abs(got - full).max()) / float(mx.abs(full).max())
-    assert err < (0.15 if bits == 4 else 0.02), err
+    if (bits, 0) in target.draft_head_notes:
+        # MLX's product of the copy is off on this device (an H100's float32 4-bit product in
+        # session 51): the draft reads the head. Never on a CPU, whose product is right.
+        from hf2q.kernels import select
+
+        assert select.backend() == "cuda", target.draft_head_notes
+        assert mx.array_equal(got, full)
+    else:
+        # a real copy: other logits, close to the head's (what the drafts propose from)
+        assert not mx.array_equal(got, full)
+        err = float(mx.abs(got - full).max()) / float(mx.abs(full).max())
+        assert err < (0.15 if bits == 4 else 0.02), err
     assert target.draft_head(bits) is head  # made once a bit width
     _assert_greedy_equal_with(head, target, drafter, prompts)
 
