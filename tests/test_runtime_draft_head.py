@@ -220,7 +220,12 @@ def test_a_draft_vocabularys_logits_are_the_heads_at_its_ids_and_minus_inf_elsew
     # 4-bit rows: close to the head's there, -inf elsewhere too
     got4, _ = _draft_logits(target, target.draft_head(4, 100))
     err = float(mx.abs(got4[..., inside] - full[..., inside]).max())
-    assert 0 < err < 0.15 * float(mx.abs(full).max())
+    if (4, 100) in target.draft_head_notes:  # the copy's product off on this GPU: the rows
+        from hf2q.kernels import select
+
+        assert select.backend() == "cuda" and err < 1e-5 * float(mx.abs(full).max())
+    else:
+        assert 0 < err < 0.15 * float(mx.abs(full).max())
     assert np.all(np.array(got4[..., mx.array(outside)]) == -np.inf)
     # a vocabulary as large as the head's is the head itself
     assert target.draft_head(0, target.vocab_size) == target.head
