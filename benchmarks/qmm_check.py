@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                 "quant_err": round(qerr, 6),
             }
         )
+        print(json.dumps(rows[-1]), flush=True)  # a row at a time: a cut run still says
     # float32 products round little; bf16 outputs (and a CPU's bf16 sums) lose about 10% at K 2560
     bad = [
         r
