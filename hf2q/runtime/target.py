@@ -177,30 +177,64 @@ class TargetModel:
             raise ModelError(
                 f"a draft vocabulary is a positive token count, not {vocab}: pass 0 for the whole one"
             )
-        mod, tied = self._head_module()
-        if vocab and len(self.draft_vocab_ids(vocab)) < int(mod.weight.shape[0]):
-            return self._vocab_head(bits, vocab)  # (ids rounded up to every row: the head)
-        if bits == 0:
-            return self.head
+        mod, _ = self._head_module()
+        ids = self.draft_vocab_ids(vocab) if vocab else None
+        if ids is not None and len(ids) >= int(mod.weight.shape[0]):
+            ids, vocab = None, 0  # rounded up to every row: the head's own rows
         if type(mod) not in (nn.Embedding, nn.Linear):
-            return self.head  # quantized already
-        self._check_quantizable()
-        if (bits, 0) not in self._draft_head_fns:
-            self._copy_agrees(bits)  # made and checked now: a compiled trace cannot evaluate
+            bits = 0  # a quantized head (a quantized target): its rows as they are
+        if not bits and not vocab:
+            return self.head
+        if bits:
+            self._check_quantizable()
+        if (bits, vocab) not in self._draft_head_fns:
+            self._draft_head_fns[(bits, vocab)] = self._draft_fn(bits, vocab, ids)
+        return self._draft_head_fns[(bits, vocab)]
 
-            def head(h: mx.array, mm: bool | small_mm.Frozen | None = None) -> mx.array:
-                # The copy up to select.draft_head_mm_rows() rows (32: one or two slots' drafts),
-                # the head itself beyond: on an H100 four slots' rounds of the 4B-shaped pair
-                # (60 head rows) took 8.742 ms with the bf16 head (cuBLAS), 8.807 with the 8-bit
-                # copy and 8.950 with the 4-bit one, one slot's 6.233 / 6.130 / 6.092 (session
-                # 50, plain_ab.py; quant_rows.py at 60 rows: 4-bit MLX 659 us, hf2q's kernel 717,
-                # bf16 cuBLAS 546 in session 49).
-                if h.size // h.shape[-1] > draft_head_mm_rows() or not self._copy_agrees(bits):
-                    return self.head(h, mm)
-                return _copy_product(self._quantized_head(bits), tied, h, mm)
+    def _draft_fn(self, bits: int, vocab: int, ids: list[int] | None) -> Callable[..., mx.array]:
+        """:meth:`draft_head`'s function for ``bits`` and ``vocab`` (the ids ``ids``). Its copy
+        and rows are made (and the copy checked) here: a compiled draft's trace cannot evaluate
+        them."""
+        mod, tied = self._head_module()
+        tied = tied and not vocab  # a vocabulary's rows are a linear layer
+        widen = None
+        if ids is not None:  # logit j of the rows -> token ids[j]; the last column -inf
+            index = np.full(int(mod.weight.shape[0]), len(ids), dtype=np.int32)
+            index[ids] = np.arange(len(ids), dtype=np.int32)
+            widen = mx.array(index)
+            self._vocab_rows(vocab)
+        if bits:
+            self._copy_agrees(bits, vocab)
 
-            self._draft_head_fns[(bits, 0)] = head
-        return self._draft_head_fns[(bits, 0)]
+        def head(h: mx.array, mm: bool | small_mm.Frozen | None = None) -> mx.array:
+            # The copy up to select.draft_head_mm_rows() rows (32: one or two slots' drafts),
+            # the rows themselves beyond: on an H100 four slots' rounds of the 4B-shaped pair (60
+            # head rows) took 8.742 ms with the bf16 head (cuBLAS), 8.807 with the 8-bit copy and
+            # 8.950 with the 4-bit one, one slot's 6.233 / 6.130 / 6.092 (session 50,
+            # plain_ab.py; quant_rows.py at 60 rows: 4-bit MLX 659 us, hf2q's kernel 717, bf16
+            # cuBLAS 546 in session 49).
+            rows_ok = h.size // h.shape[-1] <= draft_head_mm_rows()
+            if bits and rows_ok and self._copy_agrees(bits, vocab):
+                y = _copy_product(self._copy(bits, vocab), tied, h, mm)
+            elif widen is None:
+                return self.head(h, mm)
+            else:
+                rows = self._vocab_rows(vocab)
+                on = small_mm_enabled() if mm is None else mm
+                if type(rows) is not nn.Linear and not (on and small_mm.quantized_fits(rows, h)):
+                    on = small_mm.FROZEN  # all rows as one product, not a batched GEMM a slot
+                y = small_mm.linear(rows, h, on)
+            if widen is None:
+                return y
+            # -inf outside the ids: never a draft's argmax, probability 0 in its softmax
+            fill = mx.full((*y.shape[:-1], 1), -mx.inf, dtype=y.dtype)
+            return mx.take(mx.concatenate([y, fill], axis=-1), widen, axis=-1)
+
+        return head
+
+    def _copy(self, bits: int, vocab: int) -> nn.Module:
+        """The ``bits``-bit copy a draft head reads: of the vocabulary's rows, or of the head."""
+        return self._vocab_rows(vocab, bits) if vocab else self._quantized_head(bits)
 
     def _check_quantizable(self) -> None:
         if self.hidden_size % 32:
@@ -231,50 +265,11 @@ class TargetModel:
         low = itertools.islice((i for i in range(rows) if i not in extra), n - len(extra))
         return sorted([*low, *extra])
 
-    def _vocab_head(self, bits: int, vocab: int) -> Callable[..., mx.array]:
-        """:meth:`draft_head` with a draft vocabulary: the head's rows of the ids (a plain
-        ``nn.Linear`` of them, or the quantized rows of a quantized head) and with ``bits`` a
-        quantized copy of those, read up to ``select.draft_head_mm_rows()`` rows as the whole
-        head's copy is; logits widened to the vocabulary by one gather (-inf elsewhere)."""
-        mod, _ = self._head_module()
-        quantized = type(mod) not in (nn.Embedding, nn.Linear)
-        if bits and not quantized:
-            self._check_quantizable()
-        else:
-            bits = 0
-        if (bits, vocab) in self._draft_head_fns:
-            return self._draft_head_fns[(bits, vocab)]
-        ids = self.draft_vocab_ids(vocab)
-        index = np.full(int(mod.weight.shape[0]), len(ids), dtype=np.int32)
-        index[ids] = np.arange(len(ids), dtype=np.int32)
-        widen = mx.array(index)
-        self._vocab_rows(vocab)  # made now: a compiled draft's trace cannot evaluate them
-        if bits:
-            self._copy_agrees(bits, vocab)
-
-        def head(h: mx.array, mm: bool | small_mm.Frozen | None = None) -> mx.array:
-            rows_ok = h.size // h.shape[-1] <= draft_head_mm_rows()
-            if bits and rows_ok and self._copy_agrees(bits, vocab):
-                y = _copy_product(self._vocab_rows(vocab, bits), False, h, mm)
-            else:
-                rows = self._vocab_rows(vocab)
-                on = small_mm_enabled() if mm is None else mm
-                if quantized and not (on and small_mm.quantized_fits(rows, h)):
-                    on = small_mm.FROZEN  # all rows as one product, not a batched GEMM a slot
-                y = small_mm.linear(rows, h, on)
-            # -inf outside the ids: never a draft's argmax, probability 0 in its softmax
-            fill = mx.full((*y.shape[:-1], 1), -mx.inf, dtype=y.dtype)
-            return mx.take(mx.concatenate([y, fill], axis=-1), widen, axis=-1)
-
-        self._draft_head_fns[(bits, vocab)] = head
-        return head
-
     def _vocab_rows(self, vocab: int, bits: int = 0) -> nn.Module:
         """The head's rows of ``draft_vocab_ids(vocab)`` as a linear layer without bias (a
         quantized head's rows stay quantized), or with ``bits`` a quantized copy of them; kept
         on the head's module with the weights it copies (``small_mm.kept``)."""
         mod, _ = self._head_module()
-        sources = [mod.weight] + ([mod.scales] if hasattr(mod, "scales") else [])
 
         def build() -> nn.Module:
             ids = mx.array(self.draft_vocab_ids(vocab))
@@ -299,7 +294,7 @@ class TargetModel:
             mx.eval(rows.parameters())
             return rows
 
-        return small_mm.kept(mod, f"_hf2q_draft_vocab_{vocab}_{bits}", sources, build)
+        return small_mm.kept(mod, f"_hf2q_draft_vocab_{vocab}_{bits}", self._head_sources(), build)
 
     def refresh_draft_heads(self) -> None:
         """Make :meth:`draft_head`'s copies again where the head's weight was replaced (a dtype
@@ -318,17 +313,14 @@ class TargetModel:
         :attr:`draft_head_notes` says why. Session 51: MLX's quantized product of the fitted test
         pair's float32 4-bit copy on an H100 gave logits about zero."""
         mod, tied = self._head_module()
-        sources = [mod.weight] + ([mod.scales] if hasattr(mod, "scales") else [])
 
         def build() -> bool:
-            if vocab:
-                copy, ref, copy_tied = self._vocab_rows(vocab, bits), self._vocab_rows(vocab), False
-            else:
-                copy, ref, copy_tied = self._quantized_head(bits), mod, tied
+            copy, tied_copy = self._copy(bits, vocab), tied and not vocab
+            ref = self._vocab_rows(vocab) if vocab else mod
             h = mx.random.normal((1, 15, self.hidden_size), key=mx.random.key(0))
             h = h.astype(copy.scales.dtype)
-            got = _copy_product(copy, copy_tied, h, None).astype(mx.float32)
-            want = _head_product(ref, copy_tied, h, small_mm.FROZEN).astype(mx.float32)
+            got = _copy_product(copy, tied_copy, h, None).astype(mx.float32)
+            want = _head_product(ref, tied_copy, h, small_mm.FROZEN).astype(mx.float32)
             err = (mx.abs(got - want).max() / mx.maximum(mx.abs(want).max(), 1e-30)).item()
             if err < COPY_TOLERANCE:
                 self.draft_head_notes.pop((bits, vocab), None)
@@ -340,7 +332,12 @@ class TargetModel:
             )
             return False
 
-        return small_mm.kept(mod, f"_hf2q_draft_check_{vocab}_{bits}", sources, build)
+        return small_mm.kept(mod, f"_hf2q_draft_check_{vocab}_{bits}", self._head_sources(), build)
+
+    def _head_sources(self) -> list[mx.array]:
+        """The head's arrays its draft copies and rows are made from (``small_mm.kept``)."""
+        mod, _ = self._head_module()
+        return [mod.weight] + ([mod.scales] if hasattr(mod, "scales") else [])
 
     def _head_module(self) -> tuple[nn.Module, bool]:
         """(the head's module, whether it is the tied embedding)."""
