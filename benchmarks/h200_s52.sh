@@ -5,7 +5,8 @@
 # failure: a float32 4-bit copy of the fitted pair's head 100% off on an H100), the widening's
 # cost next to the K rows' product (widen_cost.py: session 51's four-slot rounds gained 0.09 ms
 # at K 32768 where the head bytes not read should save about 0.3), the one-slot A/B of the draft
-# vocabulary again (session 51's was host-bound), the draft head's tests with the time they need,
+# vocabulary again (session 51's was host-bound) with a 4-bit copy of the drafter alternating
+# (plain_ab.py's AB_DRAFT_BITS), the draft head's tests with the time they need,
 # then the pair with every draft weight 4-bit and the draft vocabulary.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
@@ -18,10 +19,10 @@ case "${PART:-1}" in
   echo "qmm_check exit $? $(el)"; grep -v '"rel_err": 0.0[0-9]' "$OUT/qmm_check.log" | cut -c1-1500
   timeout 60 python3 benchmarks/widen_cost.py --out "$OUT/widen_cost.json" > "$OUT/widen_cost.log" 2>&1
   echo "widen_cost exit $? $(el)"; cut -c1-120 "$OUT/widen_cost.log"
-  V0=HF2Q_DRAFT_VOCAB=0 V32=HF2Q_DRAFT_VOCAB=32768 B4=HF2Q_DRAFT_HEAD_BITS=4
+  V0=HF2Q_DRAFT_VOCAB=0 V32=HF2Q_DRAFT_VOCAB=32768 B4=HF2Q_DRAFT_HEAD_BITS=4 D4=AB_DRAFT_BITS=4
   t=$(left)
   ab_run vocab1b $(( t < 150 ? t : 150 )) --synthetic 4b --modes plain,dflash --tokens 32 --prompt-tokens 64 --runs "${RUNS:-3}" \
-    --values "$V0,$B4,$V32,$V32+$B4"
+    --values "$V0,$B4,$V32+$B4,$D4+$B4,$D4+$V32+$B4"
   python3 -c "import json; r=json.load(open('$OUT/vocab1b.json')); print(r['dflash_round_ms'], r['E'])"
   t=$(left)
   [ "$t" -gt 40 ] && gpu_pytest pytest_head $(( t < 170 ? t : 170 )) tests/test_runtime_draft_head.py

@@ -20,6 +20,8 @@ Usage (GPU):
         --modes plain,dflash --tokens 32 --prompt-tokens 64   (drafts from a quantized head)
     python3 benchmarks/plain_ab.py --values HF2Q_DRAFT_VOCAB=0,HF2Q_DRAFT_VOCAB=32768 \
         --modes plain,dflash --tokens 32 --prompt-tokens 64   (drafts from 32768 of the ids)
+    python3 benchmarks/plain_ab.py --values AB_DRAFT_BITS=0,AB_DRAFT_BITS=4 \
+        --modes plain,dflash --tokens 32 --prompt-tokens 64   (a 4-bit copy of the drafter)
 
 ``--slots N`` decodes N random prompts together (batched plain decoding and batched DFlash,
 ``hf2q.runtime.slots``) and reports per value the round time and the aggregate tok/s:
@@ -47,6 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 #: A value naming either binds the drafter to ``TargetModel.draft_head(bits, vocab)`` for its runs.
 DRAFT_HEAD_ENV = "HF2Q_DRAFT_HEAD_BITS"
 DRAFT_VOCAB_ENV = "HF2Q_DRAFT_VOCAB"
+#: plain_ab.py's own name (hf2q reads no such setting): a value with ``AB_DRAFT_BITS=4`` (or 8) runs
+#: a copy of the drafter with its layers quantized as ``slots_synthetic.py --draft-bits`` does
+#: (the same weights), so a quantized drafter alternates with the unquantized one in one process.
+DRAFT_BITS_ENV = "AB_DRAFT_BITS"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     values = args.values.split(",")
     settings = {v: _setting(args.env, v) for v in values}
     names = sorted({n for st in settings.values() for n in st})
+    drafters = {0: pair.drafter}
+    for st in settings.values():
+        bits = int(st.get(DRAFT_BITS_ENV, "0"))
+        if bits not in drafters:
+            drafters[bits] = _quantized_drafter(pair.drafter, bits)
     modes = args.modes.split(",")
     ms: dict[str, dict[str, list[float]]] = {m: {v: [] for v in values} for m in modes}
     tokens: dict[str, dict[str, list[int]]] = {m: {} for m in modes}
@@ -103,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             for n in names:
                 os.environ.pop(n, None)
             os.environ.update(settings[v])
+            pair.drafter = drafters[int(settings[v].get(DRAFT_BITS_ENV, "0"))]
             if {DRAFT_HEAD_ENV, DRAFT_VOCAB_ENV} & set(names):  # as hf2q generate / bench do
                 bits = int(os.environ.get(DRAFT_HEAD_ENV, "0"))
                 vocab = int(os.environ.get(DRAFT_VOCAB_ENV, "0"))
@@ -171,6 +183,22 @@ def _random_prompt(pair, n: int, seed: int) -> list[int]:
 
     vocab = pair.target.args.vocab_size
     return mx.random.randint(0, vocab, (n,), key=mx.random.key(seed)).tolist()
+
+
+def _quantized_drafter(drafter, bits: int):
+    """A copy of ``drafter`` (same weights, bound to the same embedding and head) with its layers
+    quantized to ``bits`` as ``slots_synthetic.build_pair`` quantizes one (affine, groups of 64)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from hf2q.runtime.drafter import DFlashDraftModel
+
+    copy = DFlashDraftModel(drafter.config)
+    copy.update(drafter.parameters())
+    nn.quantize(copy, group_size=64, bits=bits)
+    copy.eval()
+    mx.eval(copy.parameters())
+    return copy.bind(drafter._embed, drafter._head)
 
 
 def _setting(env: str, value: str) -> dict[str, str]:
