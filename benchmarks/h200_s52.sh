@@ -6,8 +6,8 @@
 # cost next to the K rows' product (widen_cost.py: session 51's four-slot rounds gained 0.09 ms
 # at K 32768 where the head bytes not read should save about 0.3), the one-slot A/B of the draft
 # vocabulary again (session 51's was host-bound) with a 4-bit copy of the drafter alternating
-# (plain_ab.py's AB_DRAFT_BITS), the draft head's tests with the time they need,
-# then the pair with every draft weight 4-bit and the draft vocabulary.
+# (plain_ab.py's AB_DRAFT_BITS), the pair with every draft weight 4-bit and the draft vocabulary
+# at one and four slots, then the draft head's tests in what is left.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
@@ -15,7 +15,7 @@ host_speed
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 case "${PART:-1}" in
 1)
-  timeout 60 python3 benchmarks/qmm_check.py --out "$OUT/qmm_check.json" > "$OUT/qmm_check.log" 2>&1
+  timeout 45 python3 benchmarks/qmm_check.py --out "$OUT/qmm_check.json" > "$OUT/qmm_check.log" 2>&1
   echo "qmm_check exit $? $(el)"; grep -v '"rel_err": 0.0[0-9]' "$OUT/qmm_check.log" | cut -c1-1500
   timeout 60 python3 benchmarks/widen_cost.py --out "$OUT/widen_cost.json" > "$OUT/widen_cost.log" 2>&1
   echo "widen_cost exit $? $(el)"; cut -c1-120 "$OUT/widen_cost.log"
@@ -25,10 +25,10 @@ case "${PART:-1}" in
     --values "$V0,$B4,$V32+$B4,$D4+$B4,$D4+$V32+$B4"
   python3 -c "import json; r=json.load(open('$OUT/vocab1b.json')); print(r['dflash_round_ms'], r['E'])"
   t=$(left)
-  [ "$t" -gt 40 ] && gpu_pytest pytest_head $(( t < 170 ? t : 170 )) tests/test_runtime_draft_head.py
+  [ "$t" -gt 60 ] && synthetic_run syn4b_draft4_vocab 1,4 $(( t < 200 ? t : 200 )) --draft-bits 4 \
+    --draft-head-bits 4 --draft-vocab 32768
   t=$(left)
-  [ "$t" -gt 60 ] && synthetic_run syn4b_draft4_vocab 1,4 "$t" --draft-bits 4 --draft-head-bits 4 \
-    --draft-vocab 32768
+  [ "$t" -gt 40 ] && gpu_pytest pytest_head "$t" tests/test_runtime_draft_head.py
   ;;
 esac
 host_speed
