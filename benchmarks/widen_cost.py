@@ -4,7 +4,7 @@
 vocabulary (-inf elsewhere) before the draft's argmax / softmax. Session 51's H100 gave four
 slots' rounds only 0.09 ms faster at K 32768 than with the whole head, where reading 1.1 GB fewer
 head bytes a draft should save about 0.3 ms. This times, for a head of ``--vocab`` rows at
-``--hidden`` (bf16, random) and draft rows M (15: one slot's block of 16; 60: four slots'):
+``--hidden`` (bf16 or ``--dtype``, random) and draft rows M (15: one slot's block of 16; 60: four slots'):
 
 - ``head``: the whole head's product and the argmax (what a draft does without a vocabulary);
 - ``rows``: the K rows' product and the argmax (the product alone, as if widening were free);
@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=2560)
     ap.add_argument("--k", type=int, default=32768)
     ap.add_argument("--rows", default="15,60")
+    ap.add_argument("--dtype", default="bfloat16", help="the head's dtype (float32: a CPU's)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--out", type=Path, default=None)
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
 
     mx.random.seed(0)
     V, H, K = args.vocab, args.hidden, args.k
-    w = (mx.random.normal((V, H)) * H**-0.5).astype(mx.bfloat16)
+    dt = getattr(mx, args.dtype)
+    w = (mx.random.normal((V, H)) * H**-0.5).astype(dt)
     ids_np = np.arange(K, dtype=np.int32)
     rows_w = w[:K]
     index = np.full(V, K, dtype=np.int32)
@@ -61,10 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         "rows_widen": lambda x: mx.argmax(widen(x @ rows_wt), axis=-1),
         "widen": lambda y: mx.argmax(widen(y), axis=-1),
     }
-    out = {"device": str(mx.default_device()), "vocab": V, "hidden": H, "k": K, "rows": []}
+    out = {"device": str(mx.default_device()), "dtype": args.dtype, "vocab": V, "hidden": H}
+    out.update(k=K, rows=[])
     for M in (int(m) for m in args.rows.split(",")):
-        x = mx.random.normal((M, H)).astype(mx.bfloat16)
-        y = (x @ rows_wt).astype(mx.bfloat16)
+        x = mx.random.normal((M, H)).astype(dt)
+        y = x @ rows_wt
         mx.eval(x, y)
         for name, fn in fns.items():
             for compiled in (False, True):
