@@ -23,7 +23,7 @@ case "${PART:-1}" in
   V0=HF2Q_DRAFT_VOCAB=0 V32=HF2Q_DRAFT_VOCAB=32768 B4=HF2Q_DRAFT_HEAD_BITS=4 D4=AB_DRAFT_BITS=4
   t=$(left)
   ab_run vocab1b $(( t < 150 ? t : 150 )) --synthetic 4b --modes plain,dflash --tokens 32 --prompt-tokens 64 --runs "${RUNS:-3}" \
-    --values "$V0,$B4,$V32+$B4,$D4+$B4,$D4+$V32+$B4"
+    --values "${VALS:-$V0,$B4,$V32+$B4,$D4+$B4,$D4+$V32+$B4}"
   python3 -c "import json; r=json.load(open('$OUT/vocab1b.json')); print(r['dflash_round_ms'], r['E'])"
   t=$(left)
   [ "$t" -gt 60 ] && synthetic_run syn4b_draft4_vocab 1,4 $(( t < 200 ? t : 200 )) --draft-bits 4 \
