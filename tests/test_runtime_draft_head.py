@@ -29,7 +29,9 @@ def fitted(fitted_pairs):
 def _draft_logits(target, head, seed: int = 3) -> tuple[mx.array, mx.array]:
     mx.random.seed(seed)
     h = mx.random.normal((1, 15, target.hidden_size)).astype(target.dtype)
-    return head(h), target.head(h)
+    got = head(h)  # a draft vocabulary's: its ids' columns, widened as a sampled draft does
+    widen = getattr(head, "widen", None)
+    return got if widen is None else widen(got), target.head(h)
 
 
 def _assert_greedy_equal_with(head, target, drafter, prompts) -> None:
@@ -231,6 +233,29 @@ def test_a_draft_vocabularys_logits_are_the_heads_at_its_ids_and_minus_inf_elsew
     assert target.draft_head(0, target.vocab_size) == target.head
     with pytest.raises(ModelError, match="pass 0 for the whole one"):
         target.draft_head(0, -1)
+
+
+def test_a_draft_vocabularys_greedy_drafts_map_its_columns_to_token_ids(fitted):
+    # A greedy draft takes the argmax of the ids' columns and maps it (no widening, whose gather
+    # cost more than the rows' product on an H100); a sampled draft widens first.
+    target, drafter, _ = fitted
+    head = target.draft_head(0, 100)
+    mx.random.seed(5)
+    h = mx.random.normal((2, 15, target.hidden_size)).astype(target.dtype)
+    raw = head(h)
+    assert raw.shape == (2, 15, 128)
+    drafter.bind(target.embed, head)
+    try:
+        got = drafter.proposals(raw)
+        wide = drafter.full_logits(raw)
+        assert wide.shape == (2, 15, target.vocab_size)
+        assert mx.array_equal(got, mx.argmax(wide, axis=-1).astype(mx.int32))
+        assert set(np.array(got).ravel().tolist()) <= set(target.draft_vocab_ids(100))
+    finally:
+        drafter.bind(target.embed, target.head)
+    full = target.head(h)  # the whole head: column j is token j, nothing widened
+    assert mx.array_equal(drafter.proposals(full), mx.argmax(full, axis=-1).astype(mx.int32))
+    assert drafter.full_logits(full) is full
 
 
 def test_a_draft_vocabulary_keeps_special_and_stop_tokens_in_whole_blocks_of_rows(

@@ -405,9 +405,9 @@ def _dflash(
         block = mx.array([[last] + [mask_id] * (bs - 1)], dtype=mx.int32)
         dlogits = drafter(block, rows, dcache, dgraph)[0]  # (bs-1, V)
         if sampling.greedy:
-            draft, q = mx.argmax(dlogits, axis=-1).astype(mx.int32), None
+            draft, q = drafter.proposals(dlogits), None
         else:
-            q = probs(dlogits, sampling)
+            q = probs(drafter.full_logits(dlogits), sampling)
             draft = mx.random.categorical(mx.log(q), axis=-1, key=keys.next()).astype(mx.int32)
         mx.async_eval(draft)
         return draft, q, bs, "drafter"

@@ -640,6 +640,8 @@ class DFlashDraftModel(nn.Module):
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self._embed: Callable[[mx.array], mx.array] | None = None
         self._head: Callable[[mx.array], mx.array] | None = None
+        self._vocab_ids: mx.array | None = None
+        self._widen: Callable[[mx.array], mx.array] | None = None
         self._head_takes_mm = False
 
     def bind(
@@ -648,6 +650,10 @@ class DFlashDraftModel(nn.Module):
         """Use the target's embedding (token ids -> hidden) and head (hidden -> logits)."""
         # Plain callables, not modules: the target's weights must not join this model's parameters.
         self._embed, self._head = embed, head
+        # A draft vocabulary's head (TargetModel.draft_head) gives the logits of its ids only:
+        # column j is token vocab_ids[j]; widen() puts them at the vocabulary's width.
+        self._vocab_ids = getattr(head, "vocab_ids", None)
+        self._widen = getattr(head, "widen", None)
         # A target's head takes ``mm`` (whether its product runs the small-M kernel): drafts of
         # many rows pass False (select.draft_mm_enabled); any other callable is called as is.
         try:
@@ -655,6 +661,17 @@ class DFlashDraftModel(nn.Module):
         except (TypeError, ValueError):  # a callable without a signature (a builtin): as is
             self._head_takes_mm = False
         return self
+
+    def proposals(self, logits: mx.array) -> mx.array:
+        """Greedy drafts (int32 token ids) from this drafter's logits (..., columns): each
+        position's argmax, mapped through a draft vocabulary's ids where the head has one."""
+        best = mx.argmax(logits, axis=-1).astype(mx.int32)
+        return best if self._vocab_ids is None else mx.take(self._vocab_ids, best)
+
+    def full_logits(self, logits: mx.array) -> mx.array:
+        """This drafter's logits at the whole vocabulary's width (a draft vocabulary's widened
+        with -inf outside its ids): what a sampled draft's probabilities are taken from."""
+        return logits if self._widen is None else self._widen(logits)
 
     @property
     def is_bound(self) -> bool:
@@ -742,7 +759,8 @@ class DFlashDraftModel(nn.Module):
         cache: list[KVCache],
         graph: CompiledDraft | None = None,
     ) -> mx.array:
-        """Draft logits (B, L-1, vocab) for block positions 1..L-1 (products through the small-M
+        """Draft logits (B, L-1, vocab; a draft vocabulary's ids only, see :meth:`proposals`)
+        for block positions 1..L-1 (products through the small-M
         kernel up to ``select.draft_mm_rows()`` block rows, the head up to
         ``select.draft_head_mm_rows()``, MLX's matmul beyond); through ``graph`` (from
         :meth:`graph`) where it takes the block."""

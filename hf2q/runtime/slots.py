@@ -559,6 +559,8 @@ def _dflash_slots(
         draft queued ahead (``ahead``: drafts and q per row, drawn with the key taken here).
         ``peek``: drawn with each row's next key without taking it (a draft queued ahead)."""
         width = dlogits.shape[1] if dlogits is not None else width
+        if dlogits is not None:
+            dlogits = drafter.full_logits(dlogits)
         drafts, q_rows = [], []
         for r, x in enumerate(rows):
             if x is None:
@@ -644,7 +646,7 @@ def _dflash_slots(
             if ahead is not None:
                 draft = ahead[0][:, : bs - 1]
             else:
-                draft = None if dlogits is None else mx.argmax(dlogits, axis=-1).astype(mx.int32)
+                draft = None if dlogits is None else drafter.proposals(dlogits)
             if any(pr is not None for pr in picked):  # always so when the drafter was skipped
                 pad = [mask_id] * (bs - 1)
                 lk = mx.array([(pr or []) + pad[len(pr or []) :] for pr in picked], dtype=mx.int32)
@@ -796,7 +798,7 @@ def _dflash_slots(
                 dlogits = block_logits(last, ctx, ctx_len, masks)  # (R, B-1, V)
                 use = None
                 if sampling.greedy:
-                    draft, q_rows = mx.argmax(dlogits, axis=-1).astype(mx.int32), []
+                    draft, q_rows = drafter.proposals(dlogits), []
                     if looked is not None:  # rows whose chooser picks their proposal
                         proposed, use = looked.propose()
                         draft = mx.where(use[:, None], proposed, draft)
@@ -958,7 +960,7 @@ def _dflash_slots(
                 c.lagged = True
             dlogits = block_logits(bonus_arr, feats, a_arr + 1, mask_rows(len(rows)))
             if sampling.greedy:
-                ahead = (mx.argmax(dlogits, axis=-1).astype(mx.int32), None)
+                ahead = (drafter.proposals(dlogits), None)
             else:  # each row's draft with the key its next drafted round takes (none if the
                 # row picks its lookup proposal then, as in a synchronous round)
                 ahead = sample_drafts(dlogits, [B - 1] * len(rows), peek=True)
