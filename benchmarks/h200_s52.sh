@@ -8,6 +8,7 @@
 # vocabulary again (session 51's was host-bound) with a 4-bit copy of the drafter alternating
 # (plain_ab.py's AB_DRAFT_BITS), the pair with every draft weight 4-bit and the draft vocabulary
 # at one and four slots, then the draft head's tests in what is left.
+# PART=2 (BUDGET=560), for the next lease: see its comment.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
@@ -28,6 +29,24 @@ case "${PART:-1}" in
   t=$(left)
   [ "$t" -gt 60 ] && synthetic_run syn4b_draft4_vocab 1,4 $(( t < 200 ? t : 200 )) --draft-bits 4 \
     --draft-head-bits 4 --draft-vocab 32768
+  t=$(left)
+  [ "$t" -gt 40 ] && gpu_pytest pytest_head "$t" tests/test_runtime_draft_head.py
+  ;;
+2)
+  # For the next lease (BUDGET=560): the draft vocabulary with greedy drafts mapped, not widened
+  # (184fb43), against the whole head and the 4-bit copy at one slot (E) and four, the slot
+  # sweep with it, MLX's quantized product checked with the time it needs, the head's tests.
+  V0=HF2Q_DRAFT_VOCAB=0 V32=HF2Q_DRAFT_VOCAB=32768 B4=HF2Q_DRAFT_HEAD_BITS=4
+  ab_run vocab1c 170 --synthetic 4b --modes plain,dflash --tokens 32 --prompt-tokens 64 \
+    --runs "${RUNS:-3}" --values "${VALS:-$V0,$B4,$V32,$V32+$B4}"
+  python3 -c "import json; r=json.load(open('$OUT/vocab1c.json')); print(r['dflash_round_ms'], r['E'])"
+  ab_slots vocabm "4" "$V0,$B4,$V32,$V32+$B4" 100
+  t=$(left)
+  [ "$t" -gt 60 ] && synthetic_run syn4b_vocabm 1,4,8 $(( t < 170 ? t : 170 )) --draft-vocab 32768
+  t=$(left)
+  [ "$t" -gt 30 ] && { timeout $(( t < 90 ? t : 90 )) python3 benchmarks/qmm_check.py \
+    --out "$OUT/qmm_check.json" > "$OUT/qmm_check.log" 2>&1
+    echo "qmm_check exit $? $(el)"; tail -n 1 "$OUT/qmm_check.log" | cut -c1-1500; }
   t=$(left)
   [ "$t" -gt 40 ] && gpu_pytest pytest_head "$t" tests/test_runtime_draft_head.py
   ;;
