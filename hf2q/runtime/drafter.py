@@ -664,7 +664,8 @@ class DFlashDraftModel(nn.Module):
 
     def proposals(self, logits: mx.array) -> mx.array:
         """Greedy drafts (int32 token ids) from this drafter's logits (..., columns): each
-        position's argmax, mapped through a draft vocabulary's ids where the head has one."""
+        position's argmax, mapped through a draft vocabulary's ids where the head has one
+        (ascending ids: a tie goes to the lowest id, as the widened logits' argmax would)."""
         best = mx.argmax(logits, axis=-1).astype(mx.int32)
         return best if self._vocab_ids is None else mx.take(self._vocab_ids, best)
 
