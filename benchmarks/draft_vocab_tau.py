@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=4, help="the first N built-in prompts")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+
+    from slots_synthetic import quantized_drafter
 
     from hf2q.runtime.bench import BUILTIN_PROMPTS
     from hf2q.runtime.dflash import RoundDone, dflash_generate, plain_generate, run
@@ -48,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     drafters = {0: pair.drafter}
     for _, _, dbits in specs.values():
         if dbits not in drafters:
-            drafters[dbits] = _quantized(pair.drafter, dbits)
+            drafters[dbits] = quantized_drafter(pair.drafter, dbits)
     tau: dict[str, list[float]] = {v: [] for v in values}
     equal = True
     for text in BUILTIN_PROMPTS[: args.prompts]:
@@ -92,21 +95,6 @@ def _spec(value: str) -> tuple[int, int, int]:
             raise SystemExit(f"{value}: each part after K is h4, h8, d4 or d8")
         bits[part[0]] = int(part[1:])
     return int(k), bits["h"], bits["d"]
-
-
-def _quantized(drafter, bits: int):
-    """A copy of ``drafter`` (same weights) with its layers quantized to ``bits`` (groups of 64)."""
-    import mlx.core as mx
-    import mlx.nn as nn
-
-    from hf2q.runtime.drafter import DFlashDraftModel
-
-    copy = DFlashDraftModel(drafter.config)
-    copy.update(drafter.parameters())
-    nn.quantize(copy, group_size=64, bits=bits)
-    copy.eval()
-    mx.eval(copy.parameters())
-    return copy
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import mlx.core as mx
     from host_profile import _once
-    from slots_synthetic import synthetic_pair
+    from slots_synthetic import quantized_drafter, synthetic_pair
 
     import hf2q.kernels.layers as layers
 
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     for st in settings.values():
         bits = int(st.get(DRAFT_BITS_ENV, "0"))
         if bits not in drafters:
-            drafters[bits] = _quantized_drafter(pair.drafter, bits)
+            drafters[bits] = quantized_drafter(pair.drafter, bits)
     modes = args.modes.split(",")
     ms: dict[str, dict[str, list[float]]] = {m: {v: [] for v in values} for m in modes}
     tokens: dict[str, dict[str, list[int]]] = {m: {} for m in modes}
@@ -183,22 +183,6 @@ def _random_prompt(pair, n: int, seed: int) -> list[int]:
 
     vocab = pair.target.args.vocab_size
     return mx.random.randint(0, vocab, (n,), key=mx.random.key(seed)).tolist()
-
-
-def _quantized_drafter(drafter, bits: int):
-    """A copy of ``drafter`` (same weights, bound to the same embedding and head) with its layers
-    quantized to ``bits`` as ``slots_synthetic.build_pair`` quantizes one (affine, groups of 64)."""
-    import mlx.core as mx
-    import mlx.nn as nn
-
-    from hf2q.runtime.drafter import DFlashDraftModel
-
-    copy = DFlashDraftModel(drafter.config)
-    copy.update(drafter.parameters())
-    nn.quantize(copy, group_size=64, bits=bits)
-    copy.eval()
-    mx.eval(copy.parameters())
-    return copy.bind(drafter._embed, drafter._head)
 
 
 def _setting(env: str, value: str) -> dict[str, str]:

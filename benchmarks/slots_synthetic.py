@@ -128,6 +128,23 @@ def build_pair(shape: str, dtype: str, seed: int, target_bits: int = 0, draft_bi
     return target, drafter
 
 
+def quantized_drafter(drafter, bits: int):
+    """A copy of ``drafter`` (the same weights; bound to the same embedding and head where it is
+    bound) with its layers quantized to ``bits`` as :func:`build_pair`'s ``draft_bits`` does
+    (affine, groups of 64)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from hf2q.runtime.drafter import DFlashDraftModel
+
+    copy = DFlashDraftModel(drafter.config)
+    copy.update(drafter.parameters())
+    nn.quantize(copy, group_size=64, bits=bits)
+    copy.eval()
+    mx.eval(copy.parameters())
+    return copy.bind(drafter._embed, drafter._head) if drafter.is_bound else copy
+
+
 def synthetic_pair(shape: str, dtype: str = "bfloat16", seed: int = 0, target_bits: int = 0):
     """``build_pair`` as a ``hf2q.runtime.pair.Pair`` (no tokenizer: use random prompts), for
     the profiling scripts' ``--synthetic SHAPE``."""
