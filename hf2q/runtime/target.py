@@ -216,21 +216,19 @@ class TargetModel:
             # cuBLAS 546 in session 49).
             rows_ok = h.size // h.shape[-1] <= draft_head_mm_rows()
             if bits and rows_ok and self._copy_agrees(bits, vocab):
-                y = _copy_product(self._copy(bits, vocab), tied, h, mm)
-            elif ids is None:
+                return _copy_product(self._copy(bits, vocab), tied, h, mm)
+            if ids is None:
                 return self.head(h, mm)
-            else:
-                rows = self._vocab_rows(vocab)
-                on = small_mm_enabled() if mm is None else mm
-                if type(rows) is not nn.Linear and not (on and small_mm.quantized_fits(rows, h)):
-                    on = small_mm.FROZEN  # all rows as one product, not a batched GEMM a slot
-                y = small_mm.linear(rows, h, on)
-            return y
+            rows = self._vocab_rows(vocab)
+            on = small_mm_enabled() if mm is None else mm
+            if type(rows) is not nn.Linear and not (on and small_mm.quantized_fits(rows, h)):
+                on = small_mm.FROZEN  # all rows as one product, not a batched GEMM a slot
+            return small_mm.linear(rows, h, on)
 
         if ids is not None:  # token t <- logit index[t] of the rows; the last column -inf
-            index = np.full(int(mod.weight.shape[0]), len(ids), dtype=np.int32)
-            index[ids] = np.arange(len(ids), dtype=np.int32)
-            index = mx.array(index)
+            columns = np.full(int(mod.weight.shape[0]), len(ids), dtype=np.int32)
+            columns[ids] = np.arange(len(ids), dtype=np.int32)
+            index = mx.array(columns)
 
             def widened(y: mx.array) -> mx.array:
                 # -inf outside the ids: probability 0 in a sampled draft's softmax
