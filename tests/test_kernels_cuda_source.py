@@ -41,14 +41,17 @@ def _dtypes(fused: bool, dt, joined: bool = False):
     return [dt, dt, dt, mx.float32, dt, mx.float32]
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["steps", "fused"])
 @pytest.mark.parametrize("dtype", [mx.bfloat16], ids=["bf16"])
-def test_every_variant_compiles_for_sm90_without_spills(tmp_path: Path, fused, dtype):
-    for v in VARIANTS:
-        joined = v.get("joined", False)
-        if (joined or v.get("window")) and not fused:
-            continue
-        _compile_gated_delta(tmp_path, cg.kernel_spec(fused=fused, **v), fused, dtype, v)
+def test_every_variant_compiles_for_sm90_without_spills(tmp_path: Path, dtype):
+    kernels = []
+    for fused in (False, True):
+        for v in VARIANTS:
+            joined = v.get("joined", False)
+            if (joined or v.get("window")) and not fused:
+                continue
+            spec = cg.kernel_spec(fused=fused, **v)
+            kernels.append((spec["name"], _gated_delta_kernel(spec, fused, dtype, v)))
+    _assert_compile_without_spills(tmp_path, spec["header"], kernels)
 
 
 def test_gdn_loads_timing_probes_apply_and_compile(tmp_path: Path):
@@ -62,14 +65,14 @@ def test_gdn_loads_timing_probes_apply_and_compile(tmp_path: Path):
 
     v = dict(record="final", write_y=True, replay=False, window=True)
     assert gdn_loads._variant(False) == dict(fused=True, step_loads=False, **v)
+    kernels = []
     for probe in gdn_loads.PROBES:
         spec = gdn_loads.probe_spec(probe)
-        _compile_gated_delta(tmp_path, spec, True, mx.bfloat16, v, werror=False)
+        kernels.append((spec["name"], _gated_delta_kernel(spec, True, mx.bfloat16, v)))
+    _assert_compile_without_spills(tmp_path, spec["header"], kernels, werror=False)
 
 
-def _compile_gated_delta(
-    tmp_path: Path, spec: dict, fused: bool, dtype, v: dict, werror: bool = True
-) -> None:
+def _gated_delta_kernel(spec: dict, fused: bool, dtype, v: dict) -> str:
     import cuda_emu
 
     joined = v.get("joined", False)
@@ -81,7 +84,7 @@ def _compile_gated_delta(
     template = [("InT", dtype)] + ([("GT", dtype)] if fused else [])
     template += [("Dk", 128), ("Dv", 128), ("Hk", 16), ("Hv", 32)]
     template += ([("KC", 4)] if fused else []) + [("WARPS", 4), ("TC", 16)]
-    src = cuda_emu.mlx_cuda_source(
+    return cuda_emu.mlx_cuda_kernel(
         spec["name"],
         spec["input_names"],
         in_dtypes,
@@ -89,10 +92,8 @@ def _compile_gated_delta(
         spec["output_names"],
         out_dtypes,
         spec["source"],
-        spec["header"],
         template,
     )
-    _assert_compiles_without_spills(tmp_path, spec["name"], src, werror)
 
 
 @pytest.mark.parametrize("layers", [6, 24, 48])
@@ -145,46 +146,48 @@ _LAUNCHES = [(1, 4, 8, 1), (1, 2, 8, 1), (2, 8, 8, 4), (3, 8, 8, 1), (4, 4, 8, 4
 _COLUMN_LAUNCHES = [(3, 2, 8, 1, 8), (4, 2, 8, 1, 8), (8, 1, 8, 1, 8)]
 
 
-@pytest.mark.parametrize(
-    "kind,mt,nb,warps,unroll,cw",
-    [(k, *launch, 1) for k in ("single", "add", "grouped2", "grouped4") for launch in _LAUNCHES]
-    + [(k, *launch) for k in ("single", "add", "grouped2") for launch in _COLUMN_LAUNCHES],
-)
-def test_small_mm_kernels_compile_for_sm90_without_spills(
-    tmp_path: Path, kind, mt, nb, warps, unroll, cw
-):
+def test_small_mm_kernels_compile_for_sm90_without_spills(tmp_path: Path):
     import cuda_emu
 
     from hf2q.kernels import cuda_matmul as cm
 
     dt = mx.bfloat16
-    if kind.startswith("grouped"):
-        g = int(kind[-1])
-        name, ins, outs, source = (
-            f"hf2q_grouped_mm{g}",
-            ["x", *(f"w{i}" for i in range(g))],
-            [f"y{i}" for i in range(g)],
-            cm.grouped_source(g, cw > 1),
+    variants = [
+        (k, *launch, 1) for k in ("single", "add", "grouped2", "grouped4") for launch in _LAUNCHES
+    ]
+    variants += [(k, *launch) for k in ("single", "add", "grouped2") for launch in _COLUMN_LAUNCHES]
+    kernels = []
+    for i, (kind, mt, nb, warps, unroll, cw) in enumerate(variants):
+        if kind.startswith("grouped"):
+            g = int(kind[-1])
+            ins = ["x", *(f"w{i}" for i in range(g))]
+            outs = [f"y{i}" for i in range(g)]
+            source = cm.grouped_source(g, cw > 1)
+        elif kind == "add":
+            source = cm._SOURCE_ADD_COLUMNS if cw > 1 else cm._SOURCE_ADD
+            ins, outs = ["x", "w", "r"], ["y"]
+        else:
+            source = cm._SOURCE_COLUMNS if cw > 1 else cm._SOURCE
+            ins, outs = ["x", "w"], ["y"]
+        name = f"hf2q_mm_{kind}_{i}"  # one translation unit: a name each
+        label = f"{kind} m-tiles {mt}, column blocks {nb}, warps {warps}, unroll {unroll}, cw {cw}"
+        kernels.append(
+            (
+                label,
+                name,
+                cuda_emu.mlx_cuda_kernel(
+                    name,
+                    ins,
+                    [dt] * len(ins),
+                    [2] * len(ins),
+                    outs,
+                    [dt] * len(outs),
+                    source,
+                    cm._template(dt, mt, nb, warps, unroll, cw),
+                ),
+            )
         )
-    elif kind == "add":
-        source = cm._SOURCE_ADD_COLUMNS if cw > 1 else cm._SOURCE_ADD
-        name, ins, outs = "hf2q_small_mm_add", ["x", "w", "r"], ["y"]
-    else:
-        source = cm._SOURCE_COLUMNS if cw > 1 else cm._SOURCE
-        name, ins, outs = "hf2q_small_mm", ["x", "w"], ["y"]
-    ndims = [2] + [2] * (len(ins) - 1)
-    src = cuda_emu.mlx_cuda_source(
-        name,
-        ins,
-        [dt] * len(ins),
-        ndims,
-        outs,
-        [dt] * len(outs),
-        source,
-        cm._HEADER,
-        cm._template(dt, mt, nb, warps, unroll, cw),
-    )
-    _assert_compiles_without_spills(tmp_path, name, src)
+    _assert_compile_without_spills(tmp_path, cm._HEADER, kernels)
 
 
 def _compile_report(tmp_path: Path, name: str, src: str, werror: bool = True) -> str:
@@ -221,36 +224,65 @@ def _assert_compiles_without_spills(
     )
 
 
+_PROPERTIES = re.compile(
+    r"Function properties for (\S+)\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
+    r"(\d+) bytes spill loads"
+)
+
+
+def _assert_compile_without_spills(
+    tmp_path: Path, header: str, kernels: list[tuple], werror: bool = True
+) -> None:
+    """Each of ``kernels`` ((name, text) or (label, name, text), text from
+    ``cuda_emu.mlx_cuda_kernel``; the names distinct) compiles with ``header`` without spills
+    or a stack frame. One translation unit for them all: nvcc's start costs ~2.5 s here, more
+    than most of these kernels' own compile; ptxas reports each function apart."""
+    import cuda_emu
+
+    kernels = [k if len(k) == 3 else (k[0], *k) for k in kernels]
+    names = [name for _, name, _ in kernels]
+    assert len(set(names)) == len(names), "each kernel needs its own name"
+    src = cuda_emu.mlx_cuda_prelude(header) + "".join(text for _, _, text in kernels)
+    report = _compile_report(tmp_path, names[0], src, werror)
+    found = {m.group(1): tuple(map(int, m.groups()[1:])) for m in _PROPERTIES.finditer(report)}
+    bad = []
+    for label, name, _ in kernels:
+        # An Itanium-mangled name holds each identifier as its length then its text.
+        mine = [v for f, v in found.items() if re.search(rf"(?<!\d){len(name)}{name}", f)]
+        if mine != [(0, 0, 0)]:
+            bad.append(f"{label}: {mine or 'no report'} (stack frame, spill stores, spill loads)")
+    assert not bad, "\n".join(bad) + "\n" + report[-3000:]
+
+
 # (column blocks, warps, unrolling): the wider launches of the 4-bit head at one m-tile that
 # benchmarks/h200_s50.sh timed (quant_rows.py --tune; session 50: 4,4,1 285 us at 15 rows
 # against the default's 330)
 _QHEAD_TUNE = [(8, 4, 1), (16, 4, 1), (8, 8, 1), (4, 4, 1)]
 
 
-@pytest.mark.parametrize(
-    "mt,nb,warps,unroll,add,bits",
-    [(*launch, False, bits) for bits in (4, 8) for launch in _LAUNCHES]
-    + [(*launch, True, 4) for launch in _LAUNCHES[:3]]
-    + [(1, *launch, False, 4) for launch in _QHEAD_TUNE],
-)
-def test_small_qmm_kernels_compile_for_sm90_without_spills(
-    tmp_path: Path, mt, nb, warps, unroll, add, bits
-):
+def test_small_qmm_kernels_compile_for_sm90_without_spills(tmp_path: Path):
     import cuda_emu
 
     from hf2q.kernels import cuda_matmul as cm
 
     dt = mx.bfloat16
-    ins = ["x", "w", "s", "b", "r"] if add else ["x", "w", "s", "b"]
-    src = cuda_emu.mlx_cuda_source(
-        "hf2q_small_qmm_add" if add else "hf2q_small_qmm",
-        ins,
-        [dt, mx.uint32, dt, dt, dt][: len(ins)],
-        [2] * len(ins),
-        ["y"],
-        [dt],
-        cm._QSOURCE_ADD if add else cm._QSOURCE,
-        cm._QHEADER,
-        cm._template(dt, mt, nb, warps, unroll) + [("BITS", bits), ("GS", 64)],
-    )
-    _assert_compiles_without_spills(tmp_path, "hf2q_small_qmm", src)
+    variants = [(*launch, False, bits) for bits in (4, 8) for launch in _LAUNCHES]
+    variants += [(*launch, True, 4) for launch in _LAUNCHES[:3]]
+    variants += [(1, *launch, False, 4) for launch in _QHEAD_TUNE]
+    kernels = []
+    for i, (mt, nb, warps, unroll, add, bits) in enumerate(variants):
+        ins = ["x", "w", "s", "b", "r"] if add else ["x", "w", "s", "b"]
+        name = f"hf2q_small_qmm{'_add' if add else ''}_{i}"
+        label = f"{bits} bits, add {add}, m-tiles {mt}, column blocks {nb}, warps {warps}, unroll {unroll}"
+        text = cuda_emu.mlx_cuda_kernel(
+            name,
+            ins,
+            [dt, mx.uint32, dt, dt, dt][: len(ins)],
+            [2] * len(ins),
+            ["y"],
+            [dt],
+            cm._QSOURCE_ADD if add else cm._QSOURCE,
+            cm._template(dt, mt, nb, warps, unroll) + [("BITS", bits), ("GS", 64)],
+        )
+        kernels.append((label, name, text))
+    _assert_compile_without_spills(tmp_path, cm._QHEADER, kernels)
