@@ -5,8 +5,8 @@ outputs as ``T*``, template arguments as ``constexpr`` / ``using`` lines at the 
 prepend a small C++ prelude that provides the CUDA pieces the hf2q kernels use (``blockIdx``,
 ``blockDim``, ``threadIdx``, ``__shared__``, ``__syncthreads``, ``__shfl_xor_sync``, ``__shfl_sync``, ``float4``, bf16/fp16
 conversions with round-to-nearest-even), compile it with the host C++ compiler, and run every
-thread of a block as an OS thread (blocks one after another, on the same threads) so barriers and
-warp shuffles behave as on a GPU. :func:`emulated_kernel` returns an object called like the result of
+thread of a block as a fiber (blocks one after another, on the same fibers) switched at its
+barriers, so barriers and warp shuffles behave as on a GPU. :func:`emulated_kernel` returns an object called like the result of
 ``mx.fast.cuda_kernel``.
 
 What it does not do: model the GPU memory system, warp divergence rules or timing; it checks the
@@ -32,20 +32,16 @@ import numpy as np
 
 PRELUDE = r"""
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <math.h>
-#include <thread>
+#include <cstdio>
+#include <cstdlib>
+#include <csetjmp>
+#include <ucontext.h>
 #include <vector>
-#ifdef __linux__
-#include <linux/futex.h>
-#include <sched.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 #define __global__
 #define __device__
 #define __host__
@@ -54,59 +50,132 @@ PRELUDE = r"""
 #define __align__(n) __attribute__((aligned(n)))
 using std::min;
 using std::max;
-// The barrier behind __syncthreads and the warp shuffles: the last of n threads to arrive starts
-// the next generation and wakes the others, which wait on the generation word. On Linux a waiter
-// yields its core up to 4 times, then sleeps on a futex on that word; elsewhere C++20 atomic wait.
-// (libstdc++'s std::barrier sleeps on a word shared through a table with other addresses and
-// took about twice as long per launch on 2 busy cores.)
+// The threads of a block run as fibers on the launching thread, switched only at a barrier
+// (__syncthreads and the warp shuffles): a waiter switches back to the scheduler, which resumes
+// the fibers in turn, reversing its order each pass so that a missing barrier shows up whichever
+// thread writes first. A pass in which no fiber arrives anywhere or finishes is a deadlock (the
+// kernel hangs on a GPU): the launch says so and aborts. (Session 53: one OS thread per GPU
+// thread, woken by futexes, made a barrier cost scheduling; fibers made the emulated tests'
+// launches 10-35x faster.)
+static long hf2q_progress = 0;
+inline void hf2q_yield();
 struct hf2q_barrier {
   const int n;
-  std::atomic<int> count{0}, gen{0};
+  int count = 0, gen = 0;
   explicit hf2q_barrier(int n_) : n(n_) {}
   void arrive_and_wait() {
-    const int g = gen.load(std::memory_order_acquire);
-    if (count.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
-      count.store(0, std::memory_order_relaxed);
-      gen.fetch_add(1, std::memory_order_release);
-#ifdef __linux__
-      syscall(SYS_futex, reinterpret_cast<int*>(&gen), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
-#else
-      gen.notify_all();
-#endif
+    ++hf2q_progress;
+    if (++count == n) {
+      count = 0;
+      ++gen;
       return;
     }
-#ifdef __linux__
-    for (int i = 0; i < 4 && gen.load(std::memory_order_acquire) == g; ++i) sched_yield();
-    while (gen.load(std::memory_order_acquire) == g)
-      syscall(SYS_futex, reinterpret_cast<int*>(&gen), FUTEX_WAIT_PRIVATE, g, nullptr, nullptr, 0);
-#else
-    while (gen.load(std::memory_order_acquire) == g) gen.wait(g, std::memory_order_acquire);
-#endif
+    const int g = gen;
+    while (gen == g) hf2q_yield();
   }
 };
-// A launch's threads all run on the CPU that started it (Linux): with a busy process on the
-// other core (the other xdist worker), threads woken there wait for its time slice at every
-// barrier, 10-15x slower; on one core they interleave as before, preempted by the OS at any point.
-inline int hf2q_launch_cpu() {
-#ifdef __linux__
-  return sched_getcpu();
-#else
-  return -1;
-#endif
-}
-inline void hf2q_pin_to(int cpu) {
-#ifdef __linux__
-  if (cpu < 0) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  sched_setaffinity(0, sizeof(set), &set);
-#endif
-}
 struct hf2q_dim3 { unsigned x, y, z; };
-static thread_local hf2q_dim3 blockIdx;
+static hf2q_dim3 blockIdx;
 static hf2q_dim3 blockDim;
-static thread_local hf2q_dim3 threadIdx;
+static hf2q_dim3 threadIdx;
+// A fiber starts from a ucontext (its own stack). It switches with _setjmp/_longjmp, which do
+// not save the signal mask (glibc's swapcontext makes a system call for it at every switch: 3x
+// slower here), except where x86 shadow stacks are on (a longjmp cannot move between them) or
+// HF2Q_EMU_SWAPCONTEXT=1: then with swapcontext.
+struct hf2q_fiber {
+  ucontext_t uc;
+  jmp_buf jb;
+  hf2q_dim3 thread, block;
+  bool started = false, done = false;
+};
+static hf2q_fiber* hf2q_current = nullptr;
+static ucontext_t hf2q_scheduler_uc;
+static jmp_buf hf2q_scheduler_jb;
+static bool hf2q_jump = true;
+inline bool hf2q_shadow_stacks() {
+  bool shadow = false;
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof line, f))
+      shadow |= !std::strncmp(line, "x86_Thread_features:", 20) && std::strstr(line, "shstk");
+    std::fclose(f);
+  }
+  return shadow;
+}
+// Decided at each launch (the environment may change between them).
+inline bool hf2q_may_jump() {
+  static const bool shadow = hf2q_shadow_stacks();
+  const char* forced = std::getenv("HF2Q_EMU_SWAPCONTEXT");
+  return !shadow && !(forced && forced[0] == '1');
+}
+// From the running fiber back to the scheduler.
+inline void hf2q_switch_out() {
+  hf2q_fiber* f = hf2q_current;
+  if (!hf2q_jump) {
+    swapcontext(&f->uc, &hf2q_scheduler_uc);
+  } else if (!_setjmp(f->jb)) {
+    _longjmp(hf2q_scheduler_jb, 1);
+  }
+}
+// Run fiber f until it switches out.
+inline void hf2q_switch_in(hf2q_fiber* f) {
+  hf2q_current = f;
+  threadIdx = f->thread;
+  blockIdx = f->block;
+  const bool resume = f->started;
+  f->started = true;
+  if (!hf2q_jump) {
+    swapcontext(&hf2q_scheduler_uc, &f->uc);
+  } else if (!_setjmp(hf2q_scheduler_jb)) {
+    if (resume) _longjmp(f->jb, 1);
+    setcontext(&f->uc);
+  }
+}
+inline void hf2q_yield() {
+  hf2q_current->block = blockIdx;
+  hf2q_switch_out();
+}
+// Run tx fibers of main(thread) to their end; false on a deadlock.
+inline bool hf2q_run_fibers(int tx, void (*main)(int)) {
+  constexpr size_t stack = 256 * 1024;
+  static char* stacks = nullptr;  // kept for the next launch (malloc'd: untouched until used)
+  static int stacks_for = 0;
+  if (stacks_for < tx) {
+    std::free(stacks);
+    stacks = static_cast<char*>(std::malloc(stack * tx));
+    stacks_for = tx;
+  }
+  hf2q_jump = hf2q_may_jump();
+  std::vector<hf2q_fiber> fibers(tx);
+  for (int t = 0; t < tx; ++t) {
+    hf2q_fiber& f = fibers[t];
+    f.thread = hf2q_dim3{(unsigned)t, 0u, 0u};
+    f.block = hf2q_dim3{0u, 0u, 0u};
+    getcontext(&f.uc);
+    f.uc.uc_stack.ss_sp = stacks + stack * t;
+    f.uc.uc_stack.ss_size = stack;
+    f.uc.uc_link = nullptr;  // a fiber switches out at its end, never returns
+    makecontext(&f.uc, (void (*)())main, 1, t);
+  }
+  int live = tx;
+  for (bool forward = true; live > 0; forward = !forward) {
+    const long before = hf2q_progress;
+    for (int i = 0; i < tx; ++i) {
+      hf2q_fiber& f = fibers[forward ? i : tx - 1 - i];
+      if (f.done) continue;
+      hf2q_switch_in(&f);
+      live -= f.done;
+    }
+    if (live > 0 && hf2q_progress == before) return false;
+  }
+  return true;
+}
+// The end of a fiber's main.
+inline void hf2q_fiber_done() {
+  hf2q_current->done = true;
+  ++hf2q_progress;
+  hf2q_switch_out();
+}
 static hf2q_barrier* hf2q_block_barrier = nullptr;
 static std::vector<hf2q_barrier*> hf2q_warp_barriers;
 static float hf2q_shfl_buf[1024];
@@ -262,30 +331,36 @@ def _wrap(name: str, params: list[tuple[str, str]], source: str, header: str, te
         for i, (t, _) in enumerate(params)
     ]
     src += f"""
+static void** hf2q_args;
+static int hf2q_grid[3];
+
+// One fiber a thread of a block, each running every block in turn; a barrier between blocks keeps
+// a block's shared memory (static arrays) to itself.
+static void hf2q_fiber_main(int t) {{
+  void** p = hf2q_args;
+  for (int z = 0; z < hf2q_grid[2]; ++z)
+    for (int y = 0; y < hf2q_grid[1]; ++y)
+      for (int x = 0; x < hf2q_grid[0]; ++x) {{
+        blockIdx = hf2q_dim3{{(unsigned)x, (unsigned)y, (unsigned)z}};
+        {name}({", ".join(casts)});
+        hf2q_block_barrier->arrive_and_wait();
+      }}
+  hf2q_fiber_done();
+}}
+
 extern "C" void hf2q_launch(void** p, int bx, int by, int bz, int tx) {{
+  hf2q_args = p;
+  hf2q_grid[0] = bx; hf2q_grid[1] = by; hf2q_grid[2] = bz;
   blockDim = hf2q_dim3{{(unsigned)tx, 1u, 1u}};
   hf2q_barrier block_barrier(tx);
   hf2q_block_barrier = &block_barrier;
   std::vector<hf2q_barrier*> warps;
   for (int w = 0; w < (tx + 31) / 32; ++w) warps.push_back(new hf2q_barrier(std::min(32, tx - 32 * w)));
   hf2q_warp_barriers = warps;
-  // One OS thread per thread of a block, each running every block in turn; a barrier between
-  // blocks keeps a block's shared memory (static arrays) to itself.
-  const int cpu = hf2q_launch_cpu();
-  std::vector<std::thread> threads;
-  for (int t = 0; t < tx; ++t)
-    threads.emplace_back([&, t]() {{
-      hf2q_pin_to(cpu);
-      threadIdx = hf2q_dim3{{(unsigned)t, 0u, 0u}};
-      for (int z = 0; z < bz; ++z)
-        for (int y = 0; y < by; ++y)
-          for (int x = 0; x < bx; ++x) {{
-            blockIdx = hf2q_dim3{{(unsigned)x, (unsigned)y, (unsigned)z}};
-            {name}({", ".join(casts)});
-            block_barrier.arrive_and_wait();
-          }}
-    }});
-  for (auto& th : threads) th.join();
+  if (!hf2q_run_fibers(tx, hf2q_fiber_main)) {{
+    std::fprintf(stderr, "cuda_emu: {name} deadlocked: its threads wait at barriers no thread will reach\\n");
+    std::abort();
+  }}
   for (auto* w : warps) delete w;
 }}
 """
@@ -302,7 +377,7 @@ _BUILT: dict[str, ctypes.CDLL] = {}
 BUILD_DIR: Path | None = None
 
 #: g++'s flags for every emulator program (the prelude's precompiled header is built with them).
-_FLAGS = ["-std=c++20", "-O0", "-fPIC", "-pthread", "-Wno-unknown-pragmas"]
+_FLAGS = ["-std=c++20", "-O0", "-fPIC", "-Wno-unknown-pragmas"]
 
 
 @contextlib.contextmanager
