@@ -4,8 +4,10 @@ The embedded demo pair with its target quantized in place (MLX's affine quantiza
 the same prompt plainly and with DFlash, once with the scales, biases and other float weights
 as loaded (bf16: activations in bf16) and once widened to float32 (``cast_models``, what
 ``--dtype auto`` does on a CPU since session 34; the packed weights stay), alternating in one
-process after a warm-up. Reports generation tok/s (medians, min-max) and whether each arm's
-DFlash tokens equal its plain decoding's.
+process after a warm-up. Reports generation tok/s (medians, min-max), whether each arm's
+DFlash tokens equal its plain decoding's, and what ``--dtype auto`` picks here. ``--bits 0``:
+the pair unquantized, as shipped (bf16 against float32: which one wins depends on the CPU BLAS,
+see ``auto_dtype``).
 
     python benchmarks/quant_dtype.py --bits 4 --tokens 64 --runs 3 --out q.json
 """
@@ -24,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bits", type=int, default=4)
+    ap.add_argument("--bits", type=int, default=4, help="0: the target unquantized")
     ap.add_argument("--group", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3, help="timed runs per arm (after a warm-up)")
@@ -36,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from hf2q.platform import describe
     from hf2q.runtime.dflash import dflash_generate, plain_generate, run
+    from hf2q.runtime.pair import auto_dtype
 
     pairs = {
         "bfloat16": quantized_demo_pair(args.bits, args.group),
@@ -56,8 +59,12 @@ def main(argv: list[str] | None = None) -> int:
                 tokens.setdefault(f"{arm} {mode}", s.tokens)
                 if r:
                     tps.setdefault(f"{arm} {mode}", []).append(s.generation_tps)
+    auto = auto_dtype(pairs["bfloat16"].target, pairs["bfloat16"].drafter) or "bfloat16"
     report = {
-        "model": f"demo target, {args.bits}-bit groups of {args.group}",
+        "model": (
+            f"demo target, {args.bits}-bit groups of {args.group}" if args.bits else "demo target"
+        ),
+        "auto_dtype": auto,
         "tokens": args.tokens,
         "runs": args.runs,
         "tokens_per_s": {k: round(statistics.median(v), 1) for k, v in tps.items()},

@@ -23,16 +23,17 @@ PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Parser:\n    d
 
 
 def quantized_demo_pair(bits: int, group: int, dtype: str | None = None):
-    """The embedded demo pair with its target quantized in place (``nn.quantize``), its scales
-    and other float weights cast to ``dtype`` where given, the drafter bound to the quantized
-    target's embedding and head."""
+    """The embedded demo pair with its target quantized in place (``nn.quantize``; ``bits`` 0:
+    left as shipped), its scales and other float weights cast to ``dtype`` where given, the
+    drafter bound to the quantized target's embedding and head."""
     import mlx.core as mx
     import mlx.nn as nn
 
     from hf2q.runtime.pair import cast_models, load_pair
 
     pair = load_pair(None)
-    nn.quantize(pair.target.model, group_size=group, bits=bits)
+    if bits:
+        nn.quantize(pair.target.model, group_size=group, bits=bits)
     if dtype is not None:
         cast_models(pair.target, pair.drafter, dtype)
     mx.eval(pair.target.model.parameters())

@@ -109,12 +109,16 @@ def find_fast_blas() -> str | None:
     return find_openblas() or find_pip_mkl()
 
 
+#: :func:`blas_kind` of the reference (netlib) BLAS that Linux's ``mlx[cpu]`` wheel bundles.
+REFERENCE_BLAS = "reference (slow)"
+
+
 def blas_kind(path: str | None) -> str:
     if path is None:
         return "accelerate" if sys.platform == "darwin" else "unknown"
     if "openblas" in path or "mkl" in path or "blis" in path:
         return "optimized"
-    return "reference (slow)"
+    return REFERENCE_BLAS
 
 
 def blas_role(kind: str, backend: str) -> str:

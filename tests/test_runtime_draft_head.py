@@ -96,10 +96,10 @@ def test_quantized_draft_head_proposes_what_the_full_head_proposes_on_the_demo_p
     full = load_pair(None)
     pair = load_pair(None, draft_head_bits=8)
     assert pair.target.args.tie_word_embeddings
-    apply_dtype(full.target, full.drafter, None)
-    apply_dtype(pair.target, pair.drafter, None)
+    apply_dtype(full.target, full.drafter, "float32")
+    apply_dtype(pair.target, pair.drafter, "float32")
     ids = encode_prompt(pair.tokenizer, pair.default_prompt, chat=pair.chat_default)
-    # the copy followed the cast (auto: float32 on a CPU) before any draft read it
+    # the copy followed the cast (from the pair's bf16) before any draft read it
     (weight,), q = pair.target.inner.embed_tokens._hf2q_draft_head_8  # (small_mm.kept's entry)
     assert weight is pair.target.inner.embed_tokens.weight and q.scales.dtype == pair.target.dtype
     want = run(plain_generate(pair.target, ids, max_tokens=48)).tokens

@@ -6,6 +6,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
+from hf2q import platform
 from hf2q.errors import UsageError
 from hf2q.kernels import select
 from hf2q.runtime.dflash import dflash_generate, plain_generate, run
@@ -33,13 +34,29 @@ cpu_only = pytest.mark.skipif(not ON_CPU, reason="auto widens half precision on 
 
 
 @cpu_only
-def test_auto_widens_half_precision_weights_on_the_cpu(pair):
+def test_auto_widens_half_precision_weights_on_the_cpu_with_an_optimized_blas(pair):
     cast_models(pair.target, pair.drafter, "bfloat16")
     assert _embed_dtype(pair) == mx.bfloat16
-    assert auto_dtype(pair.target, pair.drafter) == "float32"
-    assert apply_dtype(pair.target, pair.drafter, None) == "float32"
-    assert _embed_dtype(pair) == mx.float32
-    assert pair.drafter.fc.weight.dtype == mx.float32
+    for blas in ("optimized", "accelerate"):
+        assert auto_dtype(pair.target, pair.drafter, blas=blas) == "float32"
+    if platform.blas_kind(platform.loaded_blas()) != platform.REFERENCE_BLAS:
+        assert apply_dtype(pair.target, pair.drafter, None) == "float32"
+        assert _embed_dtype(pair) == mx.float32
+        assert pair.drafter.fc.weight.dtype == mx.float32
+
+
+@cpu_only
+def test_auto_keeps_bfloat16_under_the_reference_blas_and_widens_float16(pair):
+    # MLX's bf16 products do not use the BLAS: under the reference one they beat float32
+    # (DFlash on the demo pair 2x faster), where float16's row products are 3x slower.
+    ref = platform.REFERENCE_BLAS
+    cast_models(pair.target, pair.drafter, "bfloat16")
+    assert auto_dtype(pair.target, pair.drafter, blas=ref) is None
+    if platform.blas_kind(platform.loaded_blas()) == ref:  # what `hf2q generate` does here
+        assert apply_dtype(pair.target, pair.drafter, None) == "bfloat16"
+        assert _embed_dtype(pair) == mx.bfloat16
+    cast_models(pair.target, pair.drafter, "float16")
+    assert auto_dtype(pair.target, pair.drafter, blas=ref) == "float32"
 
 
 def test_auto_keeps_float32_models_and_native_keeps_anything(pair):
@@ -65,6 +82,8 @@ def test_auto_widens_a_quantized_models_scales_and_keeps_its_packing(pair):
     q = pair.target.model.language_model.model.layers[0].mlp.down_proj
     packed = q.weight
     assert q.scales.dtype == mx.bfloat16
+    for blas in (platform.REFERENCE_BLAS, "optimized"):  # quantized products skip the BLAS
+        assert auto_dtype(pair.target, pair.drafter, blas=blas) == "float32"
     assert apply_dtype(pair.target, pair.drafter, None) == "float32"
     assert q.scales.dtype == q.biases.dtype == mx.float32
     assert q.weight.dtype == mx.uint32 and mx.array_equal(q.weight, packed).item()
@@ -75,7 +94,8 @@ def test_auto_widens_a_quantized_models_scales_and_keeps_its_packing(pair):
 
 def test_auto_leaves_models_that_would_not_fit_in_memory_twice(pair):
     cast_models(pair.target, pair.drafter, "bfloat16")
-    assert auto_dtype(pair.target, pair.drafter, memory_share=1e-12) is None
+    auto = auto_dtype(pair.target, pair.drafter, memory_share=1e-12, blas="optimized")
+    assert auto is None
 
 
 def test_a_bad_dtype_names_the_choices(pair):
@@ -85,7 +105,7 @@ def test_a_bad_dtype_names_the_choices(pair):
 
 def test_greedy_dflash_equals_plain_after_widening_a_bfloat16_pair(pair):
     cast_models(pair.target, pair.drafter, "bfloat16")
-    apply_dtype(pair.target, pair.drafter, "auto")
+    apply_dtype(pair.target, pair.drafter, "float32")
     prompt = pair.tokenizer.encode("def add(a, b):")[:4]
     d = run(dflash_generate(pair.target, pair.drafter, prompt, max_tokens=24, block_size=8))
     p = run(plain_generate(pair.target, prompt, max_tokens=24))

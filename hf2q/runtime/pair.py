@@ -234,41 +234,64 @@ def cast_models(target: Any, drafter: Any | None, dtype: str) -> None:
     target.refresh_draft_heads()  # a quantized draft head follows the head's new weight
 
 
-def auto_dtype(target: Any, drafter: Any | None, *, memory_share: float = 0.4) -> str | None:
-    """The compute dtype ``--dtype auto`` picks: float32 for half-precision weights on a CPU.
+def auto_dtype(
+    target: Any, drafter: Any | None, *, memory_share: float = 0.4, blas: str | None = None
+) -> str | None:
+    """The compute dtype ``--dtype auto`` picks on a CPU: float32 for half-precision weights,
+    except bfloat16 ones under the reference BLAS, which stay bfloat16.
 
-    MLX's CPU backend has no fast bfloat16/float16 matrix products: on this project's 2-core
-    x86 machine the demo pair decodes 1.4x faster and verifies 3.5x faster in float32
-    (docs/BENCHMARKS.md). Its quantized products are slower still with half-precision scales
-    and activations: the demo target quantized to 4 bits decoded 15.3 tok/s (DFlash 2.1) with
-    bf16 and 83.6 (DFlash 18.1) with float32 scales, biases and activations (session 34). So on
-    the CPU, half-precision weights are widened when the float32 copy stays under
-    ``memory_share`` of the machine's RAM; quantized layers keep their packed matrices (only
-    their scales and biases widen, :func:`cast_models`). GPUs and float32 models keep their
-    dtype (None: no cast).
+    MLX's CPU float32 matrix products run the BLAS, its bfloat16 ones its own code. With an
+    optimized BLAS (OpenBLAS, MKL, Accelerate) float32 wins: with MKL, DFlash on the demo pair
+    ran 126.3 tok/s in float32 against 44.4 in bf16, plain decoding 81.0 against 50.4
+    (``benchmarks/dtype_ab.py``, medians, session 53). With the reference BLAS that Linux's
+    ``mlx[cpu]`` wheel bundles, bf16 products are faster (16 x 2560 x 9216: 230 ms against 606 in
+    float32) and DFlash ran 45.2 tok/s in bf16 against 20.8 in float32, plain decoding 46.6
+    against 50.0: so bf16 weights are kept there, for plain decoding and DFlash alike (a user
+    comparing the two gets the same tokens). float16 weights widen under either BLAS (a float16
+    one-row product: 105 ms against 30 in float32, session 53).
+
+    Quantized products are slower still with half-precision scales and activations, under any
+    BLAS: the demo target quantized to 4 bits decoded 15.3 tok/s (DFlash 2.1) with bf16 and 83.6
+    (DFlash 18.1) with float32 scales, biases and activations (session 34). So a quantized model
+    always widens: its layers keep their packed matrices (only their scales and biases widen,
+    :func:`cast_models`).
+
+    Half-precision weights widen only when the float32 copy stays under ``memory_share`` of
+    the machine's RAM. GPUs and float32 models keep their dtype (None: no cast). ``blas`` is the
+    CPU BLAS's kind as :func:`hf2q.platform.blas_kind` names it (None: the one loaded).
     """
     import os
 
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
+    from hf2q import platform
     from hf2q.kernels import select
 
     if select.backend() != "cpu":
         return None
     models = [target.model] + ([drafter] if drafter is not None else [])
     half = 0
+    kinds = set()
     for model in models:
         for _, v in tree_flatten(model.parameters()):
             if v.dtype in (mx.bfloat16, mx.float16):
                 half += v.nbytes
+                kinds.add(v.dtype)
     if half == 0:
         return None
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # pragma: no cover - non-POSIX
         return None
-    return "float32" if 2 * half <= memory_share * ram else None
+    if 2 * half > memory_share * ram:
+        return None
+    if blas is None:
+        blas = platform.blas_kind(platform.loaded_blas())
+    keep_bf16 = blas == platform.REFERENCE_BLAS and kinds == {mx.bfloat16}
+    if keep_bf16 and not any(is_quantized(m) for m in models):
+        return None
+    return "float32"
 
 
 def is_quantized(model: Any) -> bool:

@@ -468,7 +468,7 @@ def _train(
     loaded = load_model(cfg.target)
     target = TargetModel(loaded.model, loaded.tokenizer)
     target.model.freeze()
-    # The dtype the target computes in, as `hf2q generate --dtype` (auto: float32 on a CPU).
+    # The dtype the target computes in, as `hf2q generate --dtype` (auto: see pair.auto_dtype).
     compute_dtype = apply_dtype(target, None, cfg.dtype)
     tok = loaded.tokenizer
     eos_ids = sorted(int(i) for i in (getattr(tok, "eos_token_ids", None) or ()))
