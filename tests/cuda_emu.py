@@ -521,33 +521,16 @@ class EmulatedKernel:
         return outs
 
 
-def mlx_cuda_source(
-    name: str,
-    input_names: list[str],
-    input_dtypes: list[Any],
-    input_ndims: list[int],
-    output_names: list[str],
-    output_dtypes: list[Any],
-    source: str,
-    header: str,
-    template: list[tuple[str, Any]],
-) -> str:
-    """The translation unit MLX's CUDA backend builds from a ``cuda_kernel`` (for compile checks).
+def mlx_cuda_prelude(header: str) -> str:
+    """The start of the translation unit MLX's CUDA backend builds from a ``cuda_kernel`` (for
+    compile checks): the headers, then the kernel's own ``header``; :func:`mlx_cuda_kernel`
+    follows. Several kernels of one header (each with its own name) can follow one prelude, to
+    compile them in one ``nvcc`` run.
 
     MLX includes its own ``mlx/backend/cuda/device/utils.cuh`` first; the hf2q kernels need only
     the CUDA headers it pulls in (bf16/fp16 types, cooperative groups) and its ``Shape`` /
     ``Strides`` types, which stand in for it here.
     """
-    kernel = mlx_cuda_kernel(
-        name, input_names, input_dtypes, input_ndims, output_names, output_dtypes, source, template
-    )
-    return mlx_cuda_prelude(header) + kernel
-
-
-def mlx_cuda_prelude(header: str) -> str:
-    """What comes before the kernel in :func:`mlx_cuda_source`'s translation unit: the headers
-    and the kernel's own ``header``. Several kernels of one header (:func:`mlx_cuda_kernel`,
-    each with its own name) can follow one prelude, to compile them in one ``nvcc`` run."""
     src = "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cooperative_groups.h>\n"
     src += "#include <cuda/std/array>\n"
     src += "namespace mlx::core::cu {\nusing Shape = cuda::std::array<int32_t, 10>;\n"
