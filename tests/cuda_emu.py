@@ -55,8 +55,8 @@ using std::max;
 // the fibers in turn, reversing its order each pass so that a missing barrier shows up whichever
 // thread writes first. A pass in which no fiber arrives anywhere or finishes is a deadlock (the
 // kernel hangs on a GPU): the launch says so and aborts. (Session 53: one OS thread per GPU
-// thread, woken by futexes, made a barrier cost scheduling; fibers made the emulated tests'
-// launches 10-35x faster.)
+// thread, woken by futexes, made a barrier cost scheduling; with fibers an emulated attention
+// launch took 0.09-0.34 s where it had taken 2.0-8.1 s.)
 static long hf2q_progress = 0;
 inline void hf2q_yield();
 struct hf2q_barrier {
@@ -79,9 +79,9 @@ static hf2q_dim3 blockIdx;
 static hf2q_dim3 blockDim;
 static hf2q_dim3 threadIdx;
 // A fiber starts from a ucontext (its own stack). It switches with _setjmp/_longjmp, which do
-// not save the signal mask (glibc's swapcontext makes a system call for it at every switch: 3x
-// slower here), except where x86 shadow stacks are on (a longjmp cannot move between them) or
-// HF2Q_EMU_SWAPCONTEXT=1: then with swapcontext.
+// not save the signal mask (glibc's swapcontext makes a system call for it at every switch: the
+// emulated attention launches ran about 10x slower so), except where x86 shadow stacks are on (a
+// longjmp cannot move between them) or HF2Q_EMU_SWAPCONTEXT=1: then with swapcontext.
 struct hf2q_fiber {
   ucontext_t uc;
   jmp_buf jb;
