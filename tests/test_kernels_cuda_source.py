@@ -50,7 +50,7 @@ def test_every_variant_compiles_for_sm90_without_spills(tmp_path: Path, dtype):
             if (joined or v.get("window")) and not fused:
                 continue
             spec = cg.kernel_spec(fused=fused, **v)
-            kernels.append((spec["name"], _gated_delta_kernel(spec, fused, dtype, v)))
+            kernels.append((spec["name"], spec["name"], _gated_delta_kernel(spec, fused, dtype, v)))
     _assert_compile_without_spills(tmp_path, spec["header"], kernels)
 
 
@@ -68,7 +68,7 @@ def test_gdn_loads_timing_probes_apply_and_compile(tmp_path: Path):
     kernels = []
     for probe in gdn_loads.PROBES:
         spec = gdn_loads.probe_spec(probe)
-        kernels.append((spec["name"], _gated_delta_kernel(spec, True, mx.bfloat16, v)))
+        kernels.append((probe, spec["name"], _gated_delta_kernel(spec, True, mx.bfloat16, v)))
     _assert_compile_without_spills(tmp_path, spec["header"], kernels, werror=False)
 
 
@@ -201,15 +201,14 @@ _PROPERTIES = re.compile(
 
 
 def _assert_compile_without_spills(
-    tmp_path: Path, header: str, kernels: list[tuple], werror: bool = True
+    tmp_path: Path, header: str, kernels: list[tuple[str, str, str]], werror: bool = True
 ) -> None:
-    """Each of ``kernels`` ((name, text) or (label, name, text), text from
-    ``cuda_emu.mlx_cuda_kernel``; the names distinct) compiles with ``header`` without spills
+    """Each of ``kernels`` ((label, name, text), text from ``cuda_emu.mlx_cuda_kernel``; the
+    names distinct) compiles with ``header`` without spills
     or a stack frame. One translation unit for them all: nvcc's start costs ~2.5 s here, more
     than most of these kernels' own compile; ptxas reports each function apart."""
     import cuda_emu
 
-    kernels = [k if len(k) == 3 else (k[0], *k) for k in kernels]
     names = [name for _, name, _ in kernels]
     assert len(set(names)) == len(names), "each kernel needs its own name"
     src = cuda_emu.mlx_cuda_prelude(header) + "".join(text for _, _, text in kernels)

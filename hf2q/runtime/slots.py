@@ -558,8 +558,8 @@ def _dflash_slots(
         with the row's own keys. ``dlogits`` None: every busy row has a proposal, or its
         draft queued ahead (``ahead``: drafts and q per row, drawn with the key taken here).
         ``peek``: drawn with each row's next key without taking it (a draft queued ahead)."""
-        width = dlogits.shape[1] if dlogits is not None else width
         if dlogits is not None:
+            width = dlogits.shape[1]
             dlogits = drafter.full_logits(dlogits)
         drafts, q_rows = [], []
         for r, x in enumerate(rows):
