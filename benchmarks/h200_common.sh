@@ -161,13 +161,13 @@ PY
 # new tokens after 64, the first 2500 kernels kept in order) at each slot count of SLOTS
 # (space-separated), one process each (LIMIT s, 80 unless given; unbuffered, so a process cut off
 # at its limit still shows how far it got), while at least MIN (250) of ${BUDGET:-560} s remain,
-# into $OUT/tl_s<slots>.json / .log, each summary shown.
+# into $OUT/tl_s<slots>.json / .log, each summary shown; $TL_ARGS: more gpu_timeline.py options.
 timelines() {
   local s t
   for s in $1; do
     t=$(left); [ "$t" -lt "${2:-250}" ] && break
     PYTHONUNBUFFERED=1 timeout "${3:-80}" python3 benchmarks/gpu_timeline.py --synthetic 4b \
-      --prompt-tokens 64 --slots "$s" --tokens 32 --top 40 --sequence 2500 --loops slots-dflash --out "$OUT/tl_s$s.json" \
+      --prompt-tokens 64 --slots "$s" --tokens 32 --top 40 --sequence 2500 --loops slots-dflash ${TL_ARGS:-} --out "$OUT/tl_s$s.json" \
       > "$OUT/tl_s$s.log" 2>&1
     echo "tl_s$s exit $? $(el)"; grep -A70 '^==' "$OUT/tl_s$s.log" | cut -c1-150
   done

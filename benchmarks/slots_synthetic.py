@@ -156,7 +156,8 @@ def synthetic_pair(shape: str, dtype: str = "bfloat16", seed: int = 0, target_bi
 
 def add_pair_arguments(ap) -> None:
     """The profiling scripts' choice of pair: ``-m/-d`` (default: the embedded demo pair) or
-    ``--synthetic SHAPE`` with ``--prompt-tokens`` random prompt ids, and ``--dtype``."""
+    ``--synthetic SHAPE`` with ``--prompt-tokens`` random prompt ids, ``--dtype``, and the draft
+    head as ``hf2q generate`` takes it (``--draft-head-bits``, ``--draft-vocab``)."""
     ap.add_argument("-m", "--model", default=None, help="target (default: the embedded demo pair)")
     ap.add_argument("-d", "--draft", default=None)
     ap.add_argument("--dtype", default="auto")
@@ -167,6 +168,8 @@ def add_pair_arguments(ap) -> None:
         help="profile a random-weight pair of this shape (benchmarks/slots_synthetic.py) instead",
     )
     ap.add_argument("--prompt-tokens", type=int, default=1024, help="with --synthetic")
+    ap.add_argument("--draft-head-bits", type=int, default=0, choices=[0, 4, 8])
+    ap.add_argument("--draft-vocab", type=int, default=0)
 
 
 def pair_and_prompts(args, n: int):
@@ -185,6 +188,9 @@ def pair_and_prompts(args, n: int):
         dtype = apply_dtype(pair.target, pair.drafter, args.dtype)
         config, vocab = BenchConfig(), None
     prompts = make_prompts(config, n, tokenizer=pair.tokenizer, vocab_size=vocab)
+    bits, words = args.draft_head_bits, args.draft_vocab
+    if bits or words:
+        pair.drafter.bind(pair.target.embed, pair.target.draft_head(bits, words))
     return pair, dtype, prompts
 
 

@@ -31,8 +31,19 @@ SUPPORTED_TARGET_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe
 
 #: A draft head's quantized copy is read only while its logits of 15 random rows are within this
 #: share of the largest logit of the head's (4-bit copies: about 0.1; session 51 saw MLX's CUDA
-#: product of a float32 4-bit copy give logits 100% off, about zero).
+#: product of a float32 4-bit copy give logits 100% off, about zero: see :func:`copy_group`).
 COPY_TOLERANCE = 0.5
+
+
+def copy_group(hidden: int) -> int:
+    """The group size of a draft head's quantized copy for a hidden size ``hidden``: 64, or 32
+    where ``hidden`` is not a multiple of 64 or is one group of 64. MLX's CUDA quantized product
+    of more than one row is wrong where a row is a single group: on an H100 (session 54,
+    ``benchmarks/qmm_check.py``, float32, 4 bits) K 64 in groups of 64 gave logits off by 100% of
+    the largest at 15 and 60 rows (exact at one row), while K 64 in groups of 32 and K 128 or 2560
+    in groups of 64 were exact. Real heads (hidden 1024 and up) take 64."""
+    return 64 if hidden % 64 == 0 and hidden > 64 else 32
+
 
 #: ``layer_fn(index, layer, h, mask, cache) -> h``: how one decoder layer is run (default: its own __call__).
 LayerFn = Callable[[int, nn.Module, mx.array, Any, Any], mx.array]
@@ -149,9 +160,9 @@ class TargetModel:
 
     def draft_head(self, bits: int | None = None, vocab: int = 0) -> Callable[..., mx.array]:
         """The head a drafter binds: :meth:`head` itself, or with ``bits`` 4 or 8 the product of
-        a copy of the head's weight quantized (MLX's affine layout, groups of 64; 32 where the
-        hidden size is not a multiple of 64), or with ``vocab`` > 0 the product of the head's
-        rows of :meth:`draft_vocab_ids` only (quantized too with ``bits``).
+        a copy of the head's weight quantized (MLX's affine layout, groups of :func:`copy_group`),
+        or with ``vocab`` > 0 the product of the head's rows of :meth:`draft_vocab_ids` only
+        (quantized too with ``bits``).
 
         Drafts only propose: the verify and every token still come from :meth:`head`, so greedy
         output stays plain decoding's and sampled output the target's distribution (rejection
@@ -281,9 +292,8 @@ class TargetModel:
         def build() -> nn.Module:
             ids = mx.array(self.draft_vocab_ids(vocab))
             if bits:
-                group = 64 if self.hidden_size % 64 == 0 else 32
                 q = nn.QuantizedLinear.from_linear(
-                    self._vocab_rows(vocab), group_size=group, bits=bits
+                    self._vocab_rows(vocab), group_size=copy_group(self.hidden_size), bits=bits
                 )
                 mx.eval(q.parameters())
                 return q
@@ -355,7 +365,7 @@ class TargetModel:
         """The head's ``bits``-bit copy, kept on the head's module with the weight it copies
         (``small_mm.kept``: made again when that weight is replaced)."""
         mod, tied = self._head_module()
-        group = 64 if self.hidden_size % 64 == 0 else 32
+        group = copy_group(self.hidden_size)
 
         def build() -> nn.Module:
             if tied:
