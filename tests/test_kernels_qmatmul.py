@@ -228,7 +228,9 @@ def test_a_4bit_draft_head_runs_on_the_kernel_in_bf16_and_as_one_product_off_it(
         got = head(h, True)  # the drafter's mm where the head's rows take the kernel
         assert got.shape == (2, 15, q.weight.shape[0])
         if dtype == mx.bfloat16:
-            want = cm.small_qmatmul_cuda(flat, q.weight, q.scales, q.biases, bits=4, group=64)
+            want = cm.small_qmatmul_cuda(
+                flat, q.weight, q.scales, q.biases, bits=4, group=q.group_size
+            )
         else:
             assert not lin.quantized_fits(q, h)
             want = q(flat)
@@ -254,7 +256,7 @@ def test_a_4bit_draft_vocabularys_rows_run_on_the_kernel_in_bf16(
     got = head(h, True)
     assert got.shape == (1, 15, 128)  # the ids' columns (a sampled draft widens them)
     ids = mx.array(target.draft_vocab_ids(100))
-    want = cm.small_qmatmul_cuda(flat, q.weight, q.scales, q.biases, bits=4, group=64)
+    want = cm.small_qmatmul_cuda(flat, q.weight, q.scales, q.biases, bits=4, group=q.group_size)
     assert mx.array_equal(got[0], want)
     assert mx.array_equal(head.widen(got)[0][:, ids], want)
 
