@@ -207,7 +207,8 @@ def test_fused_projections_give_the_same_layer_output_and_record(quantized):
 
     model = tiny_model(seed=13)
     if quantized:
-        nn.quantize(model, group_size=64, bits=4)
+        # groups of 32: MLX's CUDA product of rows that are one group is wrong (hidden 64)
+        nn.quantize(model, group_size=32, bits=4)
     layer = model.model.layers[0]
     start = filled_cache(layer, 1, seed=14)
     x = mx.random.normal((1, 4, 64))
