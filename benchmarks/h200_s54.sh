@@ -12,9 +12,9 @@ set -uo pipefail
 host_speed
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 t=$(left)
-gpu_pytest pytest_head $(( t / 3 < 170 ? t / 3 : 170 )) tests/test_runtime_draft_head.py -k \
+gpu_pytest pytest_head $(( t / 2 < 170 ? t / 2 : 170 )) tests/test_runtime_draft_head.py -k \
   "keeps_greedy_dflash_equal_to_plain or more_rows or one_group or minus_inf"
-TL_ARGS="--draft-vocab 32768" timelines 1 120 90
+TL_ARGS="--draft-vocab 32768" timelines 1 70 80
 t=$(left)
 V0=HF2Q_DRAFT_VOCAB=0 V32=HF2Q_DRAFT_VOCAB=32768 V16=HF2Q_DRAFT_VOCAB=16384 V8=HF2Q_DRAFT_VOCAB=8192
 ab_run vocab1d $(( t < 150 ? t : 150 )) --synthetic 4b --modes plain,dflash --tokens 32 \
