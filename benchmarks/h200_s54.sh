@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 54's second device call (after the three keep.sh calls and install.sh). Its first,
+# The next lease's first call (after the three keep.sh calls and install.sh), with BUDGET=540:
+# session 54's second call, which no machine started for. Session 54's first call,
 # h200_s52.sh PART=2, found MLX's CUDA quantized product wrong for rows of one group (K 64 in
 # groups of 64, more than one row), which made the fitted pair's draft-head copy fall back to the
 # head on the GPU. This call: the draft head's GPU tests that failed, with the copies now in groups
