@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from quant_dtype import emit, rates  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,17 +66,13 @@ def main(argv: list[str] | None = None) -> int:
         "command": f"python -m hf2q generate --json -n {args.tokens} --dtype D --MODE",
         "tokens": args.tokens,
         "runs": args.runs,
-        "tokens_per_s": {k: round(statistics.median(v), 1) for k, v in tps.items()},
-        "tokens_per_s_min_max": {k: [round(min(v), 1), round(max(v), 1)] for k, v in tps.items()},
+        **rates(tps),
         "tau": {k: v.get("tau") for k, v in last.items() if v.get("tau") is not None},
         "dtype_reported": {k: v.get("dtype") for k, v in last.items()},
         "blas": {k: v.get("blas") for k, v in last.items()},
         "same_tokens_every_run_and_mode": {d: len(t) == 1 for d, t in tokens.items()},
     }
-    text = json.dumps(report)
-    print(text)
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    emit(report, args.out)
     return 0
 
 

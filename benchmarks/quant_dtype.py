@@ -24,6 +24,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+def rates(tps: dict[str, list[float]]) -> dict:
+    """The report's tok/s entries: each arm's median and min-max, rounded to 0.1."""
+    return {
+        "tokens_per_s": {k: round(statistics.median(v), 1) for k, v in tps.items()},
+        "tokens_per_s_min_max": {k: [round(min(v), 1), round(max(v), 1)] for k, v in tps.items()},
+    }
+
+
+def emit(report: dict, out: Path | None) -> None:
+    """The report as one JSON line on stdout, and indented into ``out`` when given."""
+    print(json.dumps(report))
+    if out:
+        out.write_text(json.dumps(report, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bits", type=int, default=4, help="0: the target unquantized")
@@ -67,17 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         "auto_dtype": auto,
         "tokens": args.tokens,
         "runs": args.runs,
-        "tokens_per_s": {k: round(statistics.median(v), 1) for k, v in tps.items()},
-        "tokens_per_s_min_max": {k: [round(min(v), 1), round(max(v), 1)] for k, v in tps.items()},
+        **rates(tps),
         "dflash_equals_plain": {
             arm: tokens[f"{arm} dflash"] == tokens[f"{arm} plain"] for arm in pairs
         },
         "platform": describe(),
     }
-    text = json.dumps(report)
-    print(text)
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    emit(report, args.out)
     return 0
 
 
