@@ -41,7 +41,10 @@ def copy_group(hidden: int) -> int:
     of more than one row is wrong where a row is a single group: on an H100 (session 54,
     ``benchmarks/qmm_check.py``, float32, 4 bits) K 64 in groups of 64 gave logits off by 100% of
     the largest at 15 and 60 rows (exact at one row), while K 64 in groups of 32 and K 128 or 2560
-    in groups of 64 were exact. Real heads (hidden 1024 and up) take 64."""
+    in groups of 64 were exact. Session 55 (``qmm_check.py --one-group``) found K 64 in groups of
+    64 wrong in every dtype and width tried (float32 8-bit, bf16 4- and 8-bit, float16 4-bit: off
+    by 100% or NaN) and K 32 in groups of 32 right, so a hidden size of 32 keeps its one group.
+    Real heads (hidden 1024 and up) take 64."""
     return 64 if hidden % 64 == 0 and hidden > 64 else 32
 
 
