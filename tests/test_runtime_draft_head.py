@@ -137,12 +137,13 @@ def test_draft_head_bits_are_checked(fitted):
         target.draft_head(6)
 
 
-def test_a_copys_rows_are_never_one_group(fitted):
-    # MLX's CUDA quantized product of several rows was wrong where a row was one group (hidden 64
-    # in groups of 64, session 54): copies of heads that narrow take groups of 32.
+def test_a_copys_rows_are_never_one_group_of_64(fitted):
+    # MLX's CUDA quantized product of several rows was wrong where a row was one group of 64
+    # (hidden 64, session 54; every dtype and width in session 55): copies of heads that narrow
+    # take groups of 32. One group of 32 (hidden 32) was right on the same GPU (session 55).
     from hf2q.runtime.target import copy_group
 
-    assert [copy_group(h) for h in (64, 96, 128, 1024, 2560)] == [32, 32, 64, 64, 64]
+    assert [copy_group(h) for h in (32, 64, 96, 128, 1024, 2560)] == [32, 32, 32, 64, 64, 64]
     target, _, _ = fitted
     assert target.hidden_size == 64
     assert target._copy(4, 0).group_size == 32 and target._copy(8, 100).group_size == 32
