@@ -205,7 +205,7 @@ def test_sampled_rounds_draw_the_same_tokens_read_as_words(kernel, monkeypatch, 
     for words in (True, False):
         monkeypatch.setattr(slots_mod, "round_words_enabled", lambda w=words: w)
         n = len(kernel)
-        pair, _, reqs = _demo_queue([40, 23, 33])
+        pair, _, reqs = _demo_queue([24, 13, 19])
         events = list(
             slots_dflash_generate(
                 pair.target,
