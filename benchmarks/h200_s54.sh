@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The next lease's first call (after the three keep.sh calls and install.sh), with BUDGET=540:
-# session 54's second call, which no machine started for. Session 54's first call,
+# Session 54's second call (after the three keep.sh calls and install.sh), with BUDGET=540, which
+# no machine started for; it ran as session 55's run 1 (benchmarks/results/h100/session55/, the
+# next call is now h200_s55.sh). Session 54's first call,
 # h200_s52.sh PART=2, found MLX's CUDA quantized product wrong for rows of one group (K 64 in
 # groups of 64, more than one row), which made the fitted pair's draft-head copy fall back to the
 # head on the GPU. This call: the draft head's GPU tests that failed, with the copies now in groups
