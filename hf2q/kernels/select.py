@@ -337,6 +337,8 @@ def mm_key() -> tuple[bool, int, bool | tuple, bool | str]:
     columns: bool | tuple = mm_columns_enabled()
     if cuda_matmul.narrow_enabled():  # a layout of its own, whether or not columns split
         columns = (columns, "narrow")
+    if mm_columns_enabled() and (tiles := cuda_matmul.split64()) is not None:
+        columns = (columns, "split64", tiles)
     return grouped_mm_enabled(), small_mm_rows(), columns, qmm
 
 
