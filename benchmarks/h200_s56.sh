@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # The next lease's first call (after the three keep.sh calls and install.sh), with BUDGET=540.
-# Session 56's tune (an H100) timed the MLP's gate and up at 64 rows with the column split of 2 or
-# 4 warps at 35.7-36.1 us against 39.6-41.2 for the K-split, the 16-row time. Session 26's wider
-# column split had also won alone and lost inside the verify's graph, so this call first alternates
-# HF2Q_MM_SPLIT64 (off, 4x4, 2x4) in one process at 4 slots, where the verify and the drafter run
-# 64 rows, with 32768 draft ids: the DFlash round's median per value, and its tokens against the
-# first value's (plain_ab.py's same_tokens). Then the goals' slot sweep at today's defaults (on
-# an H200, the goals' figures; on a fast host, comparable with session 55's), and the demo pair's
-# queue (issue 5's 8-slot goal).
+# Session 56 ran on an H100 with a slow host (1.1-1.45 s for 1e7 Python adds), where the one-slot
+# round was the host's (8.79 ms against 6.11 on session 55's host). This call repeats the goals'
+# figures at today's defaults: the random pair's slot sweep with 32768 draft ids (E and 4 slots
+# against one; on an H200 the goals' machine, none lent since session 44), then the demo pair's
+# queue (issue 5's 8-slot goal), with the host's speed before and after. Then, in what is left,
+# the one-slot round's kernel trace, to place its idle time again on this machine.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
 host_speed
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
-V=HF2Q_DRAFT_VOCAB=32768
-ab_slots split64_ "4" "$V+HF2Q_MM_SPLIT64=0,$V+HF2Q_MM_SPLIT64=4x4,$V+HF2Q_MM_SPLIT64=2x4"
 synthetic_run syn4b_v32k 1,4,8 150 --draft-vocab 32768
 demo_queue_bench demo_queue
+t=$(left)
+if [ "$t" -gt 60 ]; then
+  PYTHONUNBUFFERED=1 timeout "$t" python3 benchmarks/gpu_timeline.py --synthetic 4b --prompt-tokens 64 \
+    --slots 1 --tokens 32 --top 40 --sequence 2500 --loops slots-dflash --draft-vocab 32768 \
+    --out "$OUT/tl_s1.json" > "$OUT/tl_s1.log" 2>&1
+  echo "tl_s1 exit $? $(el)"; grep "== " "$OUT/tl_s1.log"
+fi
 host_speed
 pack_logs

@@ -237,37 +237,6 @@ def test_emulated_grouped_column_split_gives_the_single_kernels_bits(emulated_gr
         assert mx.array_equal(y, cm.small_matmul_cuda(x, w))
 
 
-def test_emulated_split64_is_opt_in_at_four_m_tiles_and_keeps_the_bits(
-    emulated_grouped, monkeypatch
-):
-    # HF2Q_MM_SPLIT64=NBxCW: at four m-tiles (a 4-slot verify's 64 rows) every product the
-    # K-split would compute with several warps takes the column split, not unrolled; single and
-    # grouped launches keep the K-split's bits, and the traced runners' caches key on it.
-    mx.random.seed(6)
-    x = mx.random.normal((64, 512)).astype(mx.bfloat16)
-    ws = [(mx.random.normal((n, 512)) * 0.04).astype(mx.bfloat16) for n in (128, 256)]
-    monkeypatch.delenv(cm.SPLIT64_ENV, raising=False)
-    warps = cm.launch_shape(64, 512, 128)[2]
-    assert cm._layout(64, 512, 128, None, True) == (4, 4, warps, 4, 1)
-    key, ref = select.mm_key(), [cm.small_matmul_cuda(x, w) for w in ws]
-    monkeypatch.setenv(cm.SPLIT64_ENV, "4x4")
-    assert cm._layout(64, 512, 128, None, True) == (4, 4, warps, 1, 4)
-    assert cm._layout(64, 512, 128, None, False)[4] == 1  # the columns switch off: K-split
-    assert cm._layout(48, 512, 128, None, True)[4] == 1  # three m-tiles: K-split
-    assert cm._layout(64, 512, 64, None, True)[4] == 1  # N not a multiple of 128 columns
-    assert cm._layout(64, 128, 128, None, True)[4] == 1  # one warp: no sum to keep
-    for w, y in zip(ws, ref):
-        assert mx.array_equal(cm.small_matmul_cuda(x, w, columns=True), y)
-    for got, y in zip(cm.grouped_matmul_cuda(x, ws, columns=True), ref):
-        assert mx.array_equal(got, y)
-    if select.mm_columns_enabled():
-        assert select.mm_key() != key
-    for bad in ("4", "3x4", "4x16", "4,4"):
-        monkeypatch.setenv(cm.SPLIT64_ENV, bad)
-        with pytest.raises(UsageError, match=f"{cm.SPLIT64_ENV}='{bad}' must be NBxCW"):
-            cm.small_matmul_cuda(x, ws[0], columns=True)
-
-
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
 def test_emulated_residual_in_the_launch_has_the_bits_of_the_two_steps(
     emulated, monkeypatch, tmp_path, dtype

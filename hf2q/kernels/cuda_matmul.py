@@ -485,7 +485,11 @@ COLUMN_MIN_BLOCKS = 1024
 #: leave one block an SM. On the H200 (session 26, ``node_cost.py --tune``, us a product, column
 #: split / K-split / cuBLAS): the 2560 x 248320 head 515 / 581 / 515 at 48 rows, 571 / 704 / 472
 #: at 64, 986 / 1007 / 452 at 128 (one 8-column block a warp: 1760); 2560 x 9216 30.5 / 32.2 /
-#: 37.0 at 48, 33.5 / 37.6 / 35.2 at 64, 50.4 / 50.2 / 36.7 at 128.
+#: 37.0 at 48, 33.5 / 37.6 / 35.2 at 64, 50.4 / 50.2 / 36.7 at 128. Narrower splits for every
+#: 64-row product lost too (H100, session 56): 2 or 4 warps timed gate/up alone at 35.7 us
+#: against 41.2, but in the 4-slot round (plain_ab.py, same tokens) the round went from 8.50 ms
+#: to 13.67 (2 warps) and 15.11 (4): the 2560-wide products' 20-40 blocks took 144 us a launch
+#: against 32, and gate/up 61.8 against 57.6.
 COLUMN_MT = (3, 4)
 
 
@@ -537,52 +541,6 @@ ONE_TILE_NARROW = (1, 2)
 NARROW_ENV = "HF2Q_MM_NARROW"
 
 
-#: HF2Q_MM_SPLIT64="NBxCW": products of four m-tiles (49-64 rows: a 4-slot verify) that
-#: :func:`column_shape` leaves to the K-split take the column split instead, with NB 8-column
-#: blocks a warp, CW warps and the chunk loop not unrolled, whatever their block count. For A/B
-#: runs (``plain_ab.py --slots 4 --values HF2Q_MM_SPLIT64=0,HF2Q_MM_SPLIT64=4x4``), off by
-#: default. On an H100 (session 56, ``node_cost.py --tune``, us a product at 64 rows) 2560 x
-#: 9216 took 35.7 with (4, 4) and 35.8 with (2, 4) against 39.6-41.2 for the K-split; 9216 x
-#: 2560 and 2560 x 2560 within the tune's noise. Session 26's column split of 8 warps had also
-#: won alone (33.5 against 37.6) and lost inside the verify's graph (60.4 against 52.4 us for
-#: the grouped gate/up), so only a decoding A/B settles it. Same bits (the column split's).
-SPLIT64_ENV = "HF2Q_MM_SPLIT64"
-SPLIT64_MT = 4
-
-
-def split64() -> tuple[int, int] | None:
-    """``HF2Q_MM_SPLIT64``'s (column blocks a warp, warps), None when unset or 0; a value other
-    than two numbers NB in 1, 2, 4 and CW in 2, 4, 8 is an error naming the setting."""
-    from hf2q.kernels import select  # (select imports this module)
-
-    raw = os.environ.get(SPLIT64_ENV, "").strip()
-    if raw in ("", "0"):
-        return None
-    parts = raw.lower().split("x")
-    if (
-        len(parts) == 2
-        and parts[0].strip() in ("1", "2", "4")
-        and parts[1].strip() in ("2", "4", "8")
-    ):
-        return int(parts[0]), int(parts[1])
-    raise select.UsageError(
-        f"{SPLIT64_ENV}={raw!r} must be NBxCW with NB 1, 2 or 4 and CW 2, 4 or 8 (e.g. 4x4): unset it or fix it"
-    )
-
-
-def _split64_shape(rows: int, K: int, N: int) -> tuple[int, int] | None:
-    """:func:`split64`'s layout where it applies to this product: four m-tiles, a K the K-split
-    sums with several warps, N a multiple of the block's columns."""
-    tiles = split64()
-    if tiles is None:
-        return None
-    mt, _, warps, _ = launch_shape(rows, K, N)
-    nb, cw = tiles
-    if mt != SPLIT64_MT or warps == 1 or N % (8 * nb * cw):
-        return None
-    return tiles
-
-
 def narrow_enabled() -> bool:
     """Whether ``HF2Q_MM_NARROW=1`` asks for :data:`ONE_TILE_NARROW` (unset or 0: no)."""
     from hf2q.kernels import select  # (select imports this module)
@@ -610,8 +568,6 @@ def _layout(
             raise ValueError(f"tune {tune}: the column split needs warps > 1")
     elif columns and (shape := column_shape(rows, K, N)) is not None:
         nb, cw = shape
-    elif columns and (shape := _split64_shape(rows, K, N)) is not None:
-        (nb, cw), unroll = shape, 1
     return mt, nb, warps, unroll, cw
 
 
@@ -860,10 +816,6 @@ def grouped_matmul_cuda(
     shapes = [column_shape(rows, K, w.shape[0], total) for w in ws] if columns else [None]
     if all(sh is not None and sh == shapes[0] for sh in shapes):
         nb, cw = shapes[0]
-    elif columns:
-        shapes = [_split64_shape(rows, K, w.shape[0]) for w in ws]
-        if all(sh is not None and sh == shapes[0] for sh in shapes):
-            (nb, cw), unroll = shapes[0], 1
     split = cw > 1
     blocks = sum(w.shape[0] // (8 * nb * cw) for w in ws)
     return _grouped_kernel(len(ws), split)(

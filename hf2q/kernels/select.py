@@ -337,8 +337,6 @@ def mm_key() -> tuple[bool, int, bool | tuple, bool | str]:
     columns: bool | tuple = mm_columns_enabled()
     if cuda_matmul.narrow_enabled():  # a layout of its own, whether or not columns split
         columns = (columns, "narrow")
-    if mm_columns_enabled() and (tiles := cuda_matmul.split64()) is not None:
-        columns = (columns, "split64", tiles)
     return grouped_mm_enabled(), small_mm_rows(), columns, qmm
 
 
@@ -771,10 +769,6 @@ def describe(attn: object | None = None) -> dict[str, str]:
         info["small_mm"] += ", products sharing an input in one launch"
     if mm_columns_enabled():
         info["small_mm"] += ", columns split at 33-64 rows"
-        if (tiles := cuda_matmul.split64()) is not None:
-            info["small_mm"] += (
-                f" (every 49-64-row product: {tiles[0]}x{tiles[1]}, HF2Q_MM_SPLIT64)"
-            )
     if small_qmm_enabled():
         info["small_mm"] += ", 4/8-bit affine layers dequantized in the kernel"
     if small_mm_enabled() and draft_mm_rows() < cuda_matmul.MAX_ROWS:
