@@ -131,7 +131,7 @@ gpu_pytest() {
 }
 
 # tune_turns PREFIX "CANDS" ROWS...: benchmarks/node_cost.py --tune --cands CANDS (the launches
-# timed in turn, 15 reps) on the 4B shapes (or $SHAPES) for each comma-separated ROWS in what remains of
+# timed in turn, 15 reps; chained nodes with CHAIN=1) on the 4B shapes (or $SHAPES) for each comma-separated ROWS in what remains of
 # ${BUDGET:-560} s, into $OUT/PREFIX_<rows>.json / .log; then each row count's six fastest kinds.
 tune_turns() {
   local prefix=$1 cands=$2 rows t
@@ -139,7 +139,7 @@ tune_turns() {
   for rows in "$@"; do
     t=$(left); [ "$t" -lt 60 ] && break
     timeout "$t" python3 benchmarks/node_cost.py --rows "$rows" --shapes "${SHAPES:-4b}" --ops 16 --reps 15 \
-      --tune --cands "$cands" --out "$OUT/${prefix}_${rows//,/_}.json" \
+      --tune ${CHAIN:+--chain} --cands "$cands" --out "$OUT/${prefix}_${rows//,/_}.json" \
       > "$OUT/${prefix}_${rows//,/_}.log" 2>&1
     echo "tune $rows exit $? $(el)"
   done

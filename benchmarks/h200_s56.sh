@@ -4,7 +4,8 @@
 # round was the host's (8.79 ms against 6.11 on session 55's host). This call repeats the goals'
 # figures at today's defaults: the random pair's slot sweep with 32768 draft ids (E and 4 slots
 # against one; on an H200 the goals' machine, none lent since session 44), then the demo pair's
-# queue (issue 5's 8-slot goal), with the host's speed before and after. Then, in what is left,
+# queue (issue 5's 8-slot goal), with the host's speed before and after; between them a chained
+# tune of the 64- and 16-row launches (benchmarks/node_cost.py --chain). Then, in what is left,
 # the one-slot round's kernel trace, to place its idle time again on this machine.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
@@ -12,6 +13,10 @@ set -uo pipefail
 host_speed
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 synthetic_run syn4b_v32k 1,4,8 150 --draft-vocab 32768
+# Whether a chained tune (each product adds the one before, as in a forward) ranks the 64-row
+# launches as the round did: session 56's column split (4, 8, 1, 4) lost there (gate/up 61.8 us
+# a launch against 57.6, the 2560-wide products 144 against 32) but won the independent tune.
+CHAIN=1 tune_turns chain "4,8,4;2,8,1,4;4,8,1,4;8,8,1" 64 16
 demo_queue_bench demo_queue
 t=$(left)
 if [ "$t" -gt 60 ]; then

@@ -1,18 +1,27 @@
 """What one graph node costs the host and the device, by kind of node (MLX, any backend).
 
 For each kind (MLX's matmul, hf2q's small-M tensor-core matmul on CUDA, an elementwise add) and
-each shape, builds ``--ops`` independent nodes over already evaluated inputs (every node its own
-weight, so the device reads from memory, not cache), then times, per node: building the graph in
+each shape, builds ``--ops`` nodes over already evaluated inputs (every node its own weight, so
+the device reads from memory, not cache; independent, or one after another with ``--chain``), then times, per node: building the graph in
 Python (``build``), handing it to MLX (``mx.async_eval``: on CUDA the host encodes every node into
 CUDA graphs here; ``encode``) and the whole evaluation until the results are ready (``total``).
 ``total`` is the device time per node when the device is the slower side, so ``GB/s`` (weight
 bytes over ``total``) is the effective bandwidth of the product. Medians of ``--reps``, the
 kinds taking turns within each rep.
 
+Independent nodes can run side by side on the device (a CUDA graph orders only what depends on
+what), so a launch of few thread blocks looks better there than where a layer's products run one
+after another: session 56's tune timed gate and up at 64 rows 13% faster with a column split
+that made the 4-slot round 78% slower. ``--chain`` makes each node add the previous node's
+output (hf2q's kernel with its residual in the launch, ``mx.addmm`` for MLX's, one more add for
+the elementwise kind): the nodes then run one at a time, as in a forward.
+
 On CUDA it also checks hf2q's kernel against a float32 product (relative error) and that a row's
 result does not depend on how many rows were computed with it (bit-equal).
 
     python benchmarks/node_cost.py --out runs/node_cost.json
+    python benchmarks/node_cost.py --rows 64 --shapes 4b --ops 16 --reps 15 --tune --chain \
+        --cands "4,8,4;2,8,1,4" --out runs/tune64.json
 """
 
 from __future__ import annotations
@@ -73,13 +82,37 @@ def _time_all(kinds: dict, reps: int, per_node: bool = True) -> dict:
     return out
 
 
-def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool, only: list | None = None) -> dict:
+def _nodes(node, ws: list, chain: bool) -> list:
+    """``node(w, prev)`` for each weight: ``prev`` None (independent nodes), or with ``chain``
+    the previous node's output, which the node must add (so it waits for it)."""
+    outs: list = []
+    for w in ws:
+        outs.append(node(w, outs[-1] if chain and outs else None))
+    return outs
+
+
+def _kinds(
+    x: mx.array,
+    ws: list,
+    cuda: bool,
+    tune: bool,
+    only: list | None = None,
+    chain: bool = False,
+) -> dict:
     """What to time: name -> function building one node per weight (``only``: of the tune's
-    launch shapes, these, with the default's warps)."""
+    launch shapes, these, with the default's warps; ``chain``: each node adds the previous
+    one's output, see the module's docstring)."""
     M = x.shape[0]
+
+    def mlx(w, prev):
+        return x @ w.T if prev is None else mx.addmm(prev, x, w.T)
+
+    def add(w, prev):
+        return x[:, :1] + w[:M] if prev is None else prev + w[:M]
+
     kinds = {
-        "mlx_matmul": lambda: [x @ w.T for w in ws],
-        "add": lambda: [x[:, :1] + w[:M] for w in ws],
+        "mlx_matmul": lambda: _nodes(mlx, ws, chain),
+        "add": lambda: _nodes(add, ws, chain),
     }
     if not cuda:
         return kinds
@@ -87,7 +120,11 @@ def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool, only: list | None = No
 
     if supported(x, ws[0]) is not None:
         return kinds
-    kinds["hf2q_small_mm"] = lambda: [small_matmul_cuda(x, w) for w in ws]
+
+    def hf2q(t):
+        return lambda w, prev: small_matmul_cuda(x, w, tune=t, add=prev)
+
+    kinds["hf2q_small_mm"] = lambda: _nodes(hf2q(None), ws, chain)
     if tune:  # launch shapes (column blocks per thread block, warps, chunk-loop unrolling) with
         # the default's warps: the choices that keep every row's bits
         from hf2q.kernels.cuda_matmul import launch_shape
@@ -100,9 +137,7 @@ def _kinds(x: mx.array, ws: list, cuda: bool, tune: bool, only: list | None = No
             # (8 x 8 x 4 accumulators would not fit in registers)
             width = 8 * t[0] * (t[3] if len(t) == 4 else 1)
             if ws[0].shape[0] % width == 0 and mt * t[0] <= 32:
-                kinds[f"hf2q_small_mm{t}"] = lambda t=t: [
-                    small_matmul_cuda(x, w, tune=t) for w in ws
-                ]
+                kinds[f"hf2q_small_mm{t}"] = lambda t=t: _nodes(hf2q(t), ws, chain)
     return kinds
 
 
@@ -121,6 +156,11 @@ def main() -> None:
         default=None,
         help="with --tune, only these launch shapes: 'nb,warps,unroll[,column warps];...'"
         " (warps: the default's, whatever is given, so that the bits stay)",
+    )
+    ap.add_argument(
+        "--chain",
+        action="store_true",
+        help="each node adds the previous node's output, so the nodes run one at a time",
     )
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -150,7 +190,7 @@ def main() -> None:
         for M in rows_list:
             x = mx.random.normal((M, K)).astype(dtype)
             mx.eval(x)
-            kinds = _kinds(x, ws, cuda, args.tune, only)
+            kinds = _kinds(x, ws, cuda, args.tune, only, args.chain)
             for kind, timed in _time_all(kinds, args.reps).items():
                 r = {"K": K, "N": N, "rows": M, "kind": kind, **timed}
                 if kind != "add":
@@ -177,6 +217,7 @@ def main() -> None:
         "backend": "cuda" if cuda else "cpu",
         "dtype": args.dtype,
         "ops": args.ops,
+        "chain": args.chain,
         "results": results,
         "checks": checks,
     }

@@ -679,3 +679,47 @@ def test_runners_with_the_dispatch_leave_what_it_cannot_run_alone(fixture, reque
         for mm in (False, True)
     ]
     assert mx.array_equal(outs[0], outs[1])
+
+
+def test_node_costs_chained_nodes_each_add_the_previous_output(emulated, monkeypatch, tmp_path):
+    # benchmarks/node_cost.py --chain: each timed node adds the one before it, so the device runs
+    # them in turn as in a forward (independent nodes overlapped in session 56's tune); the last
+    # output is then the sum of every product, for MLX's matmul and hf2q's kernel (its residual
+    # in the launch, tuned launches too), and without --chain each node is its own product.
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import node_cost
+
+    adds = {
+        columns: cuda_emu.EmulatedKernel(
+            "hf2q_small_mm_add", ["x", "w", "r"], ["y"], source, cm._HEADER, workdir=tmp_path
+        )
+        for columns, source in ((False, cm._SOURCE_ADD), (True, cm._SOURCE_ADD_COLUMNS))
+    }
+    monkeypatch.setattr(cm, "_add_kernel", lambda columns=False: adds[columns])
+    x, w0 = _inputs(20, 512, 64, mx.float32, seed=13)
+    ws = [w0, *(_inputs(20, 512, 64, mx.float32, seed=14 + i)[1] for i in range(2))]
+    want = sum(x @ w.T for w in ws)
+    kinds = node_cost._kinds(
+        x.astype(mx.bfloat16),
+        [w.astype(mx.bfloat16) for w in ws],
+        True,
+        True,
+        only=[(2, 1, 1), (2, 1, 1, 2)],
+        chain=True,
+    )
+    assert {"mlx_matmul", "hf2q_small_mm", "hf2q_small_mm(2, 4, 1)"} <= set(kinds)
+    for name in (
+        "mlx_matmul",
+        "hf2q_small_mm",
+        "hf2q_small_mm(2, 4, 1)",
+        "hf2q_small_mm(2, 4, 1, 2)",
+    ):
+        got = kinds[name]()[-1].astype(mx.float32)
+        assert mx.allclose(got, want, rtol=0.03, atol=0.03 * mx.abs(want).max().item()), name
+    alone = node_cost._kinds(x, ws, False, False)["mlx_matmul"]()
+    assert all(mx.allclose(y, x @ w.T) for y, w in zip(alone, ws))
+    chained = node_cost._kinds(x, ws, False, False, chain=True)["add"]()
+    assert mx.allclose(chained[-1], x[:, :1] + sum(w[:20] for w in ws))
