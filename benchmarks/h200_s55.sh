@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The next lease's first call (after the three keep.sh calls and install.sh), with BUDGET=540.
-# Session 55 (an H100) traced the 4-slot round of the 4B-shaped pair: all device time, and the
+# Ran as session 56's run 1 (an H100; benchmarks/results/h100/session56/); the next call is now
+# h200_s56.sh. Session 55 (an H100) traced the 4-slot round of the 4B-shaped pair: all device time, and the
 # layers' products take 1.73 ms more at 64 rows than at 16 for the same weights. On an H200 (the
 # goals' machine, none lent since session 44) this call first runs the goals' figures at today's
 # defaults with 32768 draft ids: the random pair's slot sweep (E, 4 slots against one). Then it
