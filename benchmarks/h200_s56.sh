@@ -5,7 +5,8 @@
 # figures at today's defaults: the random pair's slot sweep with 32768 draft ids (E and 4 slots
 # against one; on an H200 the goals' machine, none lent since session 44), then the demo pair's
 # queue (issue 5's 8-slot goal), with the host's speed before and after; between them a chained
-# tune of the 64- and 16-row launches (benchmarks/node_cost.py --chain). Then, in what is left,
+# tune of the 64- and 16-row launches (benchmarks/node_cost.py --chain) and the 4-slot round with
+# HF2Q_MM_TILES64's narrower 64-row launches alternating in one process. Then, in what is left,
 # the one-slot round's kernel trace, to place its idle time again on this machine.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
@@ -16,7 +17,13 @@ synthetic_run syn4b_v32k 1,4,8 150 --draft-vocab 32768
 # Whether a chained tune (each product adds the one before, as in a forward) ranks the 64-row
 # launches as the round did: session 56's column split (4, 8, 1, 4) lost there (gate/up 61.8 us
 # a launch against 57.6, the 2560-wide products 144 against 32) but won the independent tune.
-CHAIN=1 tune_turns chain "4,8,4;2,8,1,4;4,8,1,4;8,8,1" 64 16
+# With it the K-split's narrower blocks: nvcc gives the default (4 blocks unrolled 4 times) 254
+# registers at 64 rows, one 8-warp block an SM (80 blocks for a 2560-wide product on 132 SMs);
+# 2 blocks 130-142, 1 block 78 (three blocks an SM) or 112 unrolled 4 times.
+CHAIN=1 tune_turns chain "4,8,4;4,8,1;2,8,1;2,8,4;1,8,1;1,8,4;4,8,1,4" 64 16
+# The same launches in the 4-slot round, alternating in one process (the same bits).
+V=HF2Q_DRAFT_VOCAB=32768
+ab_slots tiles64_ "4" "$V+HF2Q_MM_TILES64=0,$V+HF2Q_MM_TILES64=1x1,$V+HF2Q_MM_TILES64=2x1,$V+HF2Q_MM_TILES64=1x4"
 demo_queue_bench demo_queue
 t=$(left)
 if [ "$t" -gt 60 ]; then

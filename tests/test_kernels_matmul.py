@@ -101,6 +101,32 @@ def test_emulated_narrow_one_tile_launch_is_opt_in_and_keeps_the_bits(emulated, 
         cm.small_matmul_cuda(x, w)
 
 
+def test_emulated_tiles64_is_opt_in_at_four_m_tiles_and_keeps_the_bits(emulated, monkeypatch):
+    # HF2Q_MM_TILES64=NBxU: four m-tiles (a 4-slot verify's 64 rows) launch NB column blocks
+    # unrolled U times instead of four unrolled 4 times: the same bits (the warps do not change),
+    # other row counts and widths NB does not divide keep the default, and the traced runners'
+    # caches key on it.
+    x, w = _inputs(64, 512, 64, mx.bfloat16, seed=15)
+    monkeypatch.delenv(cm.TILES64_ENV, raising=False)
+    assert cm.launch_shape(64, 512, 64) == (4, 4, 4, 4)
+    key, ref = select.mm_key(), cm.small_matmul_cuda(x, w)
+    for tiles in ("1x1", "2x4", "4x1"):
+        monkeypatch.setenv(cm.TILES64_ENV, tiles)
+        nb, unroll = (int(v) for v in tiles.split("x"))
+        assert cm.launch_shape(64, 512, 64) == (4, nb, 4, unroll)
+        assert mx.array_equal(cm.small_matmul_cuda(x, w), ref), tiles
+        assert mx.array_equal(cm.small_matmul_cuda(x[:50], w), ref[:50]), tiles
+    assert cm.launch_shape(48, 512, 64) == (3, 8, 4, 1)  # three m-tiles: the default
+    assert cm.launch_shape(20, 512, 64) == (2, 8, 4, 4)
+    monkeypatch.setenv(cm.TILES64_ENV, "2x1")
+    assert cm.launch_shape(64, 512, 8)[1:] == (1, 4, 1)  # 16 columns do not divide 8
+    assert select.mm_key() != key
+    for bad in ("8x1", "1", "1x3", "ax1"):
+        monkeypatch.setenv(cm.TILES64_ENV, bad)
+        with pytest.raises(UsageError, match=f"{cm.TILES64_ENV}='{bad}' must be NBxU"):
+            cm.small_matmul_cuda(x, w)
+
+
 def test_emulated_kernel_many_rows_launch_keeps_each_rows_bits(emulated):
     # 2 m-tiles take eight column blocks, unrolled (two where N is not a multiple of 64), 3
     # m-tiles eight blocks (four, unrolled, where N is not a multiple of 64), 4

@@ -461,6 +461,8 @@ def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
         nb = 4
     else:
         nb = 2 if mt <= 2 and N % 16 == 0 else 1
+    if mt == 4 and (tiles := tiles64()) is not None and N % (8 * tiles[0]) == 0:
+        nb, unroll = tiles
     # The warps split K and fix the order of the sum: they depend on K only, so that a row's bits
     # do not depend on how many rows a launch computes.
     chunks = K // K_CHUNK
@@ -539,6 +541,34 @@ def shared_bytes(mt: int, nb: int, warps: int, cw: int = 1) -> int:
 ONE_TILE_NARROW = (1, 2)
 #: HF2Q_MM_NARROW=1: :data:`ONE_TILE_NARROW`'s launch there, for A/B runs.
 NARROW_ENV = "HF2Q_MM_NARROW"
+
+
+#: HF2Q_MM_TILES64="NBxU": four m-tiles (49-64 rows: a 4-slot verify and draft) take NB column
+#: blocks a thread block (1, 2 or 4) and the chunk loop unrolled U times (1, 2 or 4) instead of
+#: :func:`launch_shape`'s four blocks unrolled 4 times, for in-round A/B runs (``plain_ab.py
+#: --slots 4 --values HF2Q_MM_TILES64=0,HF2Q_MM_TILES64=1x1``); off by default, the same bits
+#: (a row's sum depends on the warps only). Why: nvcc gives the default 254 registers a thread
+#: at four m-tiles, so one 8-warp block an SM, and a 2560-wide product then has 80 blocks for
+#: 132 SMs; one block (1x1) takes 78 registers, three blocks an SM. The tunes that chose four
+#: blocks timed independent products, which a CUDA graph may overlap (``node_cost.py --chain``).
+TILES64_ENV = "HF2Q_MM_TILES64"
+
+
+def tiles64() -> tuple[int, int] | None:
+    """``HF2Q_MM_TILES64``'s (column blocks, unrolling), None when unset or 0; a malformed value
+    is an error naming the setting."""
+    raw = os.environ.get(TILES64_ENV, "").strip().lower()
+    if raw in ("", "0"):
+        return None
+    parts = [p.strip() for p in raw.split("x")]
+    if len(parts) == 2 and parts[0] in ("1", "2", "4") and parts[1] in ("1", "2", "4"):
+        return int(parts[0]), int(parts[1])
+    from hf2q.kernels import select  # (select imports this module)
+
+    raise select.UsageError(
+        f"{TILES64_ENV}={raw!r} must be NBxU with NB and U each 1, 2 or 4 (e.g. 1x1): "
+        "unset it or fix it"
+    )
 
 
 def narrow_enabled() -> bool:
