@@ -19,11 +19,13 @@ synthetic_run syn4b_v32k 1,4,8 150 --draft-vocab 32768
 # a launch against 57.6, the 2560-wide products 144 against 32) but won the independent tune.
 # With it the K-split's narrower blocks: nvcc gives the default (4 blocks unrolled 4 times) 254
 # registers at 64 rows, one 8-warp block an SM (80 blocks for a 2560-wide product on 132 SMs);
-# 2 blocks 130-142, 1 block 78 (three blocks an SM) or 112 unrolled 4 times.
+# 2 blocks 130-142, 1 block 78 (three blocks an SM) or 112 unrolled 4 times. Narrower blocks
+# read the input more often (each block reads all 64 rows: 188 MB from L2 for gate and up at
+# 4 blocks, 377 at 2, 755 at 1, against 94 MB of weights), so the tune decides.
 CHAIN=1 tune_turns chain "4,8,4;4,8,1;2,8,1;2,8,4;1,8,1;1,8,4;4,8,1,4" 64 16
 # The same launches in the 4-slot round, alternating in one process (the same bits).
 V=HF2Q_DRAFT_VOCAB=32768
-ab_slots tiles64_ "4" "$V+HF2Q_MM_TILES64=0,$V+HF2Q_MM_TILES64=1x1,$V+HF2Q_MM_TILES64=2x1,$V+HF2Q_MM_TILES64=1x4"
+ab_slots tiles64_ "4" "$V+HF2Q_MM_TILES64=0,$V+HF2Q_MM_TILES64=2x1,$V+HF2Q_MM_TILES64=2x4,$V+HF2Q_MM_TILES64=1x1"
 demo_queue_bench demo_queue
 t=$(left)
 if [ "$t" -gt 60 ]; then
