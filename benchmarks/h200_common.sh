@@ -131,8 +131,9 @@ gpu_pytest() {
 }
 
 # tune_turns PREFIX "CANDS" ROWS...: benchmarks/node_cost.py --tune --cands CANDS (the launches
-# timed in turn, 15 reps; chained nodes with CHAIN=1) on the 4B shapes (or $SHAPES) for each comma-separated ROWS in what remains of
-# ${BUDGET:-560} s, into $OUT/PREFIX_<rows>.json / .log; then each row count's six fastest kinds.
+# timed in turn, 15 reps; chained nodes with CHAIN=1) on the 4B shapes (or $SHAPES) for each
+# comma-separated ROWS in what remains of ${BUDGET:-560} s, into $OUT/PREFIX_<rows>.json / .log;
+# then each row count's six fastest kinds.
 tune_turns() {
   local prefix=$1 cands=$2 rows t
   shift 2

@@ -2,8 +2,8 @@
 
 For each kind (MLX's matmul, hf2q's small-M tensor-core matmul on CUDA, an elementwise add) and
 each shape, builds ``--ops`` nodes over already evaluated inputs (every node its own weight, so
-the device reads from memory, not cache; independent, or one after another with ``--chain``), then times, per node: building the graph in
-Python (``build``), handing it to MLX (``mx.async_eval``: on CUDA the host encodes every node into
+the device reads from memory, not cache; independent, or one after another with ``--chain``),
+then times, per node: building the graph in Python (``build``), handing it to MLX (``mx.async_eval``: on CUDA the host encodes every node into
 CUDA graphs here; ``encode``) and the whole evaluation until the results are ready (``total``).
 ``total`` is the device time per node when the device is the slower side, so ``GB/s`` (weight
 bytes over ``total``) is the effective bandwidth of the product. Medians of ``--reps``, the

@@ -709,7 +709,8 @@ def test_runners_with_the_dispatch_leave_what_it_cannot_run_alone(fixture, reque
 
 def test_node_costs_chained_nodes_each_add_the_previous_output(emulated, monkeypatch, tmp_path):
     # benchmarks/node_cost.py --chain: each timed node adds the one before it, so the device runs
-    # them in turn as in a forward (independent nodes overlapped in session 56's tune); the last
+    # them in turn as in a forward (independent nodes may overlap: the likely reason session 56's
+    # tune ranked launches unlike the round); the last
     # output is then the sum of every product, for MLX's matmul and hf2q's kernel (its residual
     # in the launch, tuned launches too), and without --chain each node is its own product.
     import sys
