@@ -101,7 +101,9 @@ def test_emulated_narrow_one_tile_launch_is_opt_in_and_keeps_the_bits(emulated, 
         cm.small_matmul_cuda(x, w)
 
 
-def test_emulated_tiles64_is_opt_in_at_four_m_tiles_and_keeps_the_bits(emulated, monkeypatch):
+def test_emulated_tiles64_is_opt_in_at_four_m_tiles_and_keeps_the_bits(
+    emulated_grouped, monkeypatch
+):
     # HF2Q_MM_TILES64=NBxU: four m-tiles (a 4-slot verify's 64 rows) launch NB column blocks
     # unrolled U times instead of four unrolled 4 times: the same bits (the warps do not change),
     # other row counts and widths NB does not divide keep the default, and the traced runners'
@@ -116,6 +118,11 @@ def test_emulated_tiles64_is_opt_in_at_four_m_tiles_and_keeps_the_bits(emulated,
         assert cm.launch_shape(64, 512, 64) == (4, nb, 4, unroll)
         assert mx.array_equal(cm.small_matmul_cuda(x, w), ref), tiles
         assert mx.array_equal(cm.small_matmul_cuda(x[:50], w), ref[:50]), tiles
+        # grouped with a wider weight: the same width for both, each its single product's bits
+        wide = (mx.random.normal((128, 512), key=mx.random.key(16)) * 0.04).astype(mx.bfloat16)
+        ys = cm.grouped_matmul_cuda(x, [w, wide])
+        assert mx.array_equal(ys[0], ref), tiles
+        assert mx.array_equal(ys[1], cm.small_matmul_cuda(x, wide)), tiles
     assert cm.launch_shape(48, 512, 64) == (3, 8, 4, 1)  # three m-tiles: the default
     assert cm.launch_shape(20, 512, 64) == (2, 8, 4, 4)
     monkeypatch.setenv(cm.TILES64_ENV, "2x1")
