@@ -270,10 +270,9 @@ def test_emulated_grouped_column_split_gives_the_single_kernels_bits(emulated_gr
         assert mx.array_equal(y, cm.small_matmul_cuda(x, w))
 
 
-@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
-def test_emulated_residual_in_the_launch_has_the_bits_of_the_two_steps(
-    emulated, monkeypatch, tmp_path, dtype
-):
+@pytest.fixture
+def emulated_add(emulated, monkeypatch, tmp_path):
+    """The kernels with the residual in the launch (K-split and column split), emulated too."""
     adds = {
         columns: cuda_emu.EmulatedKernel(
             "hf2q_small_mm_add", ["x", "w", "r"], ["y"], source, cm._HEADER, workdir=tmp_path
@@ -281,6 +280,13 @@ def test_emulated_residual_in_the_launch_has_the_bits_of_the_two_steps(
         for columns, source in ((False, cm._SOURCE_ADD), (True, cm._SOURCE_ADD_COLUMNS))
     }
     monkeypatch.setattr(cm, "_add_kernel", lambda columns=False: adds[columns])
+    return adds
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
+def test_emulated_residual_in_the_launch_has_the_bits_of_the_two_steps(
+    emulated_add, monkeypatch, dtype
+):
     x, w = _inputs(5, 256, 64, dtype, seed=8)
     r = mx.random.normal((5, 64)).astype(dtype)
     assert mx.array_equal(cm.small_matmul_cuda(x, w, add=r), cm.small_matmul_cuda(x, w) + r)
@@ -714,7 +720,7 @@ def test_runners_with_the_dispatch_leave_what_it_cannot_run_alone(fixture, reque
     assert mx.array_equal(outs[0], outs[1])
 
 
-def test_node_costs_chained_nodes_each_add_the_previous_output(emulated, monkeypatch, tmp_path):
+def test_node_costs_chained_nodes_each_add_the_previous_output(emulated_add):
     # benchmarks/node_cost.py --chain: each timed node adds the one before it, so the device runs
     # them in turn as in a forward (independent nodes may overlap: the likely reason session 56's
     # tune ranked launches unlike the round); the last
@@ -726,13 +732,6 @@ def test_node_costs_chained_nodes_each_add_the_previous_output(emulated, monkeyp
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import node_cost
 
-    adds = {
-        columns: cuda_emu.EmulatedKernel(
-            "hf2q_small_mm_add", ["x", "w", "r"], ["y"], source, cm._HEADER, workdir=tmp_path
-        )
-        for columns, source in ((False, cm._SOURCE_ADD), (True, cm._SOURCE_ADD_COLUMNS))
-    }
-    monkeypatch.setattr(cm, "_add_kernel", lambda columns=False: adds[columns])
     x, w0 = _inputs(20, 512, 64, mx.float32, seed=13)
     ws = [w0, *(_inputs(20, 512, 64, mx.float32, seed=14 + i)[1] for i in range(2))]
     want = sum(x @ w.T for w in ws)
