@@ -28,12 +28,6 @@ V=HF2Q_DRAFT_VOCAB=32768
 ab_slots tiles64_ "4" "$V+HF2Q_MM_TILES64=0,$V+HF2Q_MM_TILES64=2x1,$V+HF2Q_MM_TILES64=2x4,$V+HF2Q_MM_TILES64=1x1"
 synthetic_run syn4b_v32k 1,4,8 150 --draft-vocab 32768
 demo_queue_bench demo_queue
-t=$(left)
-if [ "$t" -gt 60 ]; then
-  PYTHONUNBUFFERED=1 timeout "$t" python3 benchmarks/gpu_timeline.py --synthetic 4b --prompt-tokens 64 \
-    --slots 1 --tokens 32 --top 40 --sequence 2500 --loops slots-dflash --draft-vocab 32768 \
-    --out "$OUT/tl_s1.json" > "$OUT/tl_s1.log" 2>&1
-  echo "tl_s1 exit $? $(el)"; grep "== " "$OUT/tl_s1.log"
-fi
+TL_ARGS="--draft-vocab 32768" timelines 1 60
 host_speed
 pack_logs
