@@ -135,7 +135,7 @@ def _kinds(
             cands += [(nb, warps, 1, 8) for nb in (1, 2)]
         for t in cands if only is None else [(c[0], warps, *c[2:]) for c in only]:
             # (8 x 8 x 4 accumulators would not fit in registers)
-            width = 8 * t[0] * (t[3] if len(t) == 4 else 1)
+            width = 8 * t[0] * (t[3] if len(t) >= 4 else 1)
             if ws[0].shape[0] % width == 0 and mt * t[0] <= 32:
                 kinds[f"hf2q_small_mm{t}"] = lambda t=t: _nodes(hf2q(t), ws, chain)
     return kinds
@@ -154,7 +154,8 @@ def main() -> None:
     ap.add_argument(
         "--cands",
         default=None,
-        help="with --tune, only these launch shapes: 'nb,warps,unroll[,column warps];...'"
+        help="with --tune, only these launch shapes:"
+        " 'nb,warps,unroll[,column warps[,chunks ahead]];...'"
         " (warps: the default's, whatever is given, so that the bits stay)",
     )
     ap.add_argument(
@@ -173,9 +174,10 @@ def main() -> None:
     only = None
     if args.cands:
         only = [tuple(int(v) for v in c.split(",")) for c in args.cands.split(";")]
-        if any(len(c) not in (3, 4) for c in only):
+        if any(len(c) not in (3, 4, 5) for c in only):
             raise SystemExit(
-                f"--cands {args.cands!r}: give 'nb,warps,unroll[,column warps]' per launch"
+                f"--cands {args.cands!r}: give 'nb,warps,unroll[,column warps[,chunks ahead]]'"
+                " per launch"
             )
     if cuda:
         from hf2q.kernels.cuda_matmul import small_matmul_cuda, supported

@@ -121,8 +121,16 @@ def test_rollback_kernels_compile_for_sm90_without_spills(tmp_path: Path):
 
 # (m-tiles, column blocks, warps, unrolling) of default launches.
 _LAUNCHES = [(1, 4, 8, 1), (1, 2, 8, 1), (2, 8, 8, 4), (3, 8, 8, 1), (4, 4, 8, 4), (8, 4, 8, 1)]
-# (m-tiles, column blocks, warps, unrolling, column-split warps): cuda_matmul.column_shape's
-_COLUMN_LAUNCHES = [(3, 2, 8, 1, 8), (4, 2, 8, 1, 8), (8, 1, 8, 1, 8)]
+# (m-tiles, column blocks, warps, unrolling, column-split warps, chunks ahead):
+# cuda_matmul.column_shape's, and HF2Q_MM_COLS64's with weights loaded 2-3 chunks ahead
+_COLUMN_LAUNCHES = [
+    (3, 2, 8, 1, 8, 1),
+    (4, 2, 8, 1, 8, 1),
+    (8, 1, 8, 1, 8, 1),
+    (4, 2, 8, 1, 4, 3),
+    (4, 2, 8, 1, 8, 3),
+    (4, 4, 8, 1, 4, 2),
+]
 
 
 def test_small_mm_kernels_compile_for_sm90_without_spills(tmp_path: Path):
@@ -132,11 +140,13 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(tmp_path: Path):
 
     dt = mx.bfloat16
     variants = [
-        (k, *launch, 1) for k in ("single", "add", "grouped2", "grouped4") for launch in _LAUNCHES
+        (k, *launch, 1, 1)
+        for k in ("single", "add", "grouped2", "grouped4")
+        for launch in _LAUNCHES
     ]
     variants += [(k, *launch) for k in ("single", "add", "grouped2") for launch in _COLUMN_LAUNCHES]
     kernels = []
-    for i, (kind, mt, nb, warps, unroll, cw) in enumerate(variants):
+    for i, (kind, mt, nb, warps, unroll, cw, depth) in enumerate(variants):
         if kind.startswith("grouped"):
             g = int(kind[-1])
             ins = ["x", *(f"w{i}" for i in range(g))]
@@ -149,7 +159,10 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(tmp_path: Path):
             source = cm._SOURCE_COLUMNS if cw > 1 else cm._SOURCE
             ins, outs = ["x", "w"], ["y"]
         name = f"hf2q_mm_{kind}_{i}"  # one translation unit: a name each
-        label = f"{kind} m-tiles {mt}, column blocks {nb}, warps {warps}, unroll {unroll}, cw {cw}"
+        label = (
+            f"{kind} m-tiles {mt}, column blocks {nb}, warps {warps}, unroll {unroll}, cw {cw},"
+            f" ahead {depth}"
+        )
         kernels.append(
             (
                 label,
@@ -162,7 +175,7 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(tmp_path: Path):
                     outs,
                     [dt] * len(outs),
                     source,
-                    cm._template(dt, mt, nb, warps, unroll, cw),
+                    cm._template(dt, mt, nb, warps, unroll, cw, depth),
                 ),
             )
         )

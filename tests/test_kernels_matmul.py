@@ -157,7 +157,7 @@ def test_emulated_kernel_many_rows_launch_keeps_each_rows_bits(emulated):
 
 def test_emulated_kernel_rejects_a_malformed_tune(emulated):
     x, w = _inputs(4, 128, 16, mx.bfloat16)
-    for bad in [(2, 4), (2, 4, 1, 2, 1), (2, 1, 1, 2)]:
+    for bad in [(2, 4), (2, 4, 1, 2, 1, 1), (2, 1, 1, 2), (2, 4, 1, 1, 2), (2, 4, 1, 2, 4)]:
         with pytest.raises(ValueError, match="tune"):
             cm.small_matmul_cuda(x, w, tune=bad)
     x = mx.zeros((128, 512), dtype=mx.bfloat16)
@@ -183,15 +183,67 @@ def test_emulated_kernel_keeps_leading_axes(emulated):
 def test_emulated_column_split_has_the_k_splits_bits(emulated, K):
     # The column-split layout (each warp runs every chunk, K-subset by K-subset, x staged once a
     # block) computes every element with the K-split's operations: the same bits, at every row
-    # count (partial m-tiles too), column width and unrolling.
+    # count (partial m-tiles too), column width, unrolling and depth of the weights' loads ahead
+    # (2 or 3 chunks: a ring of 3 or 4 register sets, 8 and 10 chunks leaving a partial turn).
     x, w = _inputs(100, K, 128, mx.bfloat16, seed=11)
     warps = cm.launch_shape(100, K, 128)[2]
     assert warps == 4
     for rows in (1, 50, 100):
         ref = cm.small_matmul_cuda(x[:rows], w)
-        for tune in [(2, warps, 1, 2), (1, warps, 2, 4)]:
+        for tune in [(2, warps, 1, 2), (1, warps, 2, 4), (2, warps, 1, 2, 2), (1, warps, 1, 4, 3)]:
             assert mx.array_equal(cm.small_matmul_cuda(x[:rows], w, tune=tune), ref), (rows, tune)
     _assert_rounded_product(ref, x, w)
+
+
+def test_emulated_cols64_is_opt_in_at_four_m_tiles_and_keeps_the_bits(
+    emulated_grouped, monkeypatch
+):
+    # HF2Q_MM_COLS64=NBxCWxD: launches of four m-tiles with enough columns (a 4-slot verify's MLP
+    # gate and up; made small here) take the column split with NB blocks a warp, CW warps and
+    # the weights D chunks ahead: the same bits as the K-split, single and grouped; fewer
+    # columns, other row counts and widths the block does not divide keep the default, and the
+    # traced runners' caches key on it.
+    monkeypatch.setattr(cm, "COLS64_MIN_COLUMNS", 192)
+    monkeypatch.delenv(cm.COLS64_ENV, raising=False)
+    mx.random.seed(21)
+    x = mx.random.normal((64, 512)).astype(mx.bfloat16)
+    w = (mx.random.normal((128, 512)) * 0.04).astype(mx.bfloat16)
+    small = (mx.random.normal((64, 512)) * 0.04).astype(mx.bfloat16)
+    assert cm.column_shape(64, 512, 128) is None
+    key, ref, ref_small = (
+        select.mm_key(),
+        cm.small_matmul_cuda(x, w),
+        cm.small_matmul_cuda(x, small),
+    )
+    seen = []
+
+    def spy(groups, columns=False):  # the layout each grouped launch takes
+        kern = emulated_grouped(groups, columns)
+        return lambda **kw: seen.append((columns, dict(kw["template"]))) or kern(**kw)
+
+    monkeypatch.setattr(cm, "_grouped_kernel", spy)
+    for cols in ("2x2x3", "1x4x2", "2x2x1"):
+        monkeypatch.setenv(cm.COLS64_ENV, cols)
+        nb, cw, depth = (int(v) for v in cols.split("x"))
+        assert cm.column_shape(64, 512, 128, total=192) == (nb, cw, depth)
+        assert cm.column_shape(64, 512, 128) is None  # 128 columns alone: too few
+        assert cm.column_shape(50, 512, 128, total=192) == (nb, cw, depth)
+        assert cm.column_shape(48, 512, 128, total=192) is None  # three m-tiles: the default
+        ys = cm.grouped_matmul_cuda(x, [w, small], columns=True)
+        assert seen[-1][0] and (seen[-1][1]["CW"], seen[-1][1]["D"]) == (cw, depth)
+        assert mx.array_equal(ys[0], ref), cols
+        assert mx.array_equal(ys[1], ref_small), cols
+        ys = cm.grouped_matmul_cuda(x[:50], [w, small], columns=True)
+        assert mx.array_equal(ys[0], ref[:50]), cols
+        cm.grouped_matmul_cuda(x, [w, small], columns=False)  # the column switch off: K-split
+        assert not seen[-1][0]
+        assert select.mm_key() != key
+    monkeypatch.setenv(cm.COLS64_ENV, "4x4x3")
+    assert cm.column_shape(64, 512, 64, total=192) is None  # 128-column blocks do not divide 64
+    for bad in ("2x4", "8x4x1", "2x1x2", "2x4x4", "ax4x2"):
+        monkeypatch.setenv(cm.COLS64_ENV, bad)
+        with pytest.raises(UsageError, match=f"{cm.COLS64_ENV}='{bad}' must be NBxCWxD"):
+            cm.grouped_matmul_cuda(x, [w, small], columns=True)
 
 
 def test_column_split_is_used_where_it_keeps_the_weight_stream_spread():
@@ -199,9 +251,9 @@ def test_column_split_is_used_where_it_keeps_the_weight_stream_spread():
     # columns) takes it; the MLP's gate and up grouped (144 blocks), 2560-column products (20)
     # and one or two m-tiles do not, nor five and more.
     assert cm.column_shape(64, 2560, 9216, total=2 * 9216) is None
-    assert cm.column_shape(64, 2560, 9216, total=1024 * 128) == (2, cm.COLUMN_WARPS)
-    assert cm.column_shape(64, 2560, 248320) == (2, cm.COLUMN_WARPS)
-    assert cm.column_shape(48, 2560, 248320) == (2, cm.COLUMN_WARPS)
+    assert cm.column_shape(64, 2560, 9216, total=1024 * 128) == (2, cm.COLUMN_WARPS, 1)
+    assert cm.column_shape(64, 2560, 248320) == (2, cm.COLUMN_WARPS, 1)
+    assert cm.column_shape(48, 2560, 248320) == (2, cm.COLUMN_WARPS, 1)
     assert cm.column_shape(128, 2560, 248320) is None  # five m-tiles and more: the K-split
     assert cm.column_shape(64, 9216, 2560) is None
     assert cm.column_shape(32, 2560, 248320) is None
@@ -265,7 +317,7 @@ def test_emulated_grouped_column_split_gives_the_single_kernels_bits(emulated_gr
     mx.random.seed(4)
     x = mx.random.normal((60, 512)).astype(mx.bfloat16)
     ws = [(mx.random.normal((n, 512)) * 0.04).astype(mx.bfloat16) for n in (64, 32)]
-    assert all(cm.column_shape(60, 512, w.shape[0]) == (2, 2) for w in ws)
+    assert all(cm.column_shape(60, 512, w.shape[0]) == (2, 2, 1) for w in ws)
     for y, w in zip(cm.grouped_matmul_cuda(x, ws, columns=True), ws):
         assert mx.array_equal(y, cm.small_matmul_cuda(x, w))
 
@@ -609,6 +661,27 @@ def test_cuda_column_split_has_the_k_splits_bits(rows, monkeypatch):
         cm.small_matmul_cuda(x, w, add=r),
     )
     _assert_rounded_product(got, x, w)
+
+
+@cuda_only
+@pytest.mark.parametrize("cols", ["2x4x3", "1x8x3", "2x8x2", "2x8x1"])
+def test_cuda_cols64_has_the_k_splits_bits(cols, monkeypatch):
+    # HF2Q_MM_COLS64 on the GPU: the MLP's gate/up grouped (Qwen3.5-4B) at 64 and 50 rows, and
+    # the tied head's shape with a residual, each weight's bits those of its K-split product.
+    monkeypatch.setenv(cm.COLS64_ENV, cols)
+    mx.random.seed(5)
+    x = mx.random.normal((64, 2560)).astype(mx.bfloat16)
+    ws = [(mx.random.normal((9216, 2560)) * 0.02).astype(mx.bfloat16) for _ in range(2)]
+    for rows in (64, 50):
+        assert cm.column_shape(rows, 2560, 9216, total=2 * 9216) == tuple(
+            int(v) for v in cols.split("x")
+        )
+        for y, w in zip(cm.grouped_matmul_cuda(x[:rows], ws, columns=True), ws):
+            assert mx.array_equal(y, cm.small_matmul_cuda(x[:rows], w))
+    w = (mx.random.normal((17408, 2560)) * 0.02).astype(mx.bfloat16)
+    r = mx.random.normal((64, 17408)).astype(mx.bfloat16)
+    got = cm.small_matmul_cuda(x, w, add=r, columns=True)
+    assert mx.array_equal(got, cm.small_matmul_cuda(x, w, add=r))
 
 
 @cuda_only

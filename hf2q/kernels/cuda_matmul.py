@@ -199,13 +199,17 @@ _BODY = _BODY_TEMPLATE.replace("@LOAD_W@\n", _LOAD_W[1:])
 # 0 + P_0 + P_1 + ... in float32, the running sums kept in shared memory, each lane its own):
 # the same bits. What changes is the traffic: the chunk of x
 # all the block's warps multiply is loaded once per block into shared memory (double-buffered,
-# the next chunk's x and weights loaded while this one is multiplied) instead of once per warp
-# from L2, so at many rows the weight stream is no longer a third of what a block reads.
+# the next chunk's x loaded while this one is multiplied) instead of once per warp from L2, so
+# at many rows the weight stream is no longer a third of what a block reads. Each warp's weights
+# are loaded D chunks ahead of the one multiplied (template argument D: 1, the next chunk only,
+# as sessions 26-56 timed it; 2 or 3 keep more of the weight stream in flight with the few
+# blocks this layout has), into a ring of D + 1 register sets whose index is a constant in the
+# loop unrolled D + 1 times (the order of the chunks and of their sums is D's business nowhere).
 # Staged rows are 72 elements apart (144 bytes): a quarter warp's 16-byte fragment reads
 # (rows g, g + 1, k offsets 16 t) fall in eight distinct bank groups. WARPS > 1 only (the
 # running sum starts at 0.0f as _BODY's sum of the warps' partials does; one warp stores its
 # accumulators as they are).
-_BODY_COLUMNS = r"""
+_COLUMNS_PRE = r"""
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
@@ -230,8 +234,6 @@ _BODY_COLUMNS = r"""
       }
   const int chunks = K / 64;
   uint4 xr[XL];
-  unsigned wv[NB][8];
-  unsigned wn[NB][8];
   auto load_x = [&](int c) {
 #pragma unroll
     for (int p = 0; p < XL; ++p) {
@@ -260,26 +262,9 @@ _BODY_COLUMNS = r"""
       dst[nb][4] = hi.x; dst[nb][5] = hi.y; dst[nb][6] = hi.z; dst[nb][7] = hi.w;
     }
   };
-  int s = 0;
-  int c = 0;
-  load_x(c);
-  store_x(0);
-  load_w(c, wv);
-  __syncthreads();
-#pragma unroll U
-  for (int it = 0; it < chunks; ++it) {
-    int sn = s;
-    int cn = c + WARPS;
-    if (cn >= chunks) {
-      sn = s + 1;
-      cn = sn;
-    }
-    const bool more = it + 1 < chunks;
-    if (more) {
-      load_x(cn);
-      load_w(cn, wn);
-    }
-    const T* xb = xs[it & 1];
+  // The chunk staged in xs[buf] times the weights in wq, into acc.
+  auto multiply = [&](int buf, const unsigned (&wq)[NB][8]) {
+    const T* xb = xs[buf];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       const uint4* pa = reinterpret_cast<const uint4*>(xb + (mt * 16 + g) * XP + 16 * t);
@@ -292,32 +277,104 @@ _BODY_COLUMNS = r"""
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb) {
           Hf2qMma<T>::run(acc[mt][nb], ra[2 * j], rb[2 * j], ra[2 * j + 1], rb[2 * j + 1],
-                          wv[nb][2 * j], wv[nb][2 * j + 1]);
+                          wq[nb][2 * j], wq[nb][2 * j + 1]);
         }
       }
     }
-    if (sn != s || !more) {
+  };
+  // A K-subset's accumulators into the running sum (in subset order), then cleared.
+  auto fold = [&]() {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            sum[warp][(mt * NB + nb) * 4 + e][lane] += acc[mt][nb][e];
-            acc[mt][nb][e] = 0.0f;
-          }
-    }
-    if (more) {
-      store_x((it + 1) & 1);
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) wv[nb][e] = wn[nb][e];
+        for (int e = 0; e < 4; ++e) {
+          sum[warp][(mt * NB + nb) * 4 + e][lane] += acc[mt][nb][e];
+          acc[mt][nb][e] = 0.0f;
+        }
+  };
+  // The chunk after c in the visiting order (subset s's chunks, then subset s + 1's).
+  auto advance = [&](int& s_, int& c_) {
+    c_ += WARPS;
+    if (c_ >= chunks) {
+      s_ += 1;
+      c_ = s_;
+    }
+  };
+  int s = 0;
+  int c = 0;
+  load_x(c);
+  store_x(0);
+"""
+# D == 1: the next chunk's weights loaded while this one is multiplied (sessions 26-56).
+_COLUMNS_NEXT = r"""
+    unsigned wv[NB][8];
+    unsigned wn[NB][8];
+    load_w(c, wv);
+    __syncthreads();
+#pragma unroll U
+    for (int it = 0; it < chunks; ++it) {
+      int sn = s;
+      int cn = c;
+      advance(sn, cn);
+      const bool more = it + 1 < chunks;
+      if (more) {
+        load_x(cn);
+        load_w(cn, wn);
+      }
+      multiply(it & 1, wv);
+      if (sn != s || !more) fold();
+      if (more) {
+        store_x((it + 1) & 1);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) wv[nb][e] = wn[nb][e];
+      }
+      __syncthreads();
+      s = sn;
+      c = cn;
+    }
+"""
+# D > 1: a ring of D + 1 weight sets, the chunk D ahead loaded into the set the last chunk used.
+_COLUMNS_AHEAD = r"""
+    unsigned wr[D + 1][NB][8];
+    int ls = 0;
+    int lc = 0;
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      if (d < chunks) {
+        load_w(lc, wr[d]);
+        advance(ls, lc);
+      }
     }
     __syncthreads();
-    s = sn;
-    c = cn;
-  }
+    for (int base = 0; base < chunks; base += D + 1) {
+#pragma unroll
+      for (int r = 0; r <= D; ++r) {
+        const int it = base + r;
+        if (it < chunks) {
+          int sn = s;
+          int cn = c;
+          advance(sn, cn);
+          const bool more = it + 1 < chunks;
+          if (more) load_x(cn);
+          if (it + D < chunks) {
+            load_w(lc, wr[(r + D) % (D + 1)]);
+            advance(ls, lc);
+          }
+          multiply(it & 1, wr[r]);
+          if (sn != s || !more) fold();
+          if (more) store_x((it + 1) & 1);
+          __syncthreads();
+          s = sn;
+          c = cn;
+        }
+      }
+    }
+"""
+_COLUMNS_POST = r"""
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -329,6 +386,15 @@ _BODY_COLUMNS = r"""
         if (row < M) store((size_t)row * N + col, sum[warp][(mt * NB + nb) * 4 + e][lane]);
       }
 """
+_BODY_COLUMNS = (
+    _COLUMNS_PRE
+    + "  if (D == 1) {"
+    + _COLUMNS_NEXT
+    + "  } else {"
+    + _COLUMNS_AHEAD
+    + "  }"
+    + _COLUMNS_POST
+)
 
 
 _SINGLE = r"""
@@ -495,27 +561,37 @@ COLUMN_MIN_BLOCKS = 1024
 COLUMN_MT = (3, 4)
 
 
-def column_shape(rows: int, K: int, N: int, total: int | None = None) -> tuple[int, int] | None:
-    """(8-column blocks per warp, warps) of the column-split layout for this product, or None
-    where it is not used: m-tiles other than :data:`COLUMN_MT`, a K the K-split computes with
-    one warp (its bits are its accumulators, no sum; see :data:`_BODY_COLUMNS`), N not a multiple
-    of a block's columns, or fewer thread blocks than :data:`COLUMN_MIN_BLOCKS` in the launch
-    (``total``: the columns of the whole launch, a grouped one's weights together; default N).
-    Same bits as :func:`launch_shape`'s layout wherever it is used."""
+def column_shape(
+    rows: int, K: int, N: int, total: int | None = None
+) -> tuple[int, int, int] | None:
+    """(8-column blocks per warp, warps, weight chunks loaded ahead) of the column-split layout
+    for this product, or None where it is not used: m-tiles other than :data:`COLUMN_MT`, a K the
+    K-split computes with one warp (its bits are its accumulators, no sum; see
+    :data:`_BODY_COLUMNS`), N not a multiple of a block's columns, or fewer thread blocks than
+    :data:`COLUMN_MIN_BLOCKS` in the launch (``total``: the columns of the whole launch, a grouped
+    one's weights together; default N). Under ``HF2Q_MM_COLS64`` (:func:`cols64`) launches of four
+    m-tiles and at least :data:`COLS64_MIN_COLUMNS` columns take its layout instead. Same bits as
+    :func:`launch_shape`'s layout wherever it is used."""
     mt, _, warps, _ = launch_shape(rows, K, N)
     if mt not in COLUMN_MT or warps == 1:
         return None
+    if mt == 4 and (forced := cols64()) is not None and (total or N) >= COLS64_MIN_COLUMNS:
+        nb, cw, depth = forced
+        return None if N % (8 * nb * cw) else forced
     nb = 2
     width = 8 * nb * COLUMN_WARPS
     if N % width or (total or N) // width < COLUMN_MIN_BLOCKS:
         return None
-    return nb, COLUMN_WARPS
+    return nb, COLUMN_WARPS, 1
 
 
-def _template(dtype: Any, mt: int, nb: int, warps: int, unroll: int, cw: int = 1) -> list:
+def _template(
+    dtype: Any, mt: int, nb: int, warps: int, unroll: int, cw: int = 1, depth: int = 1
+) -> list:
     """The kernels' template arguments (see the sources' comment; ``cw``: the column-split
-    layout's warps, 1 for the K-split)."""
-    return [("T", dtype), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll), ("CW", cw)]
+    layout's warps, 1 for the K-split; ``depth``: the column split's weight chunks loaded ahead)."""
+    args = [("T", dtype), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll), ("CW", cw)]
+    return args + [("D", depth)] if cw > 1 else args
 
 
 def shared_bytes(mt: int, nb: int, warps: int, cw: int = 1) -> int:
@@ -571,6 +647,44 @@ def tiles64() -> tuple[int, int] | None:
     )
 
 
+#: HF2Q_MM_COLS64="NBxCWxD": launches of four m-tiles (49-64 rows) with at least
+#: :data:`COLS64_MIN_COLUMNS` columns (the MLP's gate and up grouped, 18432 on the 4B shapes; the
+#: head) take the column split with NB 8-column blocks a warp, CW warps and the weights loaded D
+#: chunks ahead, for in-round A/B runs (``plain_ab.py --slots 4 --values
+#: HF2Q_MM_COLS64=0,HF2Q_MM_COLS64=2x4x3``); off by default, the same bits. Why: at 64 rows the
+#: K-split's blocks each read all 64 rows of x from L2, twice the weight's bytes for gate and up
+#: at four column blocks (282 MB in 57 us a launch on an H100, session 57's 4-slot trace: about
+#: what L2 delivers), where the column split reads x once per block of 64-128 columns. It lost
+#: before with one chunk of weights in flight per warp and 144 blocks (session 26: gate/up 60.4
+#: against 52.4 us); loading further ahead (D) is what is new.
+COLS64_ENV = "HF2Q_MM_COLS64"
+#: Fewest columns (all of a launch's weights) a launch needs for ``HF2Q_MM_COLS64``'s layout: the
+#: 2560-wide products would have 10-40 blocks.
+COLS64_MIN_COLUMNS = 8192
+
+
+def cols64() -> tuple[int, int, int] | None:
+    """``HF2Q_MM_COLS64``'s (column blocks a warp, warps, chunks ahead), None when unset or 0; a
+    malformed value is an error naming the setting."""
+    raw = os.environ.get(COLS64_ENV, "").strip().lower()
+    if raw in ("", "0"):
+        return None
+    parts = [p.strip() for p in raw.split("x")]
+    if (
+        len(parts) == 3
+        and parts[0] in ("1", "2", "4")
+        and parts[1] in ("2", "4", "8")
+        and parts[2] in ("1", "2", "3")
+    ):
+        return int(parts[0]), int(parts[1]), int(parts[2])
+    from hf2q.kernels import select  # (select imports this module)
+
+    raise select.UsageError(
+        f"{COLS64_ENV}={raw!r} must be NBxCWxD with NB 1, 2 or 4, CW 2, 4 or 8 and D 1, 2 or 3 "
+        "(e.g. 2x4x3): unset it or fix it"
+    )
+
+
 def narrow_enabled() -> bool:
     """Whether ``HF2Q_MM_NARROW=1`` asks for :data:`ONE_TILE_NARROW` (unset or 0: no)."""
     from hf2q.kernels import select  # (select imports this module)
@@ -580,25 +694,31 @@ def narrow_enabled() -> bool:
 
 def _layout(
     rows: int, K: int, N: int, tune: tuple[int, ...] | None, columns: bool
-) -> tuple[int, int, int, int, int]:
-    """(m-tiles, column blocks, warps, unrolling, column-split warps or 1) of a launch."""
+) -> tuple[int, int, int, int, int, int]:
+    """(m-tiles, column blocks, warps, unrolling, column-split warps or 1, chunks ahead) of a
+    launch."""
     mt, nb, warps, unroll = launch_shape(rows, K, N)
     if mt == 1 and N % 32 == 0 and N < 32 * 264 and narrow_enabled():
         nb, unroll = ONE_TILE_NARROW
-    cw = 1
+    cw = depth = 1
     if tune is not None:
-        if len(tune) not in (3, 4):
-            raise ValueError(f"tune {tune}: (column blocks, warps, unrolling[, column warps])")
+        if len(tune) not in (3, 4, 5):
+            raise ValueError(
+                f"tune {tune}: (column blocks, warps, unrolling[, column warps[, chunks ahead]])"
+            )
         nb, warps, unroll = tune[:3]
-        cw = tune[3] if len(tune) == 4 else 1
+        cw = tune[3] if len(tune) >= 4 else 1
+        depth = tune[4] if len(tune) == 5 else 1
         smem = shared_bytes(mt, nb, warps, cw)
         if smem > SHARED_BYTES:
             raise ValueError(f"tune {tune}: {smem} bytes of shared memory (at most {SHARED_BYTES})")
         if cw > 1 and warps == 1:
             raise ValueError(f"tune {tune}: the column split needs warps > 1")
+        if not 1 <= depth <= 3 or (depth > 1 and cw == 1):
+            raise ValueError(f"tune {tune}: 1 to 3 chunks ahead, more than 1 with the column split")
     elif columns and (shape := column_shape(rows, K, N)) is not None:
-        nb, cw = shape
-    return mt, nb, warps, unroll, cw
+        nb, cw, depth = shape
+    return mt, nb, warps, unroll, cw, depth
 
 
 def small_matmul_cuda(
@@ -611,8 +731,9 @@ def small_matmul_cuda(
 ) -> mx.array:
     """``x @ w.T`` in one tensor-core launch; see :func:`supported` for what it takes.
 
-    ``tune`` overrides :func:`launch_shape`'s (column blocks, warps, unrolling), for tuning, and
-    a fourth value picks the column split with that many warps: every choice computes the same
+    ``tune`` overrides :func:`launch_shape`'s (column blocks, warps, unrolling), for tuning, a
+    fourth value picks the column split with that many warps and a fifth its weight chunks
+    loaded ahead (1-3): every choice computes the same
     values up to float32 summation order (a row's bits are the same across row counts, column
     blocks, unrolling and layouts for one choice of ``warps``). ``add``: an array of the output's
     shape and dtype added in the same launch (``x @ w.T + add`` with the bits of the two steps).
@@ -620,7 +741,7 @@ def small_matmul_cuda(
     """
     K, N = w.shape[1], w.shape[0]
     rows = math.prod(x.shape[:-1])
-    mt, nb, warps, unroll, cw = _layout(rows, K, N, tune, columns)
+    mt, nb, warps, unroll, cw, depth = _layout(rows, K, N, tune, columns)
     if add is not None and (add.shape != (*x.shape[:-1], N) or add.dtype != x.dtype):
         raise ValueError(
             f"addend {add.shape} {add.dtype} is not the output's {x.shape[:-1]}+({N},)"
@@ -628,7 +749,7 @@ def small_matmul_cuda(
     split = cw > 1
     (y,) = (_kernel(split) if add is None else _add_kernel(split))(
         inputs=[x, w] if add is None else [x, w, add],
-        template=_template(x.dtype, mt, nb, warps, unroll, cw),
+        template=_template(x.dtype, mt, nb, warps, unroll, cw, depth),
         grid=((N // (8 * nb * cw)) * 32 * (cw if split else warps), 1, 1),
         threadgroup=(32 * (cw if split else warps), 1, 1),
         output_shapes=[(*x.shape[:-1], N)],
@@ -841,16 +962,16 @@ def grouped_matmul_cuda(
     # The narrowest weight's launch (fewest column blocks) sets the width and the unrolling;
     # m-tiles and warps depend on the rows and K only.
     mt, nb, warps, unroll = min((launch_shape(rows, K, w.shape[0]) for w in ws), key=lambda s: s[1])
-    cw = 1
+    cw = depth = 1
     total = sum(w.shape[0] for w in ws)
     shapes = [column_shape(rows, K, w.shape[0], total) for w in ws] if columns else [None]
     if all(sh is not None and sh == shapes[0] for sh in shapes):
-        nb, cw = shapes[0]
+        nb, cw, depth = shapes[0]
     split = cw > 1
     blocks = sum(w.shape[0] // (8 * nb * cw) for w in ws)
     return _grouped_kernel(len(ws), split)(
         inputs=[x, *ws],
-        template=_template(x.dtype, mt, nb, warps, unroll, cw),
+        template=_template(x.dtype, mt, nb, warps, unroll, cw, depth),
         grid=(blocks * 32 * (cw if split else warps), 1, 1),
         threadgroup=(32 * (cw if split else warps), 1, 1),
         output_shapes=[(*x.shape[:-1], w.shape[0]) for w in ws],
