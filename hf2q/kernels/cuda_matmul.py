@@ -63,6 +63,21 @@ _HEADER = r"""
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                         \
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 #endif
+// One 16-byte copy from global to shared memory that does not wait (cp.async, sm_80 and later),
+// its commit group, and the wait for all but the N newest groups. The emulator copies at once.
+#ifdef HF2Q_EMULATED_MMA
+#define HF2Q_CP_ASYNC16(DST, SRC) \
+  (*reinterpret_cast<uint4*>(DST) = *reinterpret_cast<const uint4*>(SRC))
+#define HF2Q_CP_COMMIT()
+#define HF2Q_CP_WAIT(N)
+#else
+#define HF2Q_CP_ASYNC16(DST, SRC)                                                        \
+  asm volatile("{ .reg .u64 p; cvta.to.shared.u64 p, %0;\n"                               \
+               "cp.async.cg.shared.global [p], [%1], 16; }\n" ::"l"(DST), "l"(SRC)        \
+               : "memory")
+#define HF2Q_CP_COMMIT() asm volatile("cp.async.commit_group;\n" ::: "memory")
+#define HF2Q_CP_WAIT(N) asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory")
+#endif
 template <typename T> struct Hf2qMma;
 template <> struct Hf2qMma<__nv_bfloat16> {
   static __device__ __forceinline__ void run(float* c, unsigned a0, unsigned a1, unsigned a2,
@@ -198,13 +213,13 @@ _BODY = _BODY_TEMPLATE.replace("@LOAD_W@\n", _LOAD_W[1:])
 # the very operations of _BODY (the same mma on the same fragments per chunk, then
 # 0 + P_0 + P_1 + ... in float32, the running sums kept in shared memory, each lane its own):
 # the same bits. What changes is the traffic: the chunk of x
-# all the block's warps multiply is loaded once per block into shared memory (double-buffered,
-# the next chunk's x loaded while this one is multiplied) instead of once per warp from L2, so
-# at many rows the weight stream is no longer a third of what a block reads. Each warp's weights
-# are loaded D chunks ahead of the one multiplied (template argument D: 1, the next chunk only,
-# as sessions 26-56 timed it; 2 or 3 keep more of the weight stream in flight with the few
-# blocks this layout has), into a ring of D + 1 register sets whose index is a constant in the
-# loop unrolled D + 1 times (the order of the chunks and of their sums is D's business nowhere).
+# all the block's warps multiply is loaded once per block into shared memory instead of once
+# per warp from L2, so at many rows the weight stream is no longer a third of what a block
+# reads. Each warp's weights and the block's x are loaded D chunks ahead of the one multiplied
+# (template argument D: 1, the next chunk only, as sessions 26-56 timed it; 2 or 3 keep more in
+# flight with the few blocks this layout has, each warp walking all of K), the weights into a
+# ring of D + 1 register sets whose index is a constant in the loop unrolled D + 1 times (the
+# order of the chunks and of their sums is D's business nowhere).
 # Staged rows are 72 elements apart (144 bytes): a quarter warp's 16-byte fragment reads
 # (rows g, g + 1, k offsets 16 t) fall in eight distinct bank groups. WARPS > 1 only (the
 # running sum starts at 0.0f as _BODY's sum of the warps' partials does; one warp stores its
@@ -219,7 +234,8 @@ _COLUMNS_PRE = r"""
   constexpr int XP = 72;
   constexpr int XV = XR * 8;
   constexpr int XL = (XV + 32 * CW - 1) / (32 * CW);
-  __shared__ __align__(16) T xs[2][XR * XP];
+  constexpr int XS = D == 1 ? 2 : D + 2;  // staged chunks of x
+  __shared__ __align__(16) T xs[XS][XR * XP];
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
   __shared__ float sum[CW][MT * NB * 4][32];
   float acc[MT][NB][4];
@@ -304,13 +320,13 @@ _COLUMNS_PRE = r"""
   };
   int s = 0;
   int c = 0;
-  load_x(c);
-  store_x(0);
 """
 # D == 1: the next chunk's weights loaded while this one is multiplied (sessions 26-56).
 _COLUMNS_NEXT = r"""
     unsigned wv[NB][8];
     unsigned wn[NB][8];
+    load_x(c);
+    store_x(0);
     load_w(c, wv);
     __syncthreads();
 #pragma unroll U
@@ -337,19 +353,37 @@ _COLUMNS_NEXT = r"""
       c = cn;
     }
 """
-# D > 1: a ring of D + 1 weight sets, the chunk D ahead loaded into the set the last chunk used.
+# D > 1: a ring of D + 1 weight sets, the chunk D ahead loaded into the set the last chunk used,
+# and x's chunk D ahead copied into shared memory with cp.async (D + 2 buffers, one barrier a
+# chunk): no registers held for it, and its latency hidden behind D chunks' products, where the
+# D == 1 loop waits for the next chunk's x within one (session 57: with the weights 3 chunks
+# ahead but x one, the 4-slot round's gate/up took 88.7 us a launch against the K-split's 56.9).
 _COLUMNS_AHEAD = r"""
     unsigned wr[D + 1][NB][8];
-    int ls = 0;
+    // x's chunk c copied into xs[buf] without waiting (rows past M zeroed), the copy one group.
+    auto copy_x = [&](int c_, int buf) {
+#pragma unroll
+      for (int p = 0; p < XL; ++p) {
+        const int i = threadIdx.x + p * 32 * CW;
+        const int row = i >> 3;
+        T* dst = &xs[buf][row * XP + (i & 7) * 8];
+        if (i < XV && row < M)
+          HF2Q_CP_ASYNC16(dst, x + (size_t)row * K + c_ * 64 + (i & 7) * 8);
+        else if (i < XV)
+          *reinterpret_cast<uint4*>(dst) = zero;
+      }
+    };
+    int ls = 0;  // the next chunk whose weights and x are loaded (its K-subset, its index)
     int lc = 0;
 #pragma unroll
     for (int d = 0; d < D; ++d) {
       if (d < chunks) {
         load_w(lc, wr[d]);
+        copy_x(lc, d);
         advance(ls, lc);
       }
+      HF2Q_CP_COMMIT();
     }
-    __syncthreads();
     for (int base = 0; base < chunks; base += D + 1) {
 #pragma unroll
       for (int r = 0; r <= D; ++r) {
@@ -358,16 +392,18 @@ _COLUMNS_AHEAD = r"""
           int sn = s;
           int cn = c;
           advance(sn, cn);
-          const bool more = it + 1 < chunks;
-          if (more) load_x(cn);
           if (it + D < chunks) {
             load_w(lc, wr[(r + D) % (D + 1)]);
+            copy_x(lc, (it + D) % XS);
             advance(ls, lc);
           }
-          multiply(it & 1, wr[r]);
-          if (sn != s || !more) fold();
-          if (more) store_x((it + 1) & 1);
+          HF2Q_CP_COMMIT();
+          // This chunk's copies done (the D newest groups may not be), everyone's seen: the
+          // buffer written next (D + 2 chunks on) was last read two barriers ago.
+          HF2Q_CP_WAIT(D);
           __syncthreads();
+          multiply(it % XS, wr[r]);
+          if (sn != s || it + 1 == chunks) fold();
           s = sn;
           c = cn;
         }
