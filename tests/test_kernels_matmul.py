@@ -101,100 +101,6 @@ def test_emulated_narrow_one_tile_launch_is_opt_in_and_keeps_the_bits(emulated, 
         cm.small_matmul_cuda(x, w)
 
 
-def test_emulated_tiles64_is_opt_in_at_four_m_tiles_and_keeps_the_bits(
-    emulated_grouped, monkeypatch
-):
-    # HF2Q_MM_TILES64=NBxU: four m-tiles (a 4-slot verify's 64 rows) launch NB column blocks
-    # unrolled U times instead of four unrolled 4 times: the same bits (the warps do not change),
-    # other row counts and widths NB does not divide keep the default, and the traced runners'
-    # caches key on it.
-    x, w = _inputs(64, 512, 64, mx.bfloat16, seed=15)
-    monkeypatch.delenv(cm.TILES64_ENV, raising=False)
-    assert cm.launch_shape(64, 512, 64) == (4, 4, 4, 4)
-    key, ref = select.mm_key(), cm.small_matmul_cuda(x, w)
-    for tiles in ("1x1", "2x4", "4x1"):
-        monkeypatch.setenv(cm.TILES64_ENV, tiles)
-        nb, unroll = (int(v) for v in tiles.split("x"))
-        assert cm.launch_shape(64, 512, 64) == (4, nb, 4, unroll)
-        assert mx.array_equal(cm.small_matmul_cuda(x, w), ref), tiles
-        assert mx.array_equal(cm.small_matmul_cuda(x[:50], w), ref[:50]), tiles
-        # grouped with a wider weight: the same width for both, each its single product's bits
-        wide = (mx.random.normal((128, 512), key=mx.random.key(16)) * 0.04).astype(mx.bfloat16)
-        ys = cm.grouped_matmul_cuda(x, [w, wide])
-        assert mx.array_equal(ys[0], ref), tiles
-        assert mx.array_equal(ys[1], cm.small_matmul_cuda(x, wide)), tiles
-    assert cm.launch_shape(48, 512, 64) == (3, 8, 4, 1)  # three m-tiles: the default
-    assert cm.launch_shape(20, 512, 64) == (2, 8, 4, 4)
-    monkeypatch.setenv(cm.TILES64_ENV, "2x1")
-    assert cm.launch_shape(64, 512, 8)[1:] == (1, 4, 1)  # 16 columns do not divide 8
-    assert select.mm_key() != key
-    for bad in ("8x1", "1", "1x3", "ax1"):
-        monkeypatch.setenv(cm.TILES64_ENV, bad)
-        with pytest.raises(UsageError, match=f"{cm.TILES64_ENV}='{bad}' must be NBxU"):
-            cm.small_matmul_cuda(x, w)
-
-
-def test_emulated_kernel_many_rows_launch_keeps_each_rows_bits(emulated):
-    # 2 m-tiles take eight column blocks, unrolled (two where N is not a multiple of 64), 3
-    # m-tiles eight blocks (four, unrolled, where N is not a multiple of 64), 4
-    # m-tiles four blocks and an unrolled chunk loop, 5-8 four blocks unrolled once (two where N
-    # is not a multiple of 32): same bits.
-    x, w = _inputs(100, 512, 64, mx.bfloat16, seed=9)
-    assert cm.launch_shape(20, 512, 64)[1:] == (8, 4, 4)
-    assert cm.launch_shape(20, 512, 48)[1:] == (2, 4, 1)
-    assert cm.launch_shape(40, 512, 64)[1:] == (8, 4, 1)
-    assert cm.launch_shape(40, 512, 32)[1:] == (4, 4, 4)
-    assert cm.launch_shape(50, 512, 64)[1:] == (4, 4, 4)
-    assert cm.launch_shape(100, 512, 64)[1:] == (4, 4, 1)
-    assert cm.launch_shape(128, 512, 48)[1:] == (2, 4, 1)
-    for rows in (20, 40, 50, 100):
-        y = cm.small_matmul_cuda(x[:rows], w)
-        _assert_rounded_product(y, x[:rows], w)
-        assert mx.array_equal(y[-1:], cm.small_matmul_cuda(x[rows - 1 : rows], w))
-    # Two blocks, unrolled once (5-8 m-tiles of a width not a multiple of 32): the same bits.
-    assert mx.array_equal(cm.small_matmul_cuda(x, w, tune=(2, 4, 1)), y)
-
-
-def test_emulated_kernel_rejects_a_malformed_tune(emulated):
-    x, w = _inputs(4, 128, 16, mx.bfloat16)
-    for bad in [(2, 4), (2, 4, 1, 2, 1, 1), (2, 1, 1, 2), (2, 4, 1, 1, 2), (2, 4, 1, 2, 4)]:
-        with pytest.raises(ValueError, match="tune"):
-            cm.small_matmul_cuda(x, w, tune=bad)
-    x = mx.zeros((128, 512), dtype=mx.bfloat16)
-    with pytest.raises(ValueError, match="shared memory"):  # 8 m-tiles x 8 blocks x 8 warps
-        cm.small_matmul_cuda(x, mx.zeros((64, 512), dtype=mx.bfloat16), tune=(8, 8, 1))
-
-
-def test_emulated_kernel_rows_are_independent_of_the_batch(emulated):
-    x, w = _inputs(16, 256, 32, mx.bfloat16, seed=2)
-    batch = cm.small_matmul_cuda(x, w)
-    for i in (0, 7, 15):
-        assert mx.array_equal(cm.small_matmul_cuda(x[i : i + 1], w)[0], batch[i])
-
-
-def test_emulated_kernel_keeps_leading_axes(emulated):
-    x, w = _inputs(6, 128, 16, mx.bfloat16, seed=3)
-    y = cm.small_matmul_cuda(x.reshape(2, 3, 128), w)
-    assert y.shape == (2, 3, 16)
-    assert mx.array_equal(y.reshape(6, 16), cm.small_matmul_cuda(x, w))
-
-
-@pytest.mark.parametrize("K", [512, 640])  # K-subsets of two chunks; of three, three, two, two
-def test_emulated_column_split_has_the_k_splits_bits(emulated, K):
-    # The column-split layout (each warp runs every chunk, K-subset by K-subset, x staged once a
-    # block) computes every element with the K-split's operations: the same bits, at every row
-    # count (partial m-tiles too), column width, unrolling and depth of the weights' loads ahead
-    # (2 or 3 chunks: a ring of 3 or 4 register sets, 8 and 10 chunks leaving a partial turn).
-    x, w = _inputs(100, K, 128, mx.bfloat16, seed=11)
-    warps = cm.launch_shape(100, K, 128)[2]
-    assert warps == 4
-    for rows in (1, 50, 100):
-        ref = cm.small_matmul_cuda(x[:rows], w)
-        for tune in [(2, warps, 1, 2), (1, warps, 2, 4), (2, warps, 1, 2, 2), (1, warps, 1, 4, 3)]:
-            assert mx.array_equal(cm.small_matmul_cuda(x[:rows], w, tune=tune), ref), (rows, tune)
-    _assert_rounded_product(ref, x, w)
-
-
 def test_emulated_cols64_is_opt_in_at_four_m_tiles_and_keeps_the_bits(
     emulated_grouped, monkeypatch
 ):
@@ -669,6 +575,7 @@ def test_cuda_cols64_has_the_k_splits_bits(cols, monkeypatch):
     # HF2Q_MM_COLS64 on the GPU: the MLP's gate/up grouped (Qwen3.5-4B) at 64 and 50 rows, and
     # the tied head's shape with a residual, each weight's bits those of its K-split product.
     monkeypatch.setenv(cm.COLS64_ENV, cols)
+    assert f"loaded {cols[-1]} chunks ahead" in select.describe()["small_mm"]  # --stats
     mx.random.seed(5)
     x = mx.random.normal((64, 2560)).astype(mx.bfloat16)
     ws = [(mx.random.normal((9216, 2560)) * 0.02).astype(mx.bfloat16) for _ in range(2)]

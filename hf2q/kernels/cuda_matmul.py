@@ -542,7 +542,13 @@ def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
     # unrolled 4 times, 29.7 / 27.2 / 16.2 against 34.2 / 37.7 / 18.8 for two blocks unrolled
     # once, cuBLAS 40.1 / 48.0 / 30.2; at 48 rows, unrolled once, 35.1 / 29.2 / 18.5 against
     # 41.3 / 38.7 / 20.7 for four blocks unrolled 4 times). At four m-tiles no launch tried beats
-    # four blocks unrolled 4 times by more than 3% (97.2 us for the three). Five m-tiles or more
+    # four blocks unrolled 4 times by more than 3% (97.2 us for the three), and in the 4-slot
+    # round (H100, session 57, plain_ab.py alternating in one process, same tokens) narrower
+    # blocks lost though they take fewer registers (nvcc: 254 at four blocks, one 8-warp block an
+    # SM; 130-148 at two, 78-80 at one): 8.56 ms a round against 10.28 for one block unrolled
+    # once on a fast host, and on a slow one 10.04 against 10.49 (one block), 11.33 (two) and
+    # 12.83 (two, unrolled 4 times); the chained tune (node_cost.py --chain) ranked them the
+    # same way. Five m-tiles or more
     # take four blocks, unrolled once (session 20, at 96 rows 2560 x 9216 46.4 against 115.0
     # with two blocks, 9216 x 2560 45.1 against 121.4, 2560 x 2560 18.0 against 28.9; at 128
     # rows 49.6 / 53.5 / 21.6 against 75.8 / 68.7 / 27.4, cuBLAS 46.6 / 49.6 / 23.5; session 19,
@@ -563,8 +569,6 @@ def launch_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int]:
         nb = 4
     else:
         nb = 2 if mt <= 2 and N % 16 == 0 else 1
-    if mt == 4 and (tiles := tiles64()) is not None and N % (8 * tiles[0]) == 0:
-        nb, unroll = tiles
     # The warps split K and fix the order of the sum: they depend on K only, so that a row's bits
     # do not depend on how many rows a launch computes.
     chunks = K // K_CHUNK
@@ -653,34 +657,6 @@ def shared_bytes(mt: int, nb: int, warps: int, cw: int = 1) -> int:
 ONE_TILE_NARROW = (1, 2)
 #: HF2Q_MM_NARROW=1: :data:`ONE_TILE_NARROW`'s launch there, for A/B runs.
 NARROW_ENV = "HF2Q_MM_NARROW"
-
-
-#: HF2Q_MM_TILES64="NBxU": four m-tiles (49-64 rows: a 4-slot verify and draft) take NB column
-#: blocks a thread block (1, 2 or 4) and the chunk loop unrolled U times (1, 2 or 4) instead of
-#: :func:`launch_shape`'s four blocks unrolled 4 times, for in-round A/B runs (``plain_ab.py
-#: --slots 4 --values HF2Q_MM_TILES64=0,HF2Q_MM_TILES64=1x1``); off by default, the same bits
-#: (a row's sum depends on the warps only). Why: nvcc gives the default 254 registers a thread
-#: at four m-tiles, so one 8-warp block an SM, and a 2560-wide product then has 80 blocks for
-#: 132 SMs; one block (1x1) takes 78 registers, three blocks an SM. The tunes that chose four
-#: blocks timed independent products, which a CUDA graph may overlap (``node_cost.py --chain``).
-TILES64_ENV = "HF2Q_MM_TILES64"
-
-
-def tiles64() -> tuple[int, int] | None:
-    """``HF2Q_MM_TILES64``'s (column blocks, unrolling), None when unset or 0; a malformed value
-    is an error naming the setting."""
-    raw = os.environ.get(TILES64_ENV, "").strip().lower()
-    if raw in ("", "0"):
-        return None
-    parts = [p.strip() for p in raw.split("x")]
-    if len(parts) == 2 and parts[0] in ("1", "2", "4") and parts[1] in ("1", "2", "4"):
-        return int(parts[0]), int(parts[1])
-    from hf2q.kernels import select  # (select imports this module)
-
-    raise select.UsageError(
-        f"{TILES64_ENV}={raw!r} must be NBxU with NB and U each 1, 2 or 4 (e.g. 1x1): "
-        "unset it or fix it"
-    )
 
 
 #: HF2Q_MM_COLS64="NBxCWxD": launches of four m-tiles (49-64 rows) with at least

@@ -332,14 +332,12 @@ def mm_key() -> tuple[bool, int, bool | tuple, bool | str]:
     """The settings a compiled runner's products depend on, for the caches of traced functions:
     (:func:`grouped_mm_enabled`, :func:`small_mm_rows`, the single products' layout:
     :func:`mm_columns_enabled`, paired with ``"narrow"`` under ``HF2Q_MM_NARROW=1`` and with
-    ``"tiles64"`` under ``HF2Q_MM_TILES64`` and with ``"cols64"`` under ``HF2Q_MM_COLS64``,
+    ``"cols64"`` under ``HF2Q_MM_COLS64``,
     :func:`small_qmm_enabled` or with it ``HF2Q_QMM_LAUNCH`` where set)."""
     qmm = small_qmm_enabled() and (os.environ.get(cuda_matmul.QMM_LAUNCH_ENV, "") or True)
     columns: bool | tuple = mm_columns_enabled()
     if cuda_matmul.narrow_enabled():  # a layout of its own, whether or not columns split
         columns = (columns, "narrow")
-    if (tiles := cuda_matmul.tiles64()) is not None:  # four m-tiles' blocks and unrolling
-        columns = (columns, "tiles64", tiles)
     if (cols := cuda_matmul.cols64()) is not None:  # four m-tiles' column split
         columns = (columns, "cols64", cols)
     return grouped_mm_enabled(), small_mm_rows(), columns, qmm
@@ -774,12 +772,10 @@ def describe(attn: object | None = None) -> dict[str, str]:
         info["small_mm"] += ", products sharing an input in one launch"
     if mm_columns_enabled():
         info["small_mm"] += ", columns split at 33-64 rows"
-    if small_mm_enabled() and (tiles := cuda_matmul.tiles64()) is not None:
-        info["small_mm"] += f", 49-64 rows in {tiles[0]}-block launches unrolled {tiles[1]}x"
     if small_mm_enabled() and mm_columns_enabled() and (cols := cuda_matmul.cols64()) is not None:
         info["small_mm"] += (
             f", 49-64 rows of {cuda_matmul.COLS64_MIN_COLUMNS}+ columns split over {cols[1]}"
-            f" warps of {8 * cols[0]} columns, weights {cols[2]} chunks ahead"
+            f" warps of {8 * cols[0]} columns, loaded {cols[2]} chunks ahead"
         )
     if small_qmm_enabled():
         info["small_mm"] += ", 4/8-bit affine layers dequantized in the kernel"
