@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The next lease's first call (after the three keep.sh calls and install.sh), with BUDGET=400
-# (session 57's second machine start, in what its budget left). Session 57's 4-slot trace on a
+# Ran as session 57's run 5 (BUDGET=420, at bfa4340: the weights D chunks ahead, x still one;
+# results/h100/session57/README.md). The column split lost there (the round 10.33-10.49 ms
+# against 9.16); x now comes D chunks ahead too (1b481b0), which h200_s58.sh times. Session 57's 4-slot trace on a
 # fast H100 host had the round device-bound (8.14 ms busy of 8.14) with the MLP's gate/up at
 # 56.9 us a launch against 35.8 at one slot: at 64 rows the K-split's 576 blocks each read all
 # 64 rows of x from L2 (188 MB a launch against 94 MB of weights). HF2Q_MM_COLS64 forces the

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The next lease's first call (after the three keep.sh calls and install.sh), with BUDGET=540.
+# Session 57 (H100, fast host) measured the 4-slot round device-bound (8.14 ms busy of 8.14),
+# the MLP's gate/up at 56.9 us a launch against 35.8 at one slot: at 64 rows the K-split's
+# blocks each read all 64 rows of x from L2. The column split (x staged once a block) lost in
+# run 5 with only the weights loaded ahead (gate/up 88.7 us, round 10.33-10.49 ms against 9.16,
+# same tokens). Since 1b481b0 x is copied D chunks ahead too (cp.async), so each warp no longer
+# waits for x's next chunk at every one of its K/64 barriers. First the layouts' bits on this
+# GPU, then the 4-slot round with HF2Q_MM_COLS64 off and three layouts alternating in one
+# process (nvcc: 2x4x3 128 registers and 62 KB shared, three 4-warp blocks an SM; 1x8x3 101,
+# two 8-warp blocks; 2x8x2 123, two), then the 4-slot trace with 2x4x3 (the products' own
+# times), then the goals' figures: the random pair's 1- and 4-slot sweep (E, 4 slots against
+# one) and the demo queue (8 slots against plain decoding).
+set -uo pipefail
+# shellcheck source=benchmarks/h200_common.sh
+. benchmarks/h200_common.sh
+host_speed
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+gpu_pytest cols64_bits 60 tests/test_kernels_matmul.py -k "cuda_cols64 or cuda_column_split"
+V=HF2Q_DRAFT_VOCAB=32768
+ab_slots cols64_ "4" "$V+HF2Q_MM_COLS64=0,$V+HF2Q_MM_COLS64=2x4x3,$V+HF2Q_MM_COLS64=1x8x3,$V+HF2Q_MM_COLS64=2x8x2"
+HF2Q_MM_COLS64=2x4x3 TL_ARGS="--draft-vocab 32768" timelines 4 200 60 | cut -c1-140 | head -24
+synthetic_run syn4b_v32k 1,4 $(( $(left) > 150 ? 150 : $(left) )) --draft-vocab 32768
+demo_queue_bench demo_queue
+host_speed
+pack_logs
