@@ -101,6 +101,67 @@ def test_emulated_narrow_one_tile_launch_is_opt_in_and_keeps_the_bits(emulated, 
         cm.small_matmul_cuda(x, w)
 
 
+def test_emulated_kernel_many_rows_launch_keeps_each_rows_bits(emulated):
+    # 2 m-tiles take eight column blocks, unrolled (two where N is not a multiple of 64), 3
+    # m-tiles eight blocks (four, unrolled, where N is not a multiple of 64), 4
+    # m-tiles four blocks and an unrolled chunk loop, 5-8 four blocks unrolled once (two where N
+    # is not a multiple of 32): same bits.
+    x, w = _inputs(100, 512, 64, mx.bfloat16, seed=9)
+    assert cm.launch_shape(20, 512, 64)[1:] == (8, 4, 4)
+    assert cm.launch_shape(20, 512, 48)[1:] == (2, 4, 1)
+    assert cm.launch_shape(40, 512, 64)[1:] == (8, 4, 1)
+    assert cm.launch_shape(40, 512, 32)[1:] == (4, 4, 4)
+    assert cm.launch_shape(50, 512, 64)[1:] == (4, 4, 4)
+    assert cm.launch_shape(100, 512, 64)[1:] == (4, 4, 1)
+    assert cm.launch_shape(128, 512, 48)[1:] == (2, 4, 1)
+    for rows in (20, 40, 50, 100):
+        y = cm.small_matmul_cuda(x[:rows], w)
+        _assert_rounded_product(y, x[:rows], w)
+        assert mx.array_equal(y[-1:], cm.small_matmul_cuda(x[rows - 1 : rows], w))
+    # Two blocks, unrolled once (5-8 m-tiles of a width not a multiple of 32): the same bits.
+    assert mx.array_equal(cm.small_matmul_cuda(x, w, tune=(2, 4, 1)), y)
+
+
+def test_emulated_kernel_rejects_a_malformed_tune(emulated):
+    x, w = _inputs(4, 128, 16, mx.bfloat16)
+    for bad in [(2, 4), (2, 4, 1, 2, 1, 1), (2, 1, 1, 2), (2, 4, 1, 1, 2), (2, 4, 1, 2, 4)]:
+        with pytest.raises(ValueError, match="tune"):
+            cm.small_matmul_cuda(x, w, tune=bad)
+    x = mx.zeros((128, 512), dtype=mx.bfloat16)
+    with pytest.raises(ValueError, match="shared memory"):  # 8 m-tiles x 8 blocks x 8 warps
+        cm.small_matmul_cuda(x, mx.zeros((64, 512), dtype=mx.bfloat16), tune=(8, 8, 1))
+
+
+def test_emulated_kernel_rows_are_independent_of_the_batch(emulated):
+    x, w = _inputs(16, 256, 32, mx.bfloat16, seed=2)
+    batch = cm.small_matmul_cuda(x, w)
+    for i in (0, 7, 15):
+        assert mx.array_equal(cm.small_matmul_cuda(x[i : i + 1], w)[0], batch[i])
+
+
+def test_emulated_kernel_keeps_leading_axes(emulated):
+    x, w = _inputs(6, 128, 16, mx.bfloat16, seed=3)
+    y = cm.small_matmul_cuda(x.reshape(2, 3, 128), w)
+    assert y.shape == (2, 3, 16)
+    assert mx.array_equal(y.reshape(6, 16), cm.small_matmul_cuda(x, w))
+
+
+@pytest.mark.parametrize("K", [512, 640])  # K-subsets of two chunks; of three, three, two, two
+def test_emulated_column_split_has_the_k_splits_bits(emulated, K):
+    # The column-split layout (each warp runs every chunk, K-subset by K-subset, x staged once a
+    # block) computes every element with the K-split's operations: the same bits, at every row
+    # count (partial m-tiles too), column width, unrolling and depth of the weights' loads ahead
+    # (2 or 3 chunks: a ring of 3 or 4 register sets, 8 and 10 chunks leaving a partial turn).
+    x, w = _inputs(100, K, 128, mx.bfloat16, seed=11)
+    warps = cm.launch_shape(100, K, 128)[2]
+    assert warps == 4
+    for rows in (1, 50, 100):
+        ref = cm.small_matmul_cuda(x[:rows], w)
+        for tune in [(2, warps, 1, 2), (1, warps, 2, 4), (2, warps, 1, 2, 2), (1, warps, 1, 4, 3)]:
+            assert mx.array_equal(cm.small_matmul_cuda(x[:rows], w, tune=tune), ref), (rows, tune)
+    _assert_rounded_product(ref, x, w)
+
+
 def test_emulated_cols64_is_opt_in_at_four_m_tiles_and_keeps_the_bits(
     emulated_grouped, monkeypatch
 ):
