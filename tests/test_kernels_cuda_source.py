@@ -179,7 +179,12 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(tmp_path: Path):
                 ),
             )
         )
-    _assert_compile_without_spills(tmp_path, cm._HEADER, kernels)
+    report = _assert_compile_without_spills(tmp_path, cm._HEADER, kernels)
+    # The column split's shared memory is what cuda_matmul.shared_bytes counts (tunes check it)
+    for i, (kind, mt, nb, warps, _, cw, depth) in enumerate(variants):
+        if cw > 1:
+            want = cm.shared_bytes(mt, nb, warps, cw, depth)
+            assert _shared_bytes(report, f"hf2q_mm_{kind}_{i}") == want, (kind, mt, nb, cw, depth)
 
 
 def _compile_report(tmp_path: Path, name: str, src: str, werror: bool = True) -> str:
@@ -215,11 +220,12 @@ _PROPERTIES = re.compile(
 
 def _assert_compile_without_spills(
     tmp_path: Path, header: str, kernels: list[tuple[str, str, str]], werror: bool = True
-) -> None:
+) -> str:
     """Each of ``kernels`` ((label, name, text), text from ``cuda_emu.mlx_cuda_kernel``; the
     names distinct) compiles with ``header`` without spills
     or a stack frame. One translation unit for them all: nvcc's start costs ~2.5 s here, more
-    than most of these kernels' own compile; ptxas reports each function apart."""
+    than most of these kernels' own compile; ptxas reports each function apart. Returns the
+    report."""
     import cuda_emu
 
     names = [name for _, name, _ in kernels]
@@ -234,6 +240,15 @@ def _assert_compile_without_spills(
         if mine != [(0, 0, 0)]:
             bad.append(f"{label}: {mine or 'no report'} (stack frame, spill stores, spill loads)")
     assert not bad, "\n".join(bad) + "\n" + report[-3000:]
+    return report
+
+
+def _shared_bytes(report: str, name: str) -> int:
+    """The static shared memory ptxas gives kernel ``name`` in ``report``."""
+    for part in report.split("Compiling entry function '")[1:]:
+        if re.match(rf"[^']*(?<!\d){len(name)}{name}", part):
+            return int(re.search(r"(\d+) bytes smem", part).group(1))
+    raise AssertionError(f"no report for {name}")
 
 
 # (column blocks, warps, unrolling): the wider launches of the 4-bit head at one m-tile that

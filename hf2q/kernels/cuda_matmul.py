@@ -604,7 +604,7 @@ COLUMN_MT = (3, 4)
 def column_shape(
     rows: int, K: int, N: int, total: int | None = None
 ) -> tuple[int, int, int] | None:
-    """(8-column blocks per warp, warps, weight chunks loaded ahead) of the column-split layout
+    """(8-column blocks per warp, warps, chunks loaded ahead) of the column-split layout
     for this product, or None where it is not used: m-tiles other than :data:`COLUMN_MT`, a K the
     K-split computes with one warp (its bits are its accumulators, no sum; see
     :data:`_BODY_COLUMNS`), N not a multiple of a block's columns, or fewer thread blocks than
@@ -616,7 +616,7 @@ def column_shape(
     if mt not in COLUMN_MT or warps == 1:
         return None
     if mt == 4 and (forced := cols64()) is not None and (total or N) >= COLS64_MIN_COLUMNS:
-        nb, cw, depth = forced
+        nb, cw, _ = forced
         return None if N % (8 * nb * cw) else forced
     nb = 2
     width = 8 * nb * COLUMN_WARPS
@@ -629,17 +629,20 @@ def _template(
     dtype: Any, mt: int, nb: int, warps: int, unroll: int, cw: int = 1, depth: int = 1
 ) -> list:
     """The kernels' template arguments (see the sources' comment; ``cw``: the column-split
-    layout's warps, 1 for the K-split; ``depth``: the column split's weight chunks loaded ahead)."""
+    layout's warps, 1 for the K-split; ``depth``: the column split's chunks loaded ahead)."""
     args = [("T", dtype), ("MT", mt), ("NB", nb), ("WARPS", warps), ("U", unroll), ("CW", cw)]
     return args + [("D", depth)] if cw > 1 else args
 
 
-def shared_bytes(mt: int, nb: int, warps: int, cw: int = 1) -> int:
+def shared_bytes(mt: int, nb: int, warps: int, cw: int = 1, depth: int = 1) -> int:
     """Static shared memory of a launch: the warps' partial sums (float32, 4 per m-tile and
-    column block, per lane and warp); with the column split (``cw`` > 1) two staged chunks of x
-    instead (``mt * 16`` rows of 72 elements, two bytes each)."""
+    column block, per lane and warp); with the column split (``cw`` > 1) the staged chunks of x
+    instead (two, or ``depth`` + 2 loaded ``depth`` ahead; ``mt * 16`` rows of 72 elements, two
+    bytes each) and each warp's running sums (as nvcc counts them: 62464 bytes for four m-tiles,
+    two column blocks, 4 warps, 3 ahead)."""
     if cw > 1:
-        return 2 * mt * 16 * 72 * 2
+        staged = 2 if depth == 1 else depth + 2
+        return staged * mt * 16 * 72 * 2 + cw * mt * nb * 4 * 32 * 4
     return warps * mt * nb * 4 * 32 * 4
 
 
@@ -661,14 +664,16 @@ NARROW_ENV = "HF2Q_MM_NARROW"
 
 #: HF2Q_MM_COLS64="NBxCWxD": launches of four m-tiles (49-64 rows) with at least
 #: :data:`COLS64_MIN_COLUMNS` columns (the MLP's gate and up grouped, 18432 on the 4B shapes; the
-#: head) take the column split with NB 8-column blocks a warp, CW warps and the weights loaded D
-#: chunks ahead, for in-round A/B runs (``plain_ab.py --slots 4 --values
-#: HF2Q_MM_COLS64=0,HF2Q_MM_COLS64=2x4x3``); off by default, the same bits. Why: at 64 rows the
-#: K-split's blocks each read all 64 rows of x from L2, twice the weight's bytes for gate and up
-#: at four column blocks (282 MB in 57 us a launch on an H100, session 57's 4-slot trace: about
-#: what L2 delivers), where the column split reads x once per block of 64-128 columns. It lost
-#: before with one chunk of weights in flight per warp and 144 blocks (session 26: gate/up 60.4
-#: against 52.4 us); loading further ahead (D) is what is new.
+#: head; the attention's q/k/v) take the column split with NB 8-column blocks a warp, CW warps and
+#: the weights and x loaded D chunks ahead, for in-round A/B runs (``plain_ab.py --slots 4
+#: --values HF2Q_MM_COLS64=0,HF2Q_MM_COLS64=2x4x3``); off by default, the same bits. Why: at 64
+#: rows the K-split's blocks each read all 64 rows of x from L2, twice the weight's bytes for
+#: gate and up at four column blocks (about 282 MB in 57 us a launch on an H100, session 57's
+#: 4-slot trace), where the column split reads x once per block of 64-128 columns. It lost with
+#: one chunk in flight (session 26: gate/up 60.4 against 52.4 us), and again with the weights 3
+#: chunks ahead but x one (session 57, H100, same tokens: the 4-slot round 9.16 ms off against
+#: 10.33 / 10.47 / 10.49 at 2x4x3 / 1x8x3 / 2x8x2; gate/up 88.7 us a launch). x copied ahead too
+#: (cp.async) is not yet timed.
 COLS64_ENV = "HF2Q_MM_COLS64"
 #: Fewest columns (all of a launch's weights) a launch needs for ``HF2Q_MM_COLS64``'s layout: the
 #: 2560-wide products would have 10-40 blocks.
@@ -721,7 +726,7 @@ def _layout(
         nb, warps, unroll = tune[:3]
         cw = tune[3] if len(tune) >= 4 else 1
         depth = tune[4] if len(tune) == 5 else 1
-        smem = shared_bytes(mt, nb, warps, cw)
+        smem = shared_bytes(mt, nb, warps, cw, depth)
         if smem > SHARED_BYTES:
             raise ValueError(f"tune {tune}: {smem} bytes of shared memory (at most {SHARED_BYTES})")
         if cw > 1 and warps == 1:
@@ -744,8 +749,8 @@ def small_matmul_cuda(
     """``x @ w.T`` in one tensor-core launch; see :func:`supported` for what it takes.
 
     ``tune`` overrides :func:`launch_shape`'s (column blocks, warps, unrolling), for tuning, a
-    fourth value picks the column split with that many warps and a fifth its weight chunks
-    loaded ahead (1-3): every choice computes the same
+    fourth value picks the column split with that many warps and a fifth how many chunks of
+    weights and x it loads ahead (1-3): every choice computes the same
     values up to float32 summation order (a row's bits are the same across row counts, column
     blocks, unrolling and layouts for one choice of ``warps``). ``add``: an array of the output's
     shape and dtype added in the same launch (``x @ w.T + add`` with the bits of the two steps).
