@@ -28,7 +28,7 @@ set -uo pipefail
 . benchmarks/h200_common.sh
 host_speed
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
-gpu_pytest cols64_bits 60 tests/test_kernels_matmul.py -k "cuda_cols64 or cuda_column_split"
+gpu_pytest cols64_bits 90 tests/test_kernels_matmul.py -k "cuda_cols64 or cuda_column_split"
 V=HF2Q_DRAFT_VOCAB=32768
 ab_slots cols64_ "4" "$V+HF2Q_MM_COLS64=0,$V+HF2Q_MM_COLS64=2x4x3,$V+HF2Q_MM_COLS64=2x4x2,$V+HF2Q_MM_COLS64=1x8x3"
 for r in a b; do
