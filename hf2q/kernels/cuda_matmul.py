@@ -249,24 +249,6 @@ _COLUMNS_PRE = r"""
         sum[warp][(mt * NB + nb) * 4 + e][lane] = 0.0f;
       }
   const int chunks = K / 64;
-  uint4 xr[XL];
-  auto load_x = [&](int c) {
-#pragma unroll
-    for (int p = 0; p < XL; ++p) {
-      const int i = threadIdx.x + p * 32 * CW;
-      const int row = i >> 3;
-      xr[p] = zero;
-      if (i < XV && row < M)
-        xr[p] = *reinterpret_cast<const uint4*>(x + (size_t)row * K + c * 64 + (i & 7) * 8);
-    }
-  };
-  auto store_x = [&](int buf) {
-#pragma unroll
-    for (int p = 0; p < XL; ++p) {
-      const int i = threadIdx.x + p * 32 * CW;
-      if (i < XV) *reinterpret_cast<uint4*>(&xs[buf][(i >> 3) * XP + (i & 7) * 8]) = xr[p];
-    }
-  };
   auto load_w = [&](int c, unsigned (&dst)[NB][8]) {
     const int kb = c * 64 + 16 * t;
 #pragma unroll
@@ -323,6 +305,25 @@ _COLUMNS_PRE = r"""
 """
 # D == 1: the next chunk's weights loaded while this one is multiplied (sessions 26-56).
 _COLUMNS_NEXT = r"""
+    // x's chunk c_ into registers, then (after this chunk's products) into xs[buf].
+    uint4 xr[XL];
+    auto load_x = [&](int c_) {
+#pragma unroll
+      for (int p = 0; p < XL; ++p) {
+        const int i = threadIdx.x + p * 32 * CW;
+        const int row = i >> 3;
+        xr[p] = zero;
+        if (i < XV && row < M)
+          xr[p] = *reinterpret_cast<const uint4*>(x + (size_t)row * K + c_ * 64 + (i & 7) * 8);
+      }
+    };
+    auto store_x = [&](int buf) {
+#pragma unroll
+      for (int p = 0; p < XL; ++p) {
+        const int i = threadIdx.x + p * 32 * CW;
+        if (i < XV) *reinterpret_cast<uint4*>(&xs[buf][(i >> 3) * XP + (i & 7) * 8]) = xr[p];
+      }
+    };
     unsigned wv[NB][8];
     unsigned wn[NB][8];
     load_x(c);
@@ -694,9 +695,7 @@ def cols64() -> tuple[int, int, int] | None:
         and parts[2] in ("1", "2", "3")
     ):
         return int(parts[0]), int(parts[1]), int(parts[2])
-    from hf2q.kernels import select  # (select imports this module)
-
-    raise select.UsageError(
+    raise UsageError(
         f"{COLS64_ENV}={raw!r} must be NBxCWxD with NB 1, 2 or 4, CW 2, 4 or 8 and D 1, 2 or 3 "
         "(e.g. 2x4x3): unset it or fix it"
     )
