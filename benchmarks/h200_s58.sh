@@ -31,19 +31,17 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 gpu_pytest cols64_bits 90 tests/test_kernels_matmul.py -k "cuda_cols64 or cuda_column_split"
 V=HF2Q_DRAFT_VOCAB=32768
 ab_slots cols64_ "4" "$V+HF2Q_MM_COLS64=0,$V+HF2Q_MM_COLS64=2x4x3,$V+HF2Q_MM_COLS64=2x4x2,$V+HF2Q_MM_COLS64=1x8x3"
+BIG="MLX_MAX_OPS_PER_BUFFER=1000 MLX_MAX_MB_PER_BUFFER=100000"
 for r in a b; do
   for g in default big; do
     t=$(left); [ "$t" -lt 60 ] && break 2
     [ "$t" -gt 120 ] && t=120
-    if [ "$g" = big ]; then
-      (export MLX_MAX_OPS_PER_BUFFER=1000 MLX_MAX_MB_PER_BUFFER=100000
-       synthetic_run "syn4b_${g}_$r" 1,4 "$t" --draft-vocab 32768)
-    else
-      synthetic_run "syn4b_${g}_$r" 1,4 "$t" --draft-vocab 32768
-    fi
+    settings=""; [ "$g" = big ] && settings=$BIG
+    (for kv in $settings; do export "${kv?}"; done
+     synthetic_run "syn4b_${g}_$r" 1,4 "$t" --draft-vocab 32768)
   done
 done
-(mkdir -p "$OUT/big" && export MLX_MAX_OPS_PER_BUFFER=1000 MLX_MAX_MB_PER_BUFFER=100000 OUT="$OUT/big"
+(for kv in $BIG; do export "${kv?}"; done; mkdir -p "$OUT/big" && OUT="$OUT/big"
  TL_ARGS="--draft-vocab 32768" timelines 1 100 60 | cut -c1-140 | grep -E "^(==|tl_)|host CUDA API|cudaGraphLaunch")
 HF2Q_MM_COLS64=2x4x3 TL_ARGS="--draft-vocab 32768" timelines 4 100 60 | cut -c1-140 | head -12
 ab_slots lag_ "1" "$V,$V+HF2Q_LAGGED_DRAFT_FIRST=0,$V+HF2Q_LAG_DEPTH=3"
