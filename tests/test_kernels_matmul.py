@@ -150,8 +150,9 @@ def test_emulated_kernel_keeps_leading_axes(emulated):
 def test_emulated_column_split_has_the_k_splits_bits(emulated, K):
     # The column-split layout (each warp runs every chunk, K-subset by K-subset, x staged once a
     # block) computes every element with the K-split's operations: the same bits, at every row
-    # count (partial m-tiles too), column width, unrolling and depth of the weights' loads ahead
-    # (2 or 3 chunks: a ring of 3 or 4 register sets, 8 and 10 chunks leaving a partial turn).
+    # count (partial m-tiles too), column width, unrolling and depth of the loads ahead (2 or 3
+    # chunks of weights in a ring of 3 or 4 register sets and of x in 4 or 5 shared buffers, 8
+    # and 10 chunks leaving a partial turn).
     x, w = _inputs(100, K, 128, mx.bfloat16, seed=11)
     warps = cm.launch_shape(100, K, 128)[2]
     assert warps == 4
@@ -167,7 +168,7 @@ def test_emulated_cols64_is_opt_in_at_four_m_tiles_and_keeps_the_bits(
 ):
     # HF2Q_MM_COLS64=NBxCWxD: launches of four m-tiles with enough columns (a 4-slot verify's MLP
     # gate and up; made small here) take the column split with NB blocks a warp, CW warps and
-    # the weights D chunks ahead: the same bits as the K-split, single and grouped; fewer
+    # the weights and x D chunks ahead: the same bits as the K-split, single and grouped; fewer
     # columns, other row counts and widths the block does not divide keep the default, and the
     # traced runners' caches key on it.
     monkeypatch.setattr(cm, "COLS64_MIN_COLUMNS", 192)
