@@ -145,9 +145,12 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(tmp_path: Path):
         for launch in _LAUNCHES
     ]
     variants += [(k, *launch) for k in ("single", "add", "grouped2") for launch in _COLUMN_LAUNCHES]
+    variants += [("swiglu", *launch, 1, 1) for launch in _LAUNCHES]  # (every one's NB >= 2)
     kernels = []
     for i, (kind, mt, nb, warps, unroll, cw, depth) in enumerate(variants):
-        if kind.startswith("grouped"):
+        if kind == "swiglu":
+            source, ins, outs = cm._SOURCE_SWIGLU, ["x", "wg", "wu"], ["y"]
+        elif kind.startswith("grouped"):
             g = int(kind[-1])
             ins = ["x", *(f"w{i}" for i in range(g))]
             outs = [f"y{i}" for i in range(g)]
@@ -175,11 +178,14 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(tmp_path: Path):
                     outs,
                     [dt] * len(outs),
                     source,
-                    cm._template(dt, mt, nb, warps, unroll, cw, depth),
+                    cm._swiglu_template(dt, mt, nb, warps, unroll)
+                    if kind == "swiglu"
+                    else cm._template(dt, mt, nb, warps, unroll, cw, depth),
                 ),
             )
         )
-    report = _assert_compile_without_spills(tmp_path, cm._HEADER, kernels)
+    # (the SwiGLU launch's header: the others' and the Gated-DeltaNet kernel's sigmoid)
+    report = _assert_compile_without_spills(tmp_path, cm._swiglu_header(), kernels)
     # The column split's shared memory is what cuda_matmul.shared_bytes counts (tunes check it)
     for i, (kind, mt, nb, warps, _, cw, depth) in enumerate(variants):
         if cw > 1:

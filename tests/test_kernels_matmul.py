@@ -291,6 +291,107 @@ def test_emulated_grouped_column_split_gives_the_single_kernels_bits(emulated_gr
 
 
 @pytest.fixture
+def emulated_swiglu(emulated_grouped, emulated_add, monkeypatch, tmp_path):
+    """The gate/up/SwiGLU kernel's own source, run by the CPU emulator (grouped ones too)."""
+    kern = cuda_emu.EmulatedKernel(
+        "hf2q_swiglu_mm",
+        ["x", "wg", "wu"],
+        ["y"],
+        cm._SOURCE_SWIGLU,
+        cm._swiglu_header(),
+        workdir=tmp_path,
+    )
+    monkeypatch.setattr(cm, "_swiglu_kernel", lambda: kern)
+    return kern
+
+
+def _cuda_swiglu(gate, up):
+    """SwiGLU of two bf16/fp16 arrays as MLX's CUDA elementwise kernel computes mlx-lm's
+    ``swiglu`` (``gate * sigmoid(gate) * up``, every intermediate rounded to the dtype; its
+    sigmoid ``1 / (1 + exp(|x|))``, mirrored for x >= 0), in numpy. (The GPU's ``expf`` may
+    round a value differently; the CUDA test compares with MLX's own kernel.)"""
+    dt = gate.dtype
+
+    def r(a):
+        return np.array(mx.array(a.astype(np.float32)).astype(dt).astype(mx.float32))
+
+    g = np.array(gate.astype(mx.float32))
+    u = np.array(up.astype(mx.float32))
+    e = np.exp(np.abs(g).astype(np.float64)).astype(np.float32)  # (expf correctly rounded)
+    y = r(1.0 / r(1.0 + r(e)))
+    sig = np.where(g < 0, y, r(1.0 - y))
+    return r(r(g * sig) * u)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(
+    "rows,K,N",
+    [(1, 256, 64), (16, 256, 64), (19, 512, 128), (40, 256, 64), (64, 512, 64), (3, 64, 32)],
+)
+def test_emulated_swiglu_launch_is_the_grouped_products_swiglu(emulated_swiglu, rows, K, N, dtype):
+    # Each output is SwiGLU of the grouped launch's gate and up values (the kernel's sums have
+    # their bits), with MLX's CUDA roundings; one warp (K = 64) and several, one to four m-tiles.
+    mx.random.seed(rows + K)
+    x = mx.random.normal((rows, K)).astype(dtype)
+    wg = (mx.random.normal((N, K)) * 3 * K**-0.5).astype(dtype)
+    wu = (mx.random.normal((N, K)) * K**-0.5).astype(dtype)
+    assert cm.swiglu_supported(x, wg, wu) is None
+    y = cm.swiglu_matmul_cuda(x, wg, wu)
+    assert y.shape == (rows, N) and y.dtype == dtype
+    gate, up = cm.grouped_matmul_cuda(x, [wg, wu])
+    assert np.array_equal(np.array(y.astype(mx.float32)), _cuda_swiglu(gate, up))
+    # and the batch dimensions of a verify (slots, rows, K) are kept
+    y3 = cm.swiglu_matmul_cuda(x.reshape(1, rows, K), wg, wu)
+    assert y3.shape == (1, rows, N) and mx.array_equal(y3[0], y)
+
+
+def test_swiglu_supported_names_what_it_cannot_do():
+    x = mx.zeros((2, 128), dtype=mx.bfloat16)
+    w = mx.zeros((64, 128), dtype=mx.bfloat16)
+    assert cm.swiglu_supported(x, w, w) is None
+    assert "differ in shape" in cm.swiglu_supported(x, w, mx.zeros((32, 128), dtype=mx.bfloat16))
+    assert "N=12" in cm.swiglu_supported(x, *[mx.zeros((12, 128), dtype=mx.bfloat16)] * 2)
+    narrow = mx.zeros((8, 128), dtype=mx.bfloat16)  # one 8-column block: the grouped launch
+    assert "one 8-column block" in cm.swiglu_supported(x, narrow, narrow)
+    with pytest.raises(ValueError, match="one 8-column block"):
+        cm.swiglu_matmul_cuda(x, narrow, narrow)
+    assert "dtypes" in cm.swiglu_supported(x.astype(mx.float32), w, w)
+
+
+def test_swiglu_mlp_takes_the_one_launch_only_with_its_switch(emulated_swiglu, monkeypatch):
+    mlp = MLP(128, 64)
+    mlp.set_dtype(mx.bfloat16)
+    mx.random.seed(3)
+    x = mx.random.normal((5, 128)).astype(mx.bfloat16)
+    r = mx.random.normal((5, 128)).astype(mx.bfloat16)
+    calls = []
+    real = cm.swiglu_matmul_cuda
+    monkeypatch.setattr(cm, "swiglu_matmul_cuda", lambda *a: calls.append(a[0].shape) or real(*a))
+    monkeypatch.setattr(select, "small_mm_enabled", lambda: True)  # (CPU: the kernels emulated)
+    monkeypatch.delenv(select.MM_SWIGLU_ENV, raising=False)
+    key = select.mm_key()
+    lin.swiglu_mlp(mlp, x, True, add=r)
+    assert calls == [] and not select.mm_swiglu_enabled()
+    monkeypatch.setenv(select.MM_SWIGLU_ENV, "1")
+    assert select.mm_swiglu_enabled() and select.mm_key() != key
+    assert "SwiGLU in its gate/up launch" in select.describe()["small_mm"]
+    got = lin.swiglu_mlp(mlp, x, True, add=r)
+    assert calls == [(5, 128)]
+    gate, up = cm.grouped_matmul_cuda(x, [mlp.gate_proj.weight, mlp.up_proj.weight])
+    act = mx.array(_cuda_swiglu(gate, up)).astype(mx.bfloat16)
+    assert mx.array_equal(got, lin.linear(mlp.down_proj, act, True, add=r))
+    # Not in one launch: drafts' frozen products, grouping off, a bad setting names the fix.
+    lin.swiglu_mlp(mlp, x, lin.FROZEN)
+    monkeypatch.setenv(select.GROUPED_MM_ENV, "0")
+    lin.swiglu_mlp(mlp, x, True)
+    assert len(calls) == 1
+    monkeypatch.delenv(select.GROUPED_MM_ENV)
+    monkeypatch.setenv(select.MM_SWIGLU_ENV, "2")
+    with pytest.raises(UsageError, match=f"{select.MM_SWIGLU_ENV}='2' must be 0 or 1"):
+        select.mm_swiglu_enabled()
+
+
+@pytest.fixture
 def emulated_add(emulated, monkeypatch, tmp_path):
     """The kernels with the residual in the launch (K-split and column split), emulated too."""
     adds = {
@@ -602,6 +703,44 @@ def test_cuda_grouped_kernel_gives_each_product_the_single_kernels_bits(rows):
         ws = [(mx.random.normal((n, 2560)) * 0.02).astype(mx.bfloat16) for n in widths]
         for w, y in zip(ws, cm.grouped_matmul_cuda(x, ws)):
             assert mx.array_equal(y, cm.small_matmul_cuda(x, w))
+
+
+@cuda_only
+@pytest.mark.parametrize("rows", [1, 16, 33, 64, 128])
+def test_cuda_swiglu_launch_has_the_bits_of_grouped_products_and_mlx_swiglu(rows):
+    # Qwen3.5-4B's MLP gate/up (and a narrow one): the one launch gives mlx-lm's compiled swiglu
+    # of the grouped launch's outputs bit for bit, as MLX's CUDA backend computes it.
+    from mlx_lm.models.activations import swiglu
+
+    mx.random.seed(rows)
+    for K, N in [(2560, 9216), (256, 64)]:
+        x = mx.random.normal((rows, K)).astype(mx.bfloat16)
+        wg = (mx.random.normal((N, K)) * 3 * K**-0.5).astype(mx.bfloat16)
+        wu = (mx.random.normal((N, K)) * K**-0.5).astype(mx.bfloat16)
+        gate, up = cm.grouped_matmul_cuda(x, [wg, wu])
+        want = swiglu(gate, up)
+        got = cm.swiglu_matmul_cuda(x, wg, wu)
+        assert mx.array_equal(got, want), (K, N)
+        assert np.array_equal(np.array(got.astype(mx.float32)), _cuda_swiglu(gate, up))
+
+
+@cuda_only
+def test_cuda_runners_give_the_same_logits_with_swiglu_in_the_launch(monkeypatch):
+    from hf2q.kernels.layers import fast_layer_fn
+    from hf2q.runtime.pair import load_pair
+
+    target = load_pair(None).target
+    tokens = mx.array([[3, 14, 15, 92, 65, 35, 89, 79]])
+    outs = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv(select.MM_SWIGLU_ENV, flag)
+        cache = target.make_cache()
+        steps = [target.forward(tokens[:, :3], cache, layer_fn=fast_layer_fn(mm=True))[0]]
+        for i in range(3, tokens.shape[1]):  # then decode steps, one row each
+            out, _ = target.forward(tokens[:, i : i + 1], cache, layer_fn=fast_layer_fn(mm=True))
+            steps.append(out)
+        outs.append(mx.concatenate(steps, axis=1))
+    assert mx.array_equal(outs[0], outs[1])
 
 
 @cuda_only

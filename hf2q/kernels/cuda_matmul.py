@@ -476,6 +476,88 @@ def grouped_source(groups: int, columns: bool = False) -> str:
     return _ROWS + "\n".join(lines) + "\n" + _STORE + (_BODY_COLUMNS if columns else _BODY)
 
 
+# The MLP's gate and up products with SwiGLU in the launch: ``silu(x @ wg.T) * (x @ wu.T)``
+# as mlx-lm's compiled ``swiglu`` (``gate * sigmoid(gate) * up``) computes it from the two
+# products' rounded outputs, each intermediate rounded to T as MLX's CUDA elementwise kernel
+# stores it (``hf2q_sigmoid`` from the Gated-DeltaNet kernel's header), so the bits of
+# ``swiglu(*grouped_matmul_cuda(x, [wg, wu]))`` in one launch: one graph node less a layer and
+# the two products' outputs never written. A block's NB column blocks are NB / 2 of the gate's
+# and the same NB / 2 of the up's, so each output's two sums meet in one thread; the chunks,
+# lanes, mma steps and warps' sum are _BODY's (same m-tiles and warps as the grouped launch,
+# which depend on the rows and K only), so both sums have the grouped launch's bits.
+_LOAD_W_SWIGLU = r"""
+    unsigned wv[NB][8];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      const T* wb = nb < NB / 2 ? wg + (size_t)(n0 + nb * 8 + g) * K
+                                : wu + (size_t)(n0 + (nb - NB / 2) * 8 + g) * K;
+      const uint4* wp = reinterpret_cast<const uint4*>(wb + kb);
+      const uint4 lo = wp[0];
+      const uint4 hi = wp[1];
+      wv[nb][0] = lo.x; wv[nb][1] = lo.y; wv[nb][2] = lo.z; wv[nb][3] = lo.w;
+      wv[nb][4] = hi.x; wv[nb][5] = hi.y; wv[nb][6] = hi.z; wv[nb][7] = hi.w;
+    }
+"""
+_SWIGLU_STORE = r"""
+  constexpr int SLOTS = MT * NB * 4;
+  constexpr int HALF = NB / 2;
+  auto act = [&](size_t i, float gs, float us) {
+    const float gq = hf2q_round<T>(gs);
+    const float uq = hf2q_round<T>(us);
+    const float sl = hf2q_round<T>(gq * hf2q_sigmoid<T>(gq));
+    y[i] = hf2q_to<T>(sl * uq);
+  };
+  if (WARPS == 1) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nb = 0; nb < HALF; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = mt * 16 + g + (e >= 2 ? 8 : 0);
+          const int col = n0 + nb * 8 + 2 * t + (e & 1);
+          if (row < M) act((size_t)row * N + col, acc[mt][nb][e], acc[mt][nb + HALF][e]);
+        }
+    return;
+  }
+  __shared__ float red[WARPS][SLOTS][32];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[warp][(mt * NB + nb) * 4 + e][lane] = acc[mt][nb][e];
+  __syncthreads();
+  for (int i = threadIdx.x; i < MT * HALF * 4 * 32; i += WARPS * 32) {
+    const int q = i / 32;
+    const int ln = i % 32;
+    const int mt = q / (HALF * 4);
+    const int nb = (q / 4) % HALF;
+    const int e = q % 4;
+    const int row = mt * 16 + (ln >> 2) + (e >= 2 ? 8 : 0);
+    if (row >= M) continue;
+    const int sg = (mt * NB + nb) * 4 + e;
+    float gs = 0.0f;
+    float us = 0.0f;
+#pragma unroll
+    for (int ww = 0; ww < WARPS; ++ww) {
+      gs += red[ww][sg][ln];
+      us += red[ww][sg + HALF * 4][ln];
+    }
+    act((size_t)row * N + n0 + nb * 8 + 2 * (ln & 3) + (e & 1), gs, us);
+  }
+"""
+_SOURCE_SWIGLU = (
+    _ROWS
+    + r"""
+  const int N = wg_shape[0];
+  const int n0 = blockIdx.x * (4 * NB);
+"""
+    + _BODY_TEMPLATE.split("  constexpr int SLOTS")[0].replace("@LOAD_W@\n", _LOAD_W_SWIGLU[1:])
+    + _SWIGLU_STORE
+)
+
+
 @cache
 def _kernel(columns: bool = False) -> Any:
     return mx.fast.cuda_kernel(
@@ -993,3 +1075,68 @@ def grouped_matmul_cuda(
         output_shapes=[(*x.shape[:-1], w.shape[0]) for w in ws],
         output_dtypes=[x.dtype] * len(ws),
     )
+
+
+def _swiglu_header() -> str:
+    from hf2q.kernels import cuda_gated_delta  # its sigmoid as MLX's CUDA ops compute it
+
+    return _HEADER + cuda_gated_delta._HEADER
+
+
+@cache
+def _swiglu_kernel() -> Any:
+    return mx.fast.cuda_kernel(
+        name="hf2q_swiglu_mm",
+        input_names=["x", "wg", "wu"],
+        output_names=["y"],
+        source=_SOURCE_SWIGLU,
+        header=_swiglu_header(),
+    )
+
+
+def _swiglu_template(dtype: Any, mt: int, nb: int, warps: int, unroll: int) -> list:
+    """The SwiGLU launch's template arguments: :func:`_template`'s less CW (no column split)."""
+    return _template(dtype, mt, nb, warps, unroll)[:5]
+
+
+def swiglu_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int] | None:
+    """(m-tiles, column blocks of both weights together, warps, unrolling) of
+    :func:`swiglu_matmul_cuda`'s launch, or None where it does not take the product: the
+    grouped launch's of the two weights (:func:`launch_shape`), whose column blocks are split
+    half and half between them, so the same blocks a launch and the same registers; where that
+    is one column block, None (the caller runs the grouped launch and the elementwise step)."""
+    mt, nb, warps, unroll = launch_shape(rows, K, N)
+    return None if nb < 2 else (mt, nb, warps, unroll)
+
+
+def swiglu_supported(x: mx.array, wg: mx.array, wu: mx.array) -> str | None:
+    """Why :func:`swiglu_matmul_cuda` cannot compute ``swiglu(x @ wg.T, x @ wu.T)`` (None when it
+    can)."""
+    if wg.shape != wu.shape:
+        return f"gate {wg.shape} and up {wu.shape} weights differ in shape"
+    why = supported(x, wg) or supported(x, wu)
+    if why is not None:
+        return why
+    if swiglu_shape(math.prod(x.shape[:-1]), wg.shape[1], wg.shape[0]) is None:
+        return f"N={wg.shape[0]} takes one 8-column block a launch"
+    return None
+
+
+def swiglu_matmul_cuda(x: mx.array, wg: mx.array, wu: mx.array) -> mx.array:
+    """``silu(x @ wg.T) * (x @ wu.T)`` (mlx-lm's SwiGLU of the MLP's gate and up products) in
+    one launch, with the bits of ``swiglu(*grouped_matmul_cuda(x, [wg, wu]))`` (see
+    :data:`_SOURCE_SWIGLU`; :func:`swiglu_supported` says what it takes)."""
+    K, N = wg.shape[1], wg.shape[0]
+    shape = swiglu_shape(math.prod(x.shape[:-1]), K, N)
+    if shape is None:
+        raise ValueError(swiglu_supported(x, wg, wu))
+    mt, nb, warps, unroll = shape
+    (y,) = _swiglu_kernel()(
+        inputs=[x, wg, wu],
+        template=_swiglu_template(x.dtype, mt, nb, warps, unroll),
+        grid=((N // (4 * nb)) * 32 * warps, 1, 1),
+        threadgroup=(32 * warps, 1, 1),
+        output_shapes=[(*x.shape[:-1], N)],
+        output_dtypes=[x.dtype],
+    )
+    return y

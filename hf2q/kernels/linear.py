@@ -264,7 +264,8 @@ def swiglu_mlp(
     mlp: nn.Module, x: mx.array, on: bool | Frozen, add: mx.array | None = None
 ) -> mx.array:
     """mlx-lm's SwiGLU MLP (``down(silu(gate(x)) * up(x))``) with its products through :func:`linear`
-    (``+ add``, a residual, with ``add``).
+    (``+ add``, a residual, with ``add``); under ``select.mm_swiglu_enabled()`` the gate, up and
+    SwiGLU in one launch of the kernel where it takes them (same bits).
 
     Only mlx-lm's dense Qwen3 / Qwen3-Next MLP classes, whose call is exactly that; anything else
     (the sparse MoE block, other MLPs) runs its own call.
@@ -273,7 +274,20 @@ def swiglu_mlp(
         return mlp(x) if add is None else add + mlp(x)
     from mlx_lm.models.activations import swiglu
 
-    gate, up = linears([mlp.gate_proj, mlp.up_proj], x, on)
+    gp, up = mlp.gate_proj, mlp.up_proj
+    if (
+        on
+        and type(gp) is nn.Linear
+        and type(up) is nn.Linear
+        and "bias" not in gp
+        and "bias" not in up
+        and _select().mm_swiglu_enabled()
+        and cuda_matmul.swiglu_supported(x, gp.weight, up.weight) is None
+        and _rows_fit(x, gp.weight)
+    ):  # one launch, the bits of the two steps below
+        act = cuda_matmul.swiglu_matmul_cuda(x, gp.weight, up.weight)
+        return linear(mlp.down_proj, act, on, add=add)
+    gate, up = linears([gp, up], x, on)
     return linear(mlp.down_proj, swiglu(gate, up), on, add=add)
 
 

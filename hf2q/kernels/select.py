@@ -80,6 +80,12 @@ GROUPED_MM_ENV = "HF2Q_GROUPED_MM"
 #: H200 (session 26).
 MM_COLUMNS_ENV = "HF2Q_MM_COLUMNS"
 
+#: HF2Q_MM_SWIGLU=1: where products sharing an input are one launch (:data:`GROUPED_MM_ENV`), an
+#: MLP's gate and up products and its SwiGLU are one launch
+#: (:func:`hf2q.kernels.cuda_matmul.swiglu_matmul_cuda`, the bits of the grouped launch and
+#: mlx-lm's ``swiglu``): one graph node less a layer (default off until timed on a GPU).
+MM_SWIGLU_ENV = "HF2Q_MM_SWIGLU"
+
 #: HF2Q_SMALL_MM_ROWS=N: products of up to N rows run the small-M kernel whatever the weight's size;
 #: beyond N, weights of more than 4M elements go to cuBLAS (default: the kernel's 128 rows).
 SMALL_MM_ROWS_ENV = "HF2Q_SMALL_MM_ROWS"
@@ -281,6 +287,12 @@ def mm_columns_enabled() -> bool:
     return small_mm_enabled() and _flag(MM_COLUMNS_ENV, "1")
 
 
+def mm_swiglu_enabled() -> bool:
+    """Whether an MLP's gate, up and SwiGLU are one launch of the small-M kernel
+    (``HF2Q_MM_SWIGLU``, default off; only where :func:`grouped_mm_enabled`; same bits)."""
+    return grouped_mm_enabled() and _flag(MM_SWIGLU_ENV, "0")
+
+
 def small_mm_rows() -> int:
     """Rows up to which every product the small-M kernel can compute runs it
     (``HF2Q_SMALL_MM_ROWS``, default :data:`hf2q.kernels.linear.ALWAYS_ROWS`, 128). A DFlash
@@ -332,7 +344,7 @@ def mm_key() -> tuple[bool, int, bool | tuple, bool | str]:
     """The settings a compiled runner's products depend on, for the caches of traced functions:
     (:func:`grouped_mm_enabled`, :func:`small_mm_rows`, the single products' layout:
     :func:`mm_columns_enabled`, paired with ``"narrow"`` under ``HF2Q_MM_NARROW=1`` and with
-    ``"cols64"`` under ``HF2Q_MM_COLS64``,
+    ``"cols64"`` under ``HF2Q_MM_COLS64`` and with ``"swiglu"`` under ``HF2Q_MM_SWIGLU=1``,
     :func:`small_qmm_enabled` or with it ``HF2Q_QMM_LAUNCH`` where set)."""
     qmm = small_qmm_enabled() and (os.environ.get(cuda_matmul.QMM_LAUNCH_ENV, "") or True)
     columns: bool | tuple = mm_columns_enabled()
@@ -340,6 +352,8 @@ def mm_key() -> tuple[bool, int, bool | tuple, bool | str]:
         columns = (columns, "narrow")
     if (cols := cuda_matmul.cols64()) is not None:  # four m-tiles' column split
         columns = (columns, "cols64", cols)
+    if mm_swiglu_enabled():  # the MLP's launches
+        columns = (columns, "swiglu")
     return grouped_mm_enabled(), small_mm_rows(), columns, qmm
 
 
@@ -770,6 +784,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
     )
     if grouped_mm_enabled():
         info["small_mm"] += ", products sharing an input in one launch"
+    if mm_swiglu_enabled():
+        info["small_mm"] += ", the MLP's SwiGLU in its gate/up launch"
     if mm_columns_enabled():
         info["small_mm"] += ", columns split at 33-64 rows"
     if small_mm_enabled() and mm_columns_enabled() and (cols := cuda_matmul.cols64()) is not None:
