@@ -1,50 +1,30 @@
 #!/usr/bin/env bash
-# The next lease's first call (after the three keep.sh calls and install.sh), with BUDGET=540.
-# Two questions from session 57 (H100, fast host), in order:
-# 1. The 4-slot round is the device's (8.14 ms busy of 8.14) and its MLP's gate/up took 56.9 us
-#    a launch against 35.8 at one slot: at 64 rows the K-split's blocks each read all 64 rows of
-#    x from L2. The column split (x staged once a block) lost in run 5 with only the weights
-#    loaded ahead (gate/up 88.7 us, round 10.33-10.49 ms against 9.16, same tokens). Since
-#    1b481b0 x is copied D chunks ahead too (cp.async), so each warp no longer waits for x's next
-#    chunk at every one of its K/64 barriers. Its bits on this GPU, then the 4-slot round with
-#    HF2Q_MM_COLS64 off and three layouts alternating in one process (nvcc: 2x4x3 128 registers
-#    and 62 KB shared, three 4-warp blocks an SM; 2x4x2 124 and 53 KB, four; 1x8x3 101 and 62 KB,
-#    two 8-warp blocks).
-# 2. The one-slot round is the host's (6.07 ms against 5.62 busy) with 8 CUDA graphs a round,
-#    each launch 110-167 us of host time. MLX 0.32 cuts a graph at 100 nodes or 1000 "MB" of
-#    inputs on compute capability 9.0, the latter counted in elements of every input, weights
-#    included (about 4e9 for a 4B verify: several graphs), and lets at most 10 graphs be in
-#    flight before the host waits (MAX_ACTIVE_TASKS): with 8 a round, two lagged rounds do not
-#    fit. Session 57 raised only the node limit (8 graphs -> 7, no change). Here both limits are
-#    raised (MLX_MAX_OPS_PER_BUFFER=1000, MLX_MAX_MB_PER_BUFFER=100000; read once a process, so
-#    one process each, alternated twice) in the goals' sweep at 1 and 4 slots, whose default
-#    rows are the goals' figures; then the one-slot trace with both raised (graphs a round, the
-#    idle gaps). Session 22 had raised the MB limit alone, on a round built differently: 4-slot
-#    round 12.59 -> 16.42 ms.
-# Then, in what is left: the 4-slot trace with HF2Q_MM_COLS64=2x4x3, the lagged round's queuing
-# settings at one slot, and the demo queue.
+# Session 58's first call on a lease (after the three keep.sh calls and install.sh), BUDGET=540;
+# benchmarks/h200_s58b.sh (session 57's staged questions) is the second.
+# The question: the one-slot round is the host's (session 57, H100: 6.07 ms against 5.62 busy,
+# 537 nodes a round), and 37 of its nodes are the MLPs' SwiGLU elementwise kernels.
+# HF2Q_MM_SWIGLU=1 computes gate, up and SwiGLU in one launch (acd2a59; the bits of the grouped
+# launch and mlx-lm's swiglu, which the first tests check on this GPU). Then the plain step and
+# the one-slot round with it off and on, alternating in one process (E from the same run), the
+# 4-slot round likewise (with HF2Q_MM_COLS64=2x4x3, x copied ahead, alone and with it), and the
+# goals' sweep at 1 and 4 slots, one process each, alternated twice.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
 host_speed
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
-gpu_pytest cols64_bits 90 tests/test_kernels_matmul.py -k "cuda_cols64 or cuda_column_split"
+gpu_pytest swiglu_bits 100 tests/test_kernels_matmul.py -k "cuda and swiglu"
 V=HF2Q_DRAFT_VOCAB=32768
-ab_slots cols64_ "4" "$V+HF2Q_MM_COLS64=0,$V+HF2Q_MM_COLS64=2x4x3,$V+HF2Q_MM_COLS64=2x4x2,$V+HF2Q_MM_COLS64=1x8x3"
-BIG="MLX_MAX_OPS_PER_BUFFER=1000 MLX_MAX_MB_PER_BUFFER=100000"
+ab_run sw_1 "$(left)" --synthetic 4b --slots 1 --modes plain,dflash --tokens 32 --prompt-tokens 64 \
+  --runs 3 --values "$V+HF2Q_MM_SWIGLU=0,$V+HF2Q_MM_SWIGLU=1"
+gpu_pytest cols64_bits 90 tests/test_kernels_matmul.py -k "cuda_cols64"
+ab_slots sw_ "4" "$V+HF2Q_MM_SWIGLU=0,$V+HF2Q_MM_SWIGLU=1,$V+HF2Q_MM_COLS64=2x4x3,$V+HF2Q_MM_SWIGLU=1+HF2Q_MM_COLS64=2x4x3"
 for r in a b; do
-  for g in default big; do
+  for g in 0 1; do
     t=$(left); [ "$t" -lt 60 ] && break 2
-    [ "$t" -gt 120 ] && t=120
-    settings=""; [ "$g" = big ] && settings=$BIG
-    (for kv in $settings; do export "${kv?}"; done
-     synthetic_run "syn4b_${g}_$r" 1,4 "$t" --draft-vocab 32768)
+    [ "$t" -gt 110 ] && t=110
+    HF2Q_MM_SWIGLU=$g synthetic_run "syn4b_sw${g}_$r" 1,4 "$t" --draft-vocab 32768
   done
 done
-(for kv in $BIG; do export "${kv?}"; done; mkdir -p "$OUT/big" && OUT="$OUT/big"
- TL_ARGS="--draft-vocab 32768" timelines 1 100 60 | cut -c1-140 | grep -E "^(==|tl_)|host CUDA API|cudaGraphLaunch")
-HF2Q_MM_COLS64=2x4x3 TL_ARGS="--draft-vocab 32768" timelines 4 100 60 | cut -c1-140 | head -12
-ab_slots lag_ "1" "$V,$V+HF2Q_LAGGED_DRAFT_FIRST=0,$V+HF2Q_LAG_DEPTH=3"
-demo_queue_bench demo_queue
 host_speed
 pack_logs
