@@ -112,7 +112,7 @@ _ROWS = r"""
 # this thread block computes (the single kernel and the grouped one each say which), each value
 # written by ``store(index, float32 sum)``; ``@LOAD_W@`` is where a chunk's weights are loaded
 # into ``wv`` (:data:`_LOAD_W` for unquantized weights, :data:`_LOAD_WQ` for quantized ones).
-_BODY_TEMPLATE = r"""
+_BODY_LOOP = r"""
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
@@ -157,6 +157,20 @@ _BODY_TEMPLATE = r"""
       }
     }
   }
+"""
+# The warps' partial sums staged in shared memory for their sum (K-split, WARPS > 1).
+_STAGE_PARTIALS = r"""
+  __shared__ float red[WARPS][SLOTS][32];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[warp][(mt * NB + nb) * 4 + e][lane] = acc[mt][nb][e];
+  __syncthreads();
+"""
+# One warp: each lane stores its accumulators as they are.
+_BODY_ONE_WARP = r"""
   constexpr int SLOTS = MT * NB * 4;
   if (WARPS == 1) {
 #pragma unroll
@@ -170,14 +184,9 @@ _BODY_TEMPLATE = r"""
     }
     return;
   }
-  __shared__ float red[WARPS][SLOTS][32];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) red[warp][(mt * NB + nb) * 4 + e][lane] = acc[mt][nb][e];
-  __syncthreads();
+"""
+# Several: the partials added in warp order, from 0.0f.
+_BODY_SUM = r"""
   for (int i = threadIdx.x; i < SLOTS * 32; i += WARPS * 32) {
     const int s = i / 32;
     const int ln = i % 32;
@@ -191,6 +200,7 @@ _BODY_TEMPLATE = r"""
     store((size_t)row * N + col, sum);
   }
 """
+_BODY_TEMPLATE = _BODY_LOOP + _BODY_ONE_WARP[1:] + _STAGE_PARTIALS[1:] + _BODY_SUM[1:]
 # The unquantized weights' loads: the 16 bf16/fp16 weights of the lane's column in this chunk.
 _LOAD_W = r"""
     unsigned wv[NB][8];
@@ -520,14 +530,8 @@ _SWIGLU_STORE = r"""
         }
     return;
   }
-  __shared__ float red[WARPS][SLOTS][32];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) red[warp][(mt * NB + nb) * 4 + e][lane] = acc[mt][nb][e];
-  __syncthreads();
+"""
+_SWIGLU_SUM = r"""
   for (int i = threadIdx.x; i < MT * HALF * 4 * 32; i += WARPS * 32) {
     const int q = i / 32;
     const int ln = i % 32;
@@ -553,8 +557,10 @@ _SOURCE_SWIGLU = (
   const int N = wg_shape[0];
   const int n0 = blockIdx.x * (4 * NB);
 """
-    + _BODY_TEMPLATE.split("  constexpr int SLOTS")[0].replace("@LOAD_W@\n", _LOAD_W_SWIGLU[1:])
+    + _BODY_LOOP.replace("@LOAD_W@\n", _LOAD_W_SWIGLU[1:])
     + _SWIGLU_STORE
+    + _STAGE_PARTIALS[1:]
+    + _SWIGLU_SUM[1:]
 )
 
 
