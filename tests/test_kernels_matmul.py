@@ -345,7 +345,7 @@ def test_emulated_swiglu_launch_is_the_grouped_products_swiglu(emulated_swiglu, 
     assert y3.shape == (1, rows, N) and mx.array_equal(y3[0], y)
 
 
-def test_swiglu_supported_names_what_it_cannot_do():
+def test_swiglu_supported_names_what_it_cannot_do(monkeypatch):
     x = mx.zeros((2, 128), dtype=mx.bfloat16)
     w = mx.zeros((64, 128), dtype=mx.bfloat16)
     assert cm.swiglu_supported(x, w, w) is None
@@ -356,6 +356,14 @@ def test_swiglu_supported_names_what_it_cannot_do():
     with pytest.raises(ValueError, match="one 8-column block"):
         cm.swiglu_matmul_cuda(x, narrow, narrow)
     assert "dtypes" in cm.swiglu_supported(x.astype(mx.float32), w, w)
+    # Where the grouped launch would take the column split (HF2Q_MM_COLS64 at four m-tiles),
+    # that layout is left to it; not otherwise.
+    monkeypatch.setattr(cm, "COLS64_MIN_COLUMNS", 128)
+    monkeypatch.setenv(cm.COLS64_ENV, "2x2x1")
+    x64, w256 = mx.zeros((64, 256), dtype=mx.bfloat16), mx.zeros((64, 256), dtype=mx.bfloat16)
+    assert cm.swiglu_supported(x64, w256, w256) is None
+    assert "column split takes 64 rows" in cm.swiglu_supported(x64, w256, w256, columns=True)
+    assert cm.swiglu_supported(x64[:16], w256, w256, columns=True) is None  # one m-tile
 
 
 def test_swiglu_mlp_takes_the_one_launch_only_with_its_switch(emulated_swiglu, monkeypatch):

@@ -1115,16 +1115,21 @@ def swiglu_shape(rows: int, K: int, N: int) -> tuple[int, int, int, int] | None:
     return None if nb < 2 else (mt, nb, warps, unroll)
 
 
-def swiglu_supported(x: mx.array, wg: mx.array, wu: mx.array) -> str | None:
+def swiglu_supported(x: mx.array, wg: mx.array, wu: mx.array, columns: bool = False) -> str | None:
     """Why :func:`swiglu_matmul_cuda` cannot compute ``swiglu(x @ wg.T, x @ wu.T)`` (None when it
-    can)."""
+    can). ``columns``: the caller's grouped launch would use the column split where
+    :func:`column_shape` takes both weights (the launch is a K-split; that layout, e.g.
+    ``HF2Q_MM_COLS64``'s, is then left to the grouped launch)."""
     if wg.shape != wu.shape:
         return f"gate {wg.shape} and up {wu.shape} weights differ in shape"
     why = supported(x, wg) or supported(x, wu)
     if why is not None:
         return why
-    if swiglu_shape(math.prod(x.shape[:-1]), wg.shape[1], wg.shape[0]) is None:
-        return f"N={wg.shape[0]} takes one 8-column block a launch"
+    rows, K, N = math.prod(x.shape[:-1]), wg.shape[1], wg.shape[0]
+    if swiglu_shape(rows, K, N) is None:
+        return f"N={N} takes one 8-column block a launch"
+    if columns and column_shape(rows, K, N, 2 * N) is not None:
+        return f"the column split takes {rows} rows of {N} + {N} columns"
     return None
 
 

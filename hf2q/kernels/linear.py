@@ -282,7 +282,7 @@ def swiglu_mlp(
         and "bias" not in gp
         and "bias" not in up
         and _select().mm_swiglu_enabled()
-        and cuda_matmul.swiglu_supported(x, gp.weight, up.weight) is None
+        and cuda_matmul.swiglu_supported(x, gp.weight, up.weight, _columns()) is None
         and _rows_fit(x, gp.weight)
     ):  # one launch, the bits of the two steps below
         act = cuda_matmul.swiglu_matmul_cuda(x, gp.weight, up.weight)
