@@ -729,7 +729,6 @@ def test_cuda_swiglu_launch_has_the_bits_of_grouped_products_and_mlx_swiglu(rows
         want = swiglu(gate, up)
         got = cm.swiglu_matmul_cuda(x, wg, wu)
         assert mx.array_equal(got, want), (K, N)
-        assert np.array_equal(np.array(got.astype(mx.float32)), _cuda_swiglu(gate, up))
 
 
 @cuda_only
