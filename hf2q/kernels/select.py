@@ -83,7 +83,9 @@ MM_COLUMNS_ENV = "HF2Q_MM_COLUMNS"
 #: HF2Q_MM_SWIGLU=1: where products sharing an input are one launch (:data:`GROUPED_MM_ENV`), an
 #: MLP's gate and up products and its SwiGLU are one launch
 #: (:func:`hf2q.kernels.cuda_matmul.swiglu_matmul_cuda`, the bits of the grouped launch and
-#: mlx-lm's ``swiglu``): one graph node less a layer (default off until timed on a GPU).
+#: mlx-lm's ``swiglu``; so on an H200, session 58): one graph node less a layer. Default off: the
+#: 4-slot round of the 4B-shaped pair went 7.974 -> 8.179 ms with it (H200, in one process), and
+#: at one slot a noisy host left no verdict.
 MM_SWIGLU_ENV = "HF2Q_MM_SWIGLU"
 
 #: HF2Q_SMALL_MM_ROWS=N: products of up to N rows run the small-M kernel whatever the weight's size;
