@@ -761,8 +761,8 @@ NARROW_ENV = "HF2Q_MM_NARROW"
 #: 4-slot trace), where the column split reads x once per block of 64-128 columns. It lost with
 #: one chunk in flight (session 26: gate/up 60.4 against 52.4 us), and again with the weights 3
 #: chunks ahead but x one (session 57, H100, same tokens: the 4-slot round 9.16 ms off against
-#: 10.33 / 10.47 / 10.49 at 2x4x3 / 1x8x3 / 2x8x2; gate/up 88.7 us a launch). x copied ahead too
-#: (cp.async) is not yet timed.
+#: 10.33 / 10.47 / 10.49 at 2x4x3 / 1x8x3 / 2x8x2; gate/up 88.7 us a launch), and with x copied
+#: ahead too (cp.async; session 58, H200, same tokens: 7.974 ms off against 8.410 at 2x4x3).
 COLS64_ENV = "HF2Q_MM_COLS64"
 #: Fewest columns (all of a launch's weights) a launch needs for ``HF2Q_MM_COLS64``'s layout: the
 #: 2560-wide products would have 10-40 blocks.
