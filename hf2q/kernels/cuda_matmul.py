@@ -201,18 +201,20 @@ _BODY_SUM = r"""
   }
 """
 _BODY_TEMPLATE = _BODY_LOOP + _BODY_ONE_WARP[1:] + _STAGE_PARTIALS[1:] + _BODY_SUM[1:]
-# The unquantized weights' loads: the 16 bf16/fp16 weights of the lane's column in this chunk.
-_LOAD_W = r"""
+# The unquantized weights' loads: the 16 bf16/fp16 weights of the lane's column in this chunk,
+# column block nb's row of weights starting at @W_ROW@ (:data:`_LOAD_W`: of ``w``).
+_LOAD_W_ROWS = r"""
     unsigned wv[NB][8];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
-      const uint4* wp = reinterpret_cast<const uint4*>(w + (size_t)(n0 + nb * 8 + g) * K + kb);
+      const uint4* wp = reinterpret_cast<const uint4*>(@W_ROW@ + kb);
       const uint4 lo = wp[0];
       const uint4 hi = wp[1];
       wv[nb][0] = lo.x; wv[nb][1] = lo.y; wv[nb][2] = lo.z; wv[nb][3] = lo.w;
       wv[nb][4] = hi.x; wv[nb][5] = hi.y; wv[nb][6] = hi.z; wv[nb][7] = hi.w;
     }
 """
+_LOAD_W = _LOAD_W_ROWS.replace("@W_ROW@", "w + (size_t)(n0 + nb * 8 + g) * K")
 _BODY = _BODY_TEMPLATE.replace("@LOAD_W@\n", _LOAD_W[1:])
 
 
@@ -495,19 +497,11 @@ def grouped_source(groups: int, columns: bool = False) -> str:
 # and the same NB / 2 of the up's, so each output's two sums meet in one thread; the chunks,
 # lanes, mma steps and warps' sum are _BODY's (same m-tiles and warps as the grouped launch,
 # which depend on the rows and K only), so both sums have the grouped launch's bits.
-_LOAD_W_SWIGLU = r"""
-    unsigned wv[NB][8];
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      const T* wb = nb < NB / 2 ? wg + (size_t)(n0 + nb * 8 + g) * K
-                                : wu + (size_t)(n0 + (nb - NB / 2) * 8 + g) * K;
-      const uint4* wp = reinterpret_cast<const uint4*>(wb + kb);
-      const uint4 lo = wp[0];
-      const uint4 hi = wp[1];
-      wv[nb][0] = lo.x; wv[nb][1] = lo.y; wv[nb][2] = lo.z; wv[nb][3] = lo.w;
-      wv[nb][4] = hi.x; wv[nb][5] = hi.y; wv[nb][6] = hi.z; wv[nb][7] = hi.w;
-    }
-"""
+_LOAD_W_SWIGLU = _LOAD_W_ROWS.replace(
+    "@W_ROW@",
+    "(nb < NB / 2 ? wg + (size_t)(n0 + nb * 8 + g) * K"
+    " : wu + (size_t)(n0 + (nb - NB / 2) * 8 + g) * K)",
+)
 _SWIGLU_STORE = r"""
   constexpr int SLOTS = MT * NB * 4;
   constexpr int HALF = NB / 2;
