@@ -244,12 +244,18 @@ def _swiglu_types() -> tuple[type, ...]:
     return (MLP, Qwen3NextMLP)
 
 
+def _bare(mods: list[nn.Module]) -> bool:
+    """Whether every module is a plain ``nn.Linear`` without bias (what one launch of several
+    products takes)."""
+    return all(type(m) is nn.Linear and "bias" not in m for m in mods)
+
+
 def linears(mods: list[nn.Module], x: mx.array, on: bool | Frozen) -> list[mx.array]:
     """``[mod(x) for mod in mods]``; one launch of the grouped kernel when ``on``, products sharing
     an input are grouped here (``select.grouped_mm_enabled()``) and every module is a plain
     ``nn.Linear`` without bias that fits (same bits as :func:`linear` of each), else :func:`linear`
     of each. Compiled runners read the setting when traced, so their caches key on it."""
-    if on and all(type(m) is nn.Linear and "bias" not in m for m in mods):
+    if on and _bare(mods):
         ws = [m.weight for m in mods]
         if (
             _grouping()
@@ -277,10 +283,7 @@ def swiglu_mlp(
     gp, up = mlp.gate_proj, mlp.up_proj
     if (
         on
-        and type(gp) is nn.Linear
-        and type(up) is nn.Linear
-        and "bias" not in gp
-        and "bias" not in up
+        and _bare([gp, up])
         and _select().mm_swiglu_enabled()
         and cuda_matmul.swiglu_supported(x, gp.weight, up.weight, _columns()) is None
         and _rows_fit(x, gp.weight)
