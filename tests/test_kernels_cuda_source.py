@@ -148,8 +148,10 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(tmp_path: Path):
     variants += [("swiglu", *launch, 1, 1) for launch in _LAUNCHES]  # (every one's NB >= 2)
     kernels = []
     for i, (kind, mt, nb, warps, unroll, cw, depth) in enumerate(variants):
+        template = cm._template(dt, mt, nb, warps, unroll, cw, depth)
         if kind == "swiglu":
             source, ins, outs = cm._SOURCE_SWIGLU, ["x", "wg", "wu"], ["y"]
+            template = cm._swiglu_template(dt, mt, nb, warps, unroll)
         elif kind.startswith("grouped"):
             g = int(kind[-1])
             ins = ["x", *(f"w{i}" for i in range(g))]
@@ -178,9 +180,7 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(tmp_path: Path):
                     outs,
                     [dt] * len(outs),
                     source,
-                    cm._swiglu_template(dt, mt, nb, warps, unroll)
-                    if kind == "swiglu"
-                    else cm._template(dt, mt, nb, warps, unroll, cw, depth),
+                    template,
                 ),
             )
         )
