@@ -1,18 +1,8 @@
 #!/usr/bin/env bash
-# The next lease's call (session 58 ran benchmarks/h200_s58.sh on an H200: the column split
-# with x copied ahead lost again, 2x4x3 8.410 ms a 4-slot round against 7.974, so its other
-# layouts are no longer timed here), BUDGET=540. Question 1 below is answered; question 2 stands.
-# Two questions from session 57 (H100, fast host), in order:
-# 1. The 4-slot round is the device's (8.14 ms busy of 8.14) and its MLP's gate/up took 56.9 us
-#    a launch against 35.8 at one slot: at 64 rows the K-split's blocks each read all 64 rows of
-#    x from L2. The column split (x staged once a block) lost in run 5 with only the weights
-#    loaded ahead (gate/up 88.7 us, round 10.33-10.49 ms against 9.16, same tokens). Since
-#    1b481b0 x is copied D chunks ahead too (cp.async), so each warp no longer waits for x's next
-#    chunk at every one of its K/64 barriers. Its bits on this GPU, then the 4-slot round with
-#    HF2Q_MM_COLS64 off and three layouts alternating in one process (nvcc: 2x4x3 128 registers
-#    and 62 KB shared, three 4-warp blocks an SM; 2x4x2 124 and 53 KB, four; 1x8x3 101 and 62 KB,
-#    two 8-warp blocks).
-# 2. The one-slot round is the host's (6.07 ms against 5.62 busy) with 8 CUDA graphs a round,
+# The next lease's call, BUDGET=540. (Session 58's h200_s58.sh timed the column split with x
+# copied ahead on an H200: 2x4x3 8.410 ms a 4-slot round against 7.974, so it is not timed here.)
+# The question, from session 57 (H100, fast host):
+# The one-slot round is the host's (6.07 ms against 5.62 busy) with 8 CUDA graphs a round,
 #    each launch 110-167 us of host time. MLX 0.32 cuts a graph at 100 nodes or 1000 "MB" of
 #    inputs on compute capability 9.0, the latter counted in elements of every input, weights
 #    included (about 4e9 for a 4B verify: several graphs), and lets at most 10 graphs be in
