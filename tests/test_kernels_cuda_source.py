@@ -289,3 +289,28 @@ def test_small_qmm_kernels_compile_for_sm90_without_spills(tmp_path: Path):
         )
         kernels.append((label, name, text))
     _assert_compile_without_spills(tmp_path, cm._QHEADER, kernels)
+
+
+def test_gated_norm_launch_compiles_for_sm90_without_spills(tmp_path: Path):
+    import cuda_emu
+
+    from hf2q.kernels import cuda_norm as cn
+
+    kernels = [
+        (
+            f"gated_norm_{dt}_{Dv}",
+            f"hf2q_gated_norm_{i}",
+            cuda_emu.mlx_cuda_kernel(
+                f"hf2q_gated_norm_{i}",
+                ["y", "z", "w"],
+                [dt, dt, dt],
+                [2, 2, 1],
+                ["out"],
+                [dt],
+                cn.source(1e-6),
+                [("InT", dt), ("Dv", Dv)],
+            ),
+        )
+        for i, (dt, Dv) in enumerate([(mx.bfloat16, 128), (mx.float16, 128), (mx.bfloat16, 64)])
+    ]
+    _assert_compile_without_spills(tmp_path, cn._HEADER, kernels)

@@ -88,7 +88,7 @@ def test_runners_are_built_once_per_layer_and_dropped_with_it():
     first = layers.gdn_layer_runner(layer, impl="ops", record="final")
     assert layers.gdn_layer_runner(layer, impl="ops", record="final") is first
     assert layers.gdn_layer_runner(layer, impl="ops", record="states") is not first
-    key = (id(layer), "gdn", "ops", "final", False, True, False, None, False)
+    key = (id(layer), "gdn", "ops", "final", False, True, False, None, None)
     assert key in layers._RUNNERS
     del layer, first, target
     gc.collect()

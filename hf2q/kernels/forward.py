@@ -89,7 +89,7 @@ def _traced_settings() -> tuple:
     """The settings a whole-model trace reads besides its arguments (its cache key's rest)."""
     return (
         select.mm_key(),
-        select.gdn_window_enabled(),
+        select.gdn_trace_key(),
         select.kernel_mode(),
         select.backend(),
         select.compile_enabled(),

@@ -30,7 +30,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.gated_delta import compute_g, gated_delta_update, normalize_qk
 
-from hf2q.kernels import select
+from hf2q.kernels import cuda_norm, select
 from hf2q.kernels.cuda_rollback import compiled_on_cuda
 from hf2q.kernels.linear import kept_view, linear, linears, swiglu_mlp
 
@@ -334,8 +334,21 @@ def gdn_mixer(
         y, rec = _recurrence(
             attn, conv_state, qkv, conv_input, a, b, state, impl=impl, record=record
         )
-    out = linear(attn.out_proj, attn.norm(y, z).reshape(B, T, -1), mm, add=residual)
+    out = linear(
+        attn.out_proj, gated_norm(attn.norm, y, z, impl).reshape(B, T, -1), mm, add=residual
+    )
     return out, GdnRecord(conv_input, a, b, state, rec, record)
+
+
+def gated_norm(norm: nn.Module, y: mx.array, z: mx.array, impl: str) -> mx.array:
+    """``norm(y, z)`` (mlx-lm's ``Qwen3NextRMSNormGated``): with the fused kernel
+    (``impl == "cuda"``) and ``select.gated_norm_enabled()``, one launch of the same bits
+    (:func:`hf2q.kernels.cuda_norm.gated_norm_cuda`) where it takes the shapes; else the module."""
+    if impl == "cuda" and select.gated_norm_enabled():
+        weight = norm.weight
+        if cuda_norm.supported(y, z, weight) is None:
+            return cuda_norm.gated_norm_cuda(y, z, weight, norm.eps)
+    return norm(y, z)
 
 
 def gdn_decoder_layer(

@@ -131,8 +131,8 @@ def gdn_layer_runner(
         )
 
     products = select.mm_key() if mm else None  # read by the trace (``linear``, ``linears``)
-    window = impl == "cuda" and select.gdn_window_enabled()  # read by the trace (``gdn_mixer``)
-    return _cached(layer, ("gdn", impl, record, fuse, compiled, mm, products, window), build)
+    traced = select.gdn_trace_key() if impl == "cuda" else None  # read by the trace (``gdn_mixer``)
+    return _cached(layer, ("gdn", impl, record, fuse, compiled, mm, products, traced), build)
 
 
 def attention_runner(

@@ -217,6 +217,12 @@ REPLAY_LAYERS_ENV = "HF2Q_REPLAY_LAYERS"
 #: writing that window itself (default on; only where the fused kernel runs).
 GDN_WINDOW_ENV = "HF2Q_GDN_WINDOW"
 
+#: HF2Q_GATED_NORM=1: a Gated-DeltaNet layer's gated norm (mlx-lm's ``rms_norm`` then its
+#: ``precise_swiglu``, two launches) is one launch (:func:`hf2q.kernels.cuda_norm.gated_norm_cuda`,
+#: the same bits by construction) where the fused kernel runs: 24 graph nodes fewer in each
+#: forward of a 4B-shaped Qwen3.5. Default off until the H200 has confirmed its bits.
+GATED_NORM_ENV = "HF2Q_GATED_NORM"
+
 #: HF2Q_KV_ROW_SCATTER=0|1: a one-row slot cache whose position only the device knows (a lagged
 #: round at one slot) writes its new keys and values with the scatter the many-row caches use (1)
 #: or with a slice update at a device offset (0: two launches, the offset and a dynamic copy).
@@ -373,6 +379,19 @@ def gdn_window_enabled() -> bool:
     its own launch, instead of a concatenate in every layer of every step (``HF2Q_GDN_WINDOW``,
     default on; same values either way: the window is a copy)."""
     return _flag(GDN_WINDOW_ENV, "1")
+
+
+def gated_norm_enabled() -> bool:
+    """Whether the fused Gated-DeltaNet kernel's layers compute their gated norm in one launch
+    (``HF2Q_GATED_NORM``, default off; same bits as mlx-lm's two)."""
+    return _flag(GATED_NORM_ENV, "0")
+
+
+def gdn_trace_key() -> tuple[bool, bool]:
+    """The settings a Gated-DeltaNet layer's trace reads on CUDA besides its products'
+    (:func:`mm_key`): :func:`gdn_window_enabled` and :func:`gated_norm_enabled`; a kept trace is
+    rebuilt when they change."""
+    return gdn_window_enabled(), gated_norm_enabled()
 
 
 def kv_row_scatter() -> bool:
@@ -755,7 +774,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
         impl = gdn_impl(attn)
         info["gdn_mixer"] = {
             "cuda": "fused CUDA kernel (conv+silu+norm+gates+recurrence"
-            + (", writing the conv window)" if gdn_window_enabled() else ")"),
+            + (", writing the conv window" if gdn_window_enabled() else "")
+            + ("; gated norm in one launch)" if gated_norm_enabled() else ")"),
             "mlx": "mlx-lm gated_delta_update (Metal kernel)",
             "ops": "ops (portable)",
         }[impl]

@@ -1,0 +1,189 @@
+"""The gated RMS norm in one launch (hf2q/kernels/cuda_norm.py) and where it is used (gdn.py).
+
+On this CPU the kernel's source runs in the CUDA emulator (tests/cuda_emu.py) and is compared bit
+for bit with a numpy model of MLX's CUDA order (``rms_norm_small`` then ``precise_swiglu``); the
+model itself is checked against mlx-lm's module on the CPU (another summation order: close, not
+equal). The CUDA tests compare the launch with mlx-lm's own two kernels on the GPU.
+"""
+
+from __future__ import annotations
+
+import cuda_emu
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.qwen3_next import Qwen3NextRMSNormGated
+
+from hf2q.errors import UsageError
+from hf2q.kernels import cuda_norm as cn
+from hf2q.kernels import gdn, select
+
+HAS_CUDA = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="MLX's CUDA backend is not available")
+
+
+@pytest.fixture
+def emulated(monkeypatch, tmp_path):
+    """The launch's own source, run by the CPU emulator in place of MLX's CUDA backend."""
+    if cuda_emu.compiler() is None:
+        pytest.skip("no C++ compiler for the CUDA emulator")
+
+    def kernel(eps):
+        return cuda_emu.EmulatedKernel(
+            "hf2q_gated_norm", ["y", "z", "w"], ["out"], cn.source(eps), cn._HEADER, tmp_path
+        )
+
+    monkeypatch.setattr(cn, "_kernel", kernel)
+
+
+def _f32(a: mx.array) -> np.ndarray:
+    return np.array(a.astype(mx.float32))
+
+
+def _model(y: mx.array, z: mx.array, w: mx.array, eps: float) -> np.ndarray:
+    """``norm(y, z)`` as MLX's CUDA kernels compute it, in numpy (float32 values of the result).
+
+    ``rms_norm_small`` for 16-bit rows of up to 512 values: thread i adds the squares of values
+    8i..8i+7 in turn, each a fused multiply-add (here in extended precision, rounded once); the
+    threads' sums meet in a tree (i + 8, + 4, + 2, + 1 once the zeros of lanes 16.. are added);
+    ``rsqrt(sum / Dv + eps)`` (here 1 / sqrt, as the emulator's ``rsqrtf``); then
+    ``w * T(y * r)`` rounded to T; ``precise_swiglu``: ``T(g * sigmoid(g) * normed)`` in float32
+    with MLX's sigmoid ``1 / (1 + exp(|g|))``, mirrored for g >= 0."""
+    dt = y.dtype
+    Dv = y.shape[-1]
+
+    def r(a):
+        return np.array(mx.array(np.asarray(a, dtype=np.float32)).astype(dt).astype(mx.float32))
+
+    x = _f32(y).reshape(-1, Dv)
+    lanes = np.zeros((x.shape[0], 16), dtype=np.float32)
+    for i in range(Dv // 8):
+        acc = np.zeros(x.shape[0], dtype=np.float32)
+        for j in range(8):
+            t = x[:, 8 * i + j].astype(np.longdouble)
+            acc = (t * t + acc.astype(np.longdouble)).astype(np.float32)
+        lanes[:, i] = acc
+    s = lanes
+    for half in (8, 4, 2, 1):
+        s = (s[:, :half] + s[:, half : 2 * half]).astype(np.float32)
+    total = s[:, 0]
+    rs = (np.float32(1) / np.sqrt(total / np.float32(Dv) + np.float32(eps))).astype(np.float32)
+    normed = r(_f32(w)[None, :] * r(x * rs[:, None]))
+    g = _f32(z).reshape(-1, Dv)
+    e = np.exp(np.abs(g).astype(np.float64)).astype(np.float32)
+    y1 = (np.float32(1) / (np.float32(1) + e)).astype(np.float32)
+    sig = np.where(g < 0, y1, np.float32(1) - y1).astype(np.float32)
+    out = r((g * sig).astype(np.float32) * normed)
+    return out.reshape(y.shape)
+
+
+def _inputs(rows: int, Dv: int, dtype, seed: int):
+    mx.random.seed(seed)
+    y = (mx.random.normal((rows, Dv)) * 0.3).astype(dtype)
+    z = (mx.random.normal((rows, Dv)) * 2).astype(dtype)
+    w = (1 + 0.1 * mx.random.normal((Dv,))).astype(dtype)
+    return y, z, w
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("rows,Dv", [(1, 128), (37, 128), (16, 64), (5, 8), (33, 120)])
+def test_emulated_launch_has_the_bits_of_mlx_cuda_order(emulated, rows, Dv, dtype):
+    # One row and several blocks' worth, rows not filling a block, rows shorter than 16 lanes
+    # (64, 8 values) and not a power of two (120: the division by Dv is a true division).
+    y, z, w = _inputs(rows, Dv, dtype, rows + Dv)
+    out = cn.gated_norm_cuda(y, z, w, 1e-6)
+    assert out.shape == y.shape and out.dtype == dtype
+    assert np.array_equal(_f32(out), _model(y, z, w, 1e-6))
+
+
+def test_emulated_launch_keeps_the_leading_axes(emulated):
+    # A verify's (B, T, Hv, Dv) in, the same shape out, each row normed on its own.
+    y, z, w = _inputs(2 * 3 * 4, 128, mx.bfloat16, 7)
+    flat = cn.gated_norm_cuda(y, z, w, 1e-6)
+    out = cn.gated_norm_cuda(y.reshape(2, 3, 4, 128), z.reshape(2, 3, 4, 128), w, 1e-6)
+    assert out.shape == (2, 3, 4, 128) and mx.array_equal(out.reshape(-1, 128), flat)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
+def test_model_is_mlx_lms_gated_norm(dtype):
+    # The numpy model is the function mlx-lm computes (the CPU sums in another order: a rounding
+    # apart at most, in a few values).
+    y, z, w = _inputs(64, 128, dtype, 3)
+    norm = Qwen3NextRMSNormGated(128, eps=1e-6)
+    norm.weight = w
+    want = _f32(norm(y, z))
+    got = _model(y, z, w, 1e-6)
+    ulp = 2.0**-7 if dtype == mx.bfloat16 else 2.0**-10
+    assert np.all(np.abs(got - want) <= ulp * np.abs(want) + 1e-6)
+    assert np.mean(got == want) > 0.95
+
+
+def test_eps_is_the_float32_mlx_passes():
+    assert cn._eps_literal(1e-6) == float(np.float32(1e-6)).hex() + "f"
+    assert float.fromhex(cn._eps_literal(1e-5)[:-1]) == float(np.float32(1e-5))
+    assert "constexpr float EPS = " + cn._eps_literal(1e-6) in cn.source(1e-6)
+
+
+def test_supported_names_what_the_launch_cannot_take():
+    y, z, w = _inputs(4, 128, mx.bfloat16, 1)
+    assert cn.supported(y, z, w) is None
+    assert "float32" in cn.supported(y.astype(mx.float32), z, w)
+    assert "differ" in cn.supported(y, z, w.astype(mx.float32))
+    assert "do not match" in cn.supported(y, z[:2], w)
+    assert "multiples of 8 up to 128" in cn.supported(*_inputs(4, 256, mx.bfloat16, 1))
+    assert "multiples of 8 up to 128" in cn.supported(*_inputs(4, 100, mx.bfloat16, 1))
+    with pytest.raises(ValueError, match="cannot take rows of 256 values"):
+        cn.gated_norm_cuda(*_inputs(4, 256, mx.bfloat16, 1), 1e-6)
+
+
+def test_layers_take_the_launch_only_with_the_fused_kernel_and_the_switch(emulated, monkeypatch):
+    y, z, w = _inputs(8, 128, mx.bfloat16, 5)
+    norm = Qwen3NextRMSNormGated(128, eps=1e-6)
+    norm.weight = w
+    calls = []
+    real = cn.gated_norm_cuda
+    monkeypatch.setattr(cn, "gated_norm_cuda", lambda *a: calls.append(a[0].shape) or real(*a))
+    monkeypatch.delenv(select.GATED_NORM_ENV, raising=False)
+    key = select.gdn_trace_key()
+    assert mx.array_equal(gdn.gated_norm(norm, y, z, "cuda"), norm(y, z)) and calls == []
+    monkeypatch.setenv(select.GATED_NORM_ENV, "1")
+    assert select.gdn_trace_key() != key  # kept traces are rebuilt with it
+    got = gdn.gated_norm(norm, y, z, "cuda")
+    assert calls == [(8, 128)] and np.array_equal(_f32(got), _model(y, z, w, 1e-6))
+    gdn.gated_norm(norm, y, z, "ops")  # the ops path keeps mlx-lm's module
+    gdn.gated_norm(norm, y.astype(mx.float32), z.astype(mx.float32), "cuda")  # (unsupported)
+    assert calls == [(8, 128)]
+    monkeypatch.setenv(select.GATED_NORM_ENV, "2")
+    with pytest.raises(UsageError, match="HF2Q_GATED_NORM"):
+        select.gated_norm_enabled()
+
+
+@cuda_only
+@pytest.mark.parametrize("rows", [32, 512, 2048])
+def test_cuda_launch_has_the_bits_of_mlx_lms_gated_norm(rows):
+    # A decode step's 32 value heads, a 16-token verify's, four slots' (Qwen3.5-4B: Dv 128),
+    # and a narrower head: the launch equals mlx-lm's rms_norm + precise_swiglu on the GPU.
+    for Dv in (128, 64):
+        y, z, w = _inputs(rows, Dv, mx.bfloat16, rows + Dv)
+        norm = Qwen3NextRMSNormGated(Dv, eps=1e-6)
+        norm.weight = w
+        assert mx.array_equal(cn.gated_norm_cuda(y, z, w, 1e-6), norm(y, z)), (rows, Dv)
+
+
+@cuda_only
+def test_cuda_runners_give_the_same_logits_with_the_gated_norm_launch(monkeypatch):
+    from hf2q.kernels.layers import fast_layer_fn
+    from hf2q.runtime.pair import load_pair
+
+    target = load_pair(None).target
+    tokens = mx.array([[3, 14, 15, 92, 65, 35, 89, 79]])
+    outs = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv(select.GATED_NORM_ENV, flag)
+        cache = target.make_cache()
+        steps = [target.forward(tokens[:, :3], cache, layer_fn=fast_layer_fn(mm=True))[0]]
+        for i in range(3, tokens.shape[1]):  # then decode steps, one row each
+            out, _ = target.forward(tokens[:, i : i + 1], cache, layer_fn=fast_layer_fn(mm=True))
+            steps.append(out)
+        outs.append(mx.concatenate(steps, axis=1))
+    assert mx.array_equal(outs[0], outs[1])
