@@ -207,6 +207,11 @@ ROUND_WORDS_ENV = "HF2Q_ROUND_WORDS"
 #: values). Default on CUDA only.
 HOST_PIECES_ENV = "HF2Q_HOST_PIECES"
 
+#: HF2Q_ACCEPT_KERNEL=1: a greedy round's acceptance and kept counts in one launch
+#: (:func:`hf2q.kernels.cuda_accept.accept_greedy_cuda`; integers, the same values) instead of
+#: about ten small ops. CUDA only; default off until timed on the H200.
+ACCEPT_KERNEL_ENV = "HF2Q_ACCEPT_KERNEL"
+
 #: HF2Q_REPLAY_LAYERS=0: a final-state record's rollback replays each Gated-DeltaNet layer in
 #: its own launch instead of every layer in one (:func:`hf2q.kernels.gdn.replay_layers`; CUDA
 #: only, default on there; same bits).
@@ -435,6 +440,12 @@ def round_words_enabled() -> bool:
     from 3 rows read words too; not timed yet.
     """
     return _cuda_kernel_switch(ROUND_WORDS_ENV)
+
+
+def accept_kernel_enabled() -> bool:
+    """Whether greedy rounds take their acceptance from one launch (``HF2Q_ACCEPT_KERNEL``,
+    default off; CUDA only, not with ``HF2Q_KERNELS=ops``)."""
+    return _flag(ACCEPT_KERNEL_ENV, "0") and backend() == "cuda" and kernel_mode() != "ops"
 
 
 def host_pieces_enabled() -> bool:
@@ -853,6 +864,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
         info["draft_ahead"] = "synchronous batched rounds"
     if round_words_enabled():
         info["round_reads"] = "8-byte words packed in one launch"
+    if accept_kernel_enabled():
+        info["acceptance"] = "greedy: one launch"
     if host_pieces_enabled():
         info["host_arrays"] = "joined from 8-byte pieces"
     flush = flush_layers(lagged_rounds_enabled())  # (lagged rounds queue their verify early)

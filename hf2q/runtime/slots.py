@@ -44,10 +44,12 @@ import mlx.core as mx
 
 from hf2q.errors import UsageError
 from hf2q.kernels import cuda_readback
+from hf2q.kernels.cuda_accept import accept_greedy_cuda
 from hf2q.kernels.cuda_readback import host_ints
 from hf2q.kernels.forward import CompiledVerify
 from hf2q.kernels.layers import decode_layer_fn
 from hf2q.kernels.select import (
+    accept_kernel_enabled,
     draft_ahead_enabled,
     lag_depth,
     lagged_draft_first,
@@ -588,17 +590,22 @@ def _dflash_slots(
 
     def accept(
         draft: mx.array, q_rows: list[mx.array | None], vlogits: mx.array, n_row: list[int]
-    ) -> tuple[mx.array, mx.array]:
-        """Each row's accepted drafts (at most ``n_row[r]``) and bonus token, on the device:
-        greedy, or rejection sampling with the row's keys (idle rows: 0 and the mask token)."""
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        """Each row's accepted drafts (at most ``n_row[r]``), bonus token and kept count (the
+        accepted drafts + 1), on the device: greedy (in one launch where
+        ``accept_kernel_enabled``), or rejection sampling with the row's keys (idle rows: 0
+        and the mask token)."""
         if sampling.greedy:
-            choice = mx.argmax(vlogits, axis=-1).astype(mx.int32)  # (R, bs)
             key = tuple(n_row)
             if key not in limits:
                 if len(limits) >= 64:
                     limits.clear()
                 limits[key] = host_ints(n_row)
-            return accept_greedy(draft, choice, limits[key])
+            if accept_kernel_enabled():
+                return accept_greedy_cuda(draft, mx.argmax(vlogits, axis=-1), limits[key])
+            choice = mx.argmax(vlogits, axis=-1).astype(mx.int32)  # (R, bs)
+            a, bonus = accept_greedy(draft, choice, limits[key])
+            return a, bonus, a + 1
         a_l, b_l = [], []
         for r, x in enumerate(rows):
             if x is None:
@@ -613,7 +620,8 @@ def _dflash_slots(
             a, b = accept_rejection(draft[r, :n], q, p, x.keys.next())
             a_l.append(a.astype(mx.int32))
             b_l.append(b.astype(mx.int32))
-        return mx.stack(a_l), mx.stack(b_l)
+        a = mx.stack(a_l)
+        return a, mx.stack(b_l), a + 1
 
     def submit(
         ahead: tuple[mx.array, list[mx.array] | None] | None = None,
@@ -810,8 +818,7 @@ def _dflash_slots(
                 vlogits, feats = verify_forward(
                     target, vin, tcache, capture=ids, lagged=True, whole=whole()
                 )
-                a_arr, last = accept(draft, q_rows, vlogits, [B - 1] * R)
-                keep = a_arr + 1
+                a_arr, last, keep = accept(draft, q_rows, vlogits, [B - 1] * R)
                 tcache.rollback(keep)
                 ctx, ctx_len = feats, keep
                 marks = [c.mark() for c in kv]
@@ -939,7 +946,7 @@ def _dflash_slots(
 
         vin = mx.concatenate([host_ints(last)[:, None], draft], axis=1)  # (R, bs)
         vlogits, feats = verify_forward(target, vin, tcache, capture=ids, whole=whole())
-        a_arr, bonus_arr = accept(draft, q_rows, vlogits, [b - 1 for b in bs_row])
+        a_arr, bonus_arr, keep_arr = accept(draft, q_rows, vlogits, [b - 1 for b in bs_row])
         # Read below without a copy (one of a larger array would wait for a draft queued ahead).
         words, _ = round_words(vlogits.shape[-1], draft, a_arr, bonus_arr)
         ahead = held = None
@@ -958,7 +965,7 @@ def _dflash_slots(
             held = [list(c.lengths) for c in dcache]
             for c in dcache:
                 c.lagged = True
-            dlogits = block_logits(bonus_arr, feats, a_arr + 1, mask_rows(len(rows)))
+            dlogits = block_logits(bonus_arr, feats, keep_arr, mask_rows(len(rows)))
             if sampling.greedy:
                 ahead = (drafter.proposals(dlogits), None)
             else:  # each row's draft with the key its next drafted round takes (none if the
