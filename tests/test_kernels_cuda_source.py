@@ -314,3 +314,46 @@ def test_gated_norm_launch_compiles_for_sm90_without_spills(tmp_path: Path):
         for i, (dt, Dv) in enumerate([(mx.bfloat16, 128), (mx.float16, 128), (mx.bfloat16, 64)])
     ]
     _assert_compile_without_spills(tmp_path, cn._HEADER, kernels)
+
+
+def test_row_attention_launches_compile_for_sm90_without_spills(tmp_path: Path):
+    """The row-invariant attention's launches at the 4B target's shape (groups of 4 query heads
+    of 256, the whole-row launch, the chunked pair) and the drafter's (128), with the output gate
+    in the store (``HF2Q_ATTN_GATE``) and without."""
+    import cuda_emu
+
+    from hf2q.kernels import cuda_attention as ca
+
+    dims = {"q": 4, "k": 4, "v": 4, "off": 1, "scale": 1, "gate": 3, "part": 4, "ml": 4}
+    kinds = {"off": mx.int32, "scale": mx.float32, "part": mx.float32, "ml": mx.float32}
+    kernels = []
+    for D, causal in ((256, True), (128, False)):
+        G = 4
+        base = [("T", mx.bfloat16), ("G", G), ("HB", ca.heads_per_block(G)), ("D", D)]
+        base += [("WARPS", ca.warps(G, D)), ("CAUSAL", causal), ("WINDOW", 0)]
+        for kind, (name, ins, outs, src, _) in ca.SPECS.items():
+            # the template arguments ca._launch gives each launch
+            template = [a for a in base if a[0] != "HB" or not kind.startswith("merge")]
+            template += [] if kind.startswith("whole") else [("CH", ca.CHUNK)]
+            template += [("GS", 2 * D), ("GO", D)] if kind.endswith("gated") else []
+            label = f"{kind}_{D}"
+            out_dtypes = [mx.float32, mx.float32] if kind == "part" else [mx.bfloat16]
+            kernels.append(
+                (
+                    label,
+                    f"{name}_{D}",
+                    cuda_emu.mlx_cuda_kernel(
+                        f"{name}_{D}",
+                        ins,
+                        [kinds.get(n, mx.bfloat16) for n in ins],
+                        [dims[n] for n in ins],
+                        outs,
+                        out_dtypes,
+                        src,
+                        template,
+                    ),
+                )
+            )
+    header = ca.SPECS["whole_gated"][4]  # every launch's header is a prefix of this one's
+    # (warnings allowed: the merge launch is given template arguments it does not read)
+    _assert_compile_without_spills(tmp_path, header, kernels, werror=False)

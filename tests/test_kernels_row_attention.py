@@ -134,6 +134,37 @@ def test_one_chunk_rows_get_the_same_bits_from_either_launch(emulated):
     assert mx.array_equal(short, long)
 
 
+def _sigmoid_gate(o: mx.array, g: mx.array) -> np.ndarray:
+    """``o * sigmoid(g)`` as MLX's CUDA elementwise kernels compute it in o's 16-bit dtype (every
+    intermediate rounded; the sigmoid ``1 / (1 + exp(|g|))``, mirrored for g >= 0), in numpy."""
+    dt = o.dtype
+
+    def r(a):
+        return np.array(mx.array(np.asarray(a, np.float32)).astype(dt).astype(mx.float32))
+
+    gf = np.array(g.astype(mx.float32))
+    e = np.exp(np.abs(gf).astype(np.float64)).astype(np.float32)
+    y = r(1.0 / r(1.0 + r(e)))
+    return r(np.array(o.astype(mx.float32)) * np.where(gf < 0, y, r(1.0 - y)))
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("C,first", [(100, [70, 20]), (300, [290, 100])], ids=["whole", "chunks"])
+def test_gated_store_is_the_attention_times_mlx_sigmoid_of_the_gate(emulated, dtype, C, first):
+    # The gate read from a q projection's output (each head's queries, then its gate: layout
+    # (2 D, D)): the gated launch writes MLX's o * sigmoid(gate) of the ungated launch's o, in
+    # the single launch and in the chunked pair's merge.
+    B, nq, nkv, L, D = 2, 4, 2, 3, 64
+    q, k, v = _inputs(B, nq, nkv, L, D, C, dtype, seed=C)
+    q_out = (mx.random.normal((B, L, nq * 2 * D)) * 3).astype(dtype)
+    off = mx.array(first, dtype=mx.int32)
+    plain = ca.row_attention_cuda(q, k, v, off, D**-0.5)
+    gated = ca.row_attention_cuda(q, k, v, off, D**-0.5, gate=q_out, gate_layout=(2 * D, D))
+    gate = q_out.reshape(B, L, nq, 2 * D)[..., D:]
+    assert gated.shape == plain.shape and gated.dtype == dtype
+    assert np.array_equal(np.array(gated.astype(mx.float32)), _sigmoid_gate(plain, gate))
+
+
 def test_heads_a_block_change_no_bit(emulated, monkeypatch):
     """HF2Q_ATTN_HEADS splits a KV head's query heads over blocks: every head's work and its order
     stay the same, so a decode row and a verify block's rows keep their bits at every setting."""
@@ -214,8 +245,11 @@ TOKENS = [3, 23, 8, 46, 2, 6]
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
-def test_runner_with_the_kernel_equals_mlx_attention(emulated, dtype):
-    """The full-attention runner with the kernel against MLX's attention (prefill + 3 decodes)."""
+@pytest.mark.parametrize("gate", ["0", "1"], ids=["gate-after", "gate-in-launch"])
+def test_runner_with_the_kernel_equals_mlx_attention(emulated, dtype, gate, monkeypatch):
+    """The full-attention runner with the kernel against MLX's attention (prefill + 3 decodes),
+    with the output gate after the launch and in it (``HF2Q_ATTN_GATE``)."""
+    monkeypatch.setenv(select.ATTN_GATE_ENV, gate)
     target = _target(dtype)
     outs = []
     for rows in (False, True):
@@ -232,9 +266,14 @@ def test_runner_with_the_kernel_equals_mlx_attention(emulated, dtype):
         assert mx.array_equal(mx.argmax(outs[0], -1), mx.argmax(outs[1], -1))
 
 
-def test_verify_rows_equal_decode_steps_bit_for_bit_through_the_runners(emulated):
+@pytest.mark.parametrize("gate", ["0", "1"], ids=["gate-after", "gate-in-launch"])
+def test_verify_rows_equal_decode_steps_bit_for_bit_through_the_runners(
+    emulated, gate, monkeypatch
+):
     """bf16: a verify block through the runners (kernel attention, bucketed keys) and the same
-    tokens as plain decode steps (kernel attention, mlx-lm's KVCache): every layer, every row."""
+    tokens as plain decode steps (kernel attention, mlx-lm's KVCache): every layer, every row;
+    with the output gate after the launch and in it (``HF2Q_ATTN_GATE``)."""
+    monkeypatch.setenv(select.ATTN_GATE_ENV, gate)
     target = _target(mx.bfloat16)
     capture = list(range(target.num_layers))
     prompt, block = mx.array([PROMPT]), mx.array([TOKENS])
@@ -294,6 +333,37 @@ def test_cuda_kernel_row_is_the_decode_step_at_the_4b_shape():
     assert np.all(np.abs(got - ref) <= 2.0**-8 * np.abs(ref) + 1e-5 * np.abs(ref).max())
     alone = ca.row_attention_cuda(q[:, :, 9:10], k, v, mx.array([1017]), 256**-0.5)
     assert mx.array_equal(alone[:, 0], block[:, 9])
+
+
+@cuda_only
+@pytest.mark.parametrize("C", [1280, 200], ids=["chunks", "whole"])
+def test_cuda_gated_store_has_the_bits_of_mlx_multiply(C):
+    # The 4B shape: the gated launch equals MLX's own o * sigmoid(gate) after the ungated one.
+    q, k, v = _inputs(1, 16, 4, 16, 256, C, mx.bfloat16, seed=4)
+    q_out = (mx.random.normal((1, 16, 16 * 512)) * 3).astype(mx.bfloat16)
+    off = mx.array([C - 16])
+    plain = ca.row_attention_cuda(q, k, v, off, 256**-0.5)
+    gated = ca.row_attention_cuda(q, k, v, off, 256**-0.5, gate=q_out, gate_layout=(512, 256))
+    gate = q_out.reshape(1, 16, 16, 512)[..., 256:]
+    assert mx.array_equal(gated, plain * mx.sigmoid(gate))
+
+
+@cuda_only
+def test_cuda_runners_give_the_same_logits_with_the_gate_in_the_launch(monkeypatch):
+    from hf2q.runtime.pair import load_pair
+
+    target = load_pair(None).target
+    tokens = mx.array([[3, 14, 15, 92, 65, 35, 89, 79]])
+    outs = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv(select.ATTN_GATE_ENV, flag)
+        cache = target.make_cache()
+        fn = fast_layer_fn(mm=True, rows=True)
+        steps = [target.forward(tokens[:, :3], cache, layer_fn=fn)[0]]
+        for i in range(3, tokens.shape[1]):  # then decode steps, one row each
+            steps.append(target.forward(tokens[:, i : i + 1], cache, layer_fn=fn)[0])
+        outs.append(mx.concatenate(steps, axis=1))
+    assert mx.array_equal(outs[0], outs[1])
 
 
 # -- the drafter's fast layer path (compiled pieces around the kernel) ----------------------------

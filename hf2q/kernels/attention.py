@@ -30,7 +30,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache
 
-from hf2q.kernels import cuda_attention
+from hf2q.kernels import cuda_attention, select
 from hf2q.kernels.gdn import _alive, concat_linears, mlp_fused
 from hf2q.kernels.linear import linear, linears, swiglu_mlp
 
@@ -62,10 +62,25 @@ class AttentionPieces(NamedTuple):
     post: Callable  # (x, attention (B, heads, L, d), gate) -> layer output
     post_rows: Callable  # (x, attention (B, L, heads, d), gate) -> layer output
     scale: float
+    #: ``gate_in_kernel``: the ``gate`` of ``pre`` is the q projection's output (B, L, heads *
+    #: 2 d), which :meth:`attend_rows` hands the attention launch to apply (``post_rows`` then
+    #: takes the gated attention); ``post`` takes the gate out of it itself.
+    gate_layout: tuple[int, int] | None = None
+
+    def attend_rows(
+        self, q: mx.array, keys: mx.array, values: mx.array, first: Any, gate: mx.array
+    ) -> mx.array:
+        """The row-invariant attention (B, L, heads, d) that ``post_rows`` takes: gated in the
+        launch where the pieces were built so (:attr:`gate_layout`)."""
+        if self.gate_layout is None:
+            return cuda_attention.row_attention_cuda(q, keys, values, first, self.scale)
+        return cuda_attention.row_attention_cuda(
+            q, keys, values, first, self.scale, gate=gate, gate_layout=self.gate_layout
+        )
 
 
 def attention_pieces(
-    layer: nn.Module, *, fuse_proj: bool = False, mm: bool = False
+    layer: nn.Module, *, fuse_proj: bool = False, mm: bool = False, gate_in_kernel: bool = False
 ) -> AttentionPieces:
     """The pieces :func:`compile_attention_layer` compiles (and a whole compiled forward traces).
 
@@ -74,6 +89,8 @@ def attention_pieces(
         fuse_proj: compute q/k/v with one matmul and the MLP's gate/up with one (weights are
             concatenated once, here; the layer itself is not changed).
         mm: products through :func:`hf2q.kernels.linear.linear` (the small-M kernel on CUDA).
+        gate_in_kernel: the row-invariant attention launch applies the output gate
+            (``select.attn_gate_enabled()``; see :attr:`AttentionPieces.gate_layout`).
     """
     ref = weakref.ref(layer)  # the model owns the layer; these functions must not keep it alive
     sa = layer.self_attn
@@ -96,27 +113,38 @@ def attention_pieces(
                 linear(qkv, h, mm), [q_width, q_width + kv_width], axis=-1
             )
         queries, gate = mx.split(q_out.reshape(B, L, nq, -1), 2, axis=-1)
-        gate = gate.reshape(B, L, -1)
+        # In the kernel, the gate is read from the projection in place: no copy of its half.
+        gate = q_out if gate_in_kernel else gate.reshape(B, L, -1)
         queries = sa.q_norm(queries).transpose(0, 2, 1, 3)
         keys = sa.k_norm(keys.reshape(B, L, nkv, -1)).transpose(0, 2, 1, 3)
         values = values.reshape(B, L, nkv, -1).transpose(0, 2, 1, 3)
         return sa.rope(queries, offset=offset), sa.rope(keys, offset=offset), values, gate
 
-    def post_rows(x: mx.array, o: mx.array, gate: mx.array) -> mx.array:
-        # o: (B, L, heads, d) attention output in row order.
+    def finish(x: mx.array, o: mx.array) -> mx.array:
+        # o: (B, L, heads * d) gated attention output in row order.
         lay = _alive(ref)
-        B, L, _ = x.shape
-        h = linear(lay.self_attn.o_proj, o.reshape(B, L, -1) * mx.sigmoid(gate), mm, add=x)
+        h = linear(lay.self_attn.o_proj, o, mm, add=x)
         hn = lay.post_attention_layernorm(h)
         if gate_up is None:
             return swiglu_mlp(lay.mlp, hn, mm, add=h)
         return mlp_fused(lay.mlp, gate_up, hn, mm, add=h)
 
-    def post(x: mx.array, attn: mx.array, gate: mx.array) -> mx.array:
-        # attn: (B, heads, L, d) as MLX's attention returns it.
-        return post_rows(x, attn.transpose(0, 2, 1, 3), gate)
+    def post_rows(x: mx.array, o: mx.array, gate: mx.array) -> mx.array:
+        # o: (B, L, heads, d) attention output in row order (gated already: gate_in_kernel).
+        B, L, _ = x.shape
+        if gate_in_kernel:
+            return finish(x, o.reshape(B, L, -1))
+        return finish(x, o.reshape(B, L, -1) * mx.sigmoid(gate))
 
-    return AttentionPieces(pre, post, post_rows, scale)
+    def post(x: mx.array, attn: mx.array, gate: mx.array) -> mx.array:
+        # attn: (B, heads, L, d) as MLX's attention returns it (never gated).
+        B, L, _ = x.shape
+        if gate_in_kernel:  # the projection's output: its gate half, as pre cuts it otherwise
+            gate = mx.split(gate.reshape(B, L, nq, -1), 2, axis=-1)[1].reshape(B, L, -1)
+        return finish(x, attn.transpose(0, 2, 1, 3).reshape(B, L, -1) * mx.sigmoid(gate))
+
+    layout = (2 * head_dim, head_dim) if gate_in_kernel else None
+    return AttentionPieces(pre, post, post_rows, scale, layout)
 
 
 def compile_attention_layer(
@@ -133,7 +161,8 @@ def compile_attention_layer(
             not needed there (causal by position).
     """
     ref = weakref.ref(layer)
-    pieces = attention_pieces(layer, fuse_proj=fuse_proj, mm=mm)
+    gated = rows and select.attn_gate_enabled()
+    pieces = attention_pieces(layer, fuse_proj=fuse_proj, mm=mm, gate_in_kernel=gated)
     scale = pieces.scale
     cpre, cpost = mx.compile(pieces.pre), mx.compile(pieces.post)
     cpost_rows = mx.compile(pieces.post_rows)
@@ -149,7 +178,7 @@ def compile_attention_layer(
             and cuda_attention.supported(queries, keys, values) is None
         ):
             cache.update_and_fetch(keys, values)
-            out = cuda_attention.row_attention_cuda(queries, cache.keys, cache.values, first, scale)
+            out = pieces.attend_rows(queries, cache.keys, cache.values, first, gate)
             return cpost_rows(x, out, gate)
         keys, values = cache.update_and_fetch(keys, values)
         out = scaled_dot_product_attention(

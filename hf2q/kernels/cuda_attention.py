@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -51,6 +52,7 @@ import mlx.core as mx
 
 from hf2q.errors import UsageError
 from hf2q.kernels import select
+from hf2q.kernels.cuda_gated_delta import _HEADER as _GDN_HEADER
 
 #: Warps per thread block where the merge buffer fits (see :func:`warps`).
 WARPS = 8
@@ -375,6 +377,36 @@ _SOURCE_MERGE = (
 #: Keys per chunk of the chunked pair (a multiple of the 8-key groups; fixed absolute positions).
 CHUNK = 256
 
+# Qwen3.5's output gate in the store (``gate`` given): ``o * sigmoid(g)`` as MLX's CUDA
+# elementwise kernels compute it in the output's dtype (the attention rounded once, the
+# sigmoid's intermediates rounded, the product rounded: hf2q_sigmoid of the Gated-DeltaNet
+# kernels' header), for ``g`` at element ``GO + d`` of the row's head in a gate source of ``GS``
+# elements a head: the q projection's output itself (GS = 2 D, GO = D: the gate after each head's
+# queries, as mlx-lm splits it), not a copy of its gate half.
+_GATE_HEADER = r"""
+template <typename T>
+__device__ __forceinline__ T hf2q_attn_gated(float a, T g) {
+  return hf2q_to<T>(hf2q_round<T>(a) * hf2q_sigmoid<T>(hf2q_f(g)));
+}
+"""
+
+_STORE = re.compile(
+    r"o\[\(\(\(size_t\)b \* L \+ i\) \* NQ \+ (?P<head>[^)]*)\) \* D \+ d\] = "
+    r"Hf2qAttnT<T>::to\(a / l\);"
+)
+
+
+def _gated(source: str) -> str:
+    """``source`` with its one store of ``o`` gated (see ``_GATE_HEADER``)."""
+
+    def store(m: re.Match) -> str:
+        row = f"((size_t)b * L + i) * NQ + {m['head']}"
+        return f"o[({row}) * D + d] = hf2q_attn_gated<T>(a / l, gate[({row}) * GS + GO + d]);"
+
+    out, n = _STORE.subn(store, source)
+    assert n == 1, "the source's store of o is not where _gated looks for it"
+    return out
+
 
 #: Each launch's name, input names, output names, source and header (the CPU tests build the
 #: same in their emulator).
@@ -399,6 +431,20 @@ SPECS: dict[str, tuple[str, list[str], list[str], str, str]] = {
         ["o"],
         _SOURCE_MERGE,
         _HEADER,
+    ),
+    "whole_gated": (
+        "hf2q_row_attention_gated",
+        ["q", "k", "v", "off", "scale", "gate"],
+        ["o"],
+        _gated(_SOURCE),
+        _HEADER + _CHUNK + _GDN_HEADER + _GATE_HEADER,
+    ),
+    "merge_gated": (
+        "hf2q_row_attention_merge_gated",
+        ["q", "k", "off", "part", "ml", "gate"],
+        ["o"],
+        _gated(_SOURCE_MERGE),
+        _HEADER + _GDN_HEADER + _GATE_HEADER,
     ),
 }
 
@@ -479,6 +525,8 @@ def row_attention_cuda(
     *,
     window: int | None = None,
     causal: bool = True,
+    gate: mx.array | None = None,
+    gate_layout: tuple[int, int] = (0, 0),
 ) -> mx.array:
     """Attention of query rows over their own keys; see the module docstring.
 
@@ -492,6 +540,10 @@ def row_attention_cuda(
         scale: the softmax scale.
         causal: False: every query row sees keys ``0 .. offset + L - 1`` (the whole block of L
             new rows, as a DFlash draft block attends), still within ``window`` of its position.
+        gate: Qwen3.5's output gate, applied in the store (``o * sigmoid(gate)`` with MLX's
+            roundings: the bits of mlx-lm's multiply after the attention): (B, L, n_q * GS)
+            where ``gate_layout`` is ``(GS, GO)``, head h's gate at elements ``h * GS + GO ..``
+            (the q projection's output: ``(2 * D, D)``).
 
     Returns:
         (B, L, n_q, D) in the queries' dtype.
@@ -503,16 +555,20 @@ def row_attention_cuda(
             offset = offset.astype(mx.int32)
         if offset.ndim != 1:
             offset = offset.reshape(-1)
-    return _launcher(float(scale), int(window or 0), bool(causal))(q, keys, values, offset)
+    run = _launcher(float(scale), int(window or 0), bool(causal), gate is not None, gate_layout)
+    return run(q, keys, values, offset, *([] if gate is None else [gate]))
 
 
 @cache
-def _launcher(scale: float, window: int, causal: bool) -> Callable[..., mx.array]:
-    """The launches for one (scale, window, causal), ``mx.compile``'d on CUDA: MLX builds a
-    custom kernel's whole source text on every call of its Python function (about as long as
+def _launcher(
+    scale: float, window: int, causal: bool, gated: bool, gate_layout: tuple[int, int]
+) -> Callable[..., mx.array]:
+    """The launches for one (scale, window, causal, gate), ``mx.compile``'d on CUDA: MLX builds
+    a custom kernel's whole source text on every call of its Python function (about as long as
     the header), a compiled trace replays the kernel node instead. Elsewhere (the CPU tests'
     emulator) the plain function."""
-    fn = functools.partial(_launch, scale=scale, window=window, causal=causal)
+    layout = gate_layout if gated else None
+    fn = functools.partial(_launch, scale=scale, window=window, causal=causal, gate_layout=layout)
     return mx.compile(fn) if select.backend() == "cuda" else fn
 
 
@@ -521,10 +577,12 @@ def _launch(
     keys: mx.array,
     values: mx.array,
     offset: mx.array,
+    gate: mx.array | None = None,
     *,
     scale: float,
     window: int,
     causal: bool,
+    gate_layout: tuple[int, int] | None = None,
 ) -> mx.array:
     B, nq, L, D = q.shape
     nkv, C = keys.shape[1], keys.shape[2]
@@ -542,10 +600,12 @@ def _launch(
     ]
     rows = B * L * nkv
     inputs = [q, keys, values, offset, _scale(scale)]
+    gated = [] if gate_layout is None else [gate]
+    gt = [] if gate_layout is None else [("GS", gate_layout[0]), ("GO", gate_layout[1])]
     if C <= CHUNK:  # every row's keys in one chunk: one launch
-        (o,) = _kernel()(
-            inputs=inputs,
-            template=template,
+        (o,) = _kernel("whole" if gate_layout is None else "whole_gated")(
+            inputs=inputs + gated,
+            template=template + gt,
             grid=(rows * (G // hb) * 32 * nw, 1, 1),
             threadgroup=(32 * nw, 1, 1),
             output_shapes=[(B, L, nq, D)],
@@ -562,10 +622,10 @@ def _launch(
         output_dtypes=[mx.float32, mx.float32],
     )
     threads = min(G * D, 1024)  # one thread an output element, up to a block's most
-    (o,) = _kernel("merge")(
-        inputs=[q, keys, offset, part, ml],
+    (o,) = _kernel("merge" if gate_layout is None else "merge_gated")(
+        inputs=[q, keys, offset, part, ml, *gated],
         # every head of the group, whichever heads a part block took: no HB to compile for
-        template=[*(a for a in template if a[0] != "HB"), ("CH", CHUNK)],
+        template=[*(a for a in template if a[0] != "HB"), ("CH", CHUNK), *gt],
         grid=(rows * threads, 1, 1),
         threadgroup=(threads, 1, 1),
         output_shapes=[(B, L, nq, D)],

@@ -89,14 +89,14 @@ def _traced_settings() -> tuple:
     """The settings a whole-model trace reads besides its arguments (its cache key's rest)."""
     return (
         select.mm_key(),
-        select.gdn_trace_key(),
+        select.trace_key(),
         select.kernel_mode(),
         select.backend(),
         select.compile_enabled(),
     )
 
 
-def _parts(target: Any, fuse_proj: bool, mm: bool) -> list[tuple]:
+def _parts(target: Any, fuse_proj: bool, mm: bool, rows: bool) -> list[tuple]:
     """Per layer of ``target``: ``("gdn", layer, impl, fused projections or None)`` or
     ``("attn", AttentionPieces)``, what a whole-model trace runs."""
     parts: list[tuple] = []
@@ -105,7 +105,9 @@ def _parts(target: Any, fuse_proj: bool, mm: bool) -> list[tuple]:
             impl = select.gdn_impl(layer.linear_attn)
             parts.append(("gdn", layer, impl, fused_projections(layer, fuse_proj)))
         else:
-            parts.append(("attn", attention_pieces(layer, fuse_proj=fuse_proj, mm=mm)))
+            gated = rows and select.attn_gate_enabled()  # the gate in the attention launch
+            pieces = attention_pieces(layer, fuse_proj=fuse_proj, mm=mm, gate_in_kernel=gated)
+            parts.append(("attn", pieces))
     return parts
 
 
@@ -155,7 +157,7 @@ def _step_for(target: Any, fuse_proj: bool, mm: bool, rows: bool) -> tuple[list[
     hit = per.get(key)
     if hit is not None:
         return hit
-    parts = _parts(target, fuse_proj, mm)
+    parts = _parts(target, fuse_proj, mm, rows)
     ref = weakref.ref(target)  # the kept step must not keep its target alive
 
     def step(tokens: mx.array, offset: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
@@ -179,7 +181,7 @@ def _step_for(target: Any, fuse_proj: bool, mm: bool, rows: bool) -> tuple[list[
             a = mx.put_along_axis(a, at, k, axis=2)
             b = mx.put_along_axis(b, at, v, axis=2)
             if rows and cuda_attention.supported(q, a, b) is None:
-                o = cuda_attention.row_attention_cuda(q, a, b, offset.reshape(1), pieces.scale)
+                o = pieces.attend_rows(q, a, b, offset.reshape(1), gate)
                 h = pieces.post_rows(h, o, gate)
             else:  # the buffer whole, positions after this token masked out
                 valid = (mx.arange(a.shape[2]) <= offset).reshape(1, 1, 1, -1)
@@ -274,7 +276,7 @@ def _verify_for(
     hit = per.get(key)
     if hit is not None:
         return hit
-    parts = _parts(target, fuse_proj, mm)
+    parts = _parts(target, fuse_proj, mm, rows)
     want = {lid: k for k, lid in enumerate(capture)}
     ref = weakref.ref(target)
 
@@ -303,7 +305,7 @@ def _verify_for(
                 a = mx.put_along_axis(a, at, k, axis=2)
                 b = mx.put_along_axis(b, at, v, axis=2)
                 if rows and cuda_attention.supported(q, a, b) is None:
-                    o = cuda_attention.row_attention_cuda(q, a, b, first, pieces.scale)
+                    o = pieces.attend_rows(q, a, b, first, gate)
                     h = pieces.post_rows(h, o, gate)
                 else:  # the buffer whole, each row's later positions masked out
                     valid = mx.arange(a.shape[2]).reshape(1, 1, 1, -1) <= at  # (1 or N, 1, T, K)

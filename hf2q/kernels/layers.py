@@ -131,7 +131,7 @@ def gdn_layer_runner(
         )
 
     products = select.mm_key() if mm else None  # read by the trace (``linear``, ``linears``)
-    traced = select.gdn_trace_key() if impl == "cuda" else None  # read by the trace (``gdn_mixer``)
+    traced = select.trace_key() if impl == "cuda" else None  # read by the trace (``gdn_mixer``)
     return _cached(layer, ("gdn", impl, record, fuse, compiled, mm, products, traced), build)
 
 
@@ -146,7 +146,7 @@ def attention_runner(
         return _cached(layer, ("attn-plain",), lambda: lambda x, mask, cache: ref()(x, mask, cache))
     return _cached(
         layer,
-        ("attn", fuse, mm, rows, select.mm_key() if mm else None),
+        ("attn", fuse, mm, rows, select.mm_key() if mm else None, select.trace_key()),
         lambda: compile_attention_layer(layer, fuse_proj=fuse, mm=mm, rows=rows),
     )
 

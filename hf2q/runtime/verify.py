@@ -320,7 +320,7 @@ def verify_forward(
         key = (
             *options,
             select.mm_key(),
-            select.gdn_trace_key(),
+            select.trace_key(),
             select.kernel_mode(),
             select.backend(),
             select.compile_enabled(),
