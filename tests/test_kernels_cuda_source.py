@@ -225,13 +225,17 @@ _PROPERTIES = re.compile(
 
 
 def _assert_compile_without_spills(
-    tmp_path: Path, header: str, kernels: list[tuple[str, str, str]], werror: bool = True
+    tmp_path: Path,
+    header: str,
+    kernels: list[tuple[str, str, str]],
+    werror: bool = True,
+    stack: int = 0,
 ) -> str:
     """Each of ``kernels`` ((label, name, text), text from ``cuda_emu.mlx_cuda_kernel``; the
-    names distinct) compiles with ``header`` without spills
-    or a stack frame. One translation unit for them all: nvcc's start costs ~2.5 s here, more
-    than most of these kernels' own compile; ptxas reports each function apart. Returns the
-    report."""
+    names distinct) compiles with ``header`` without spills, with a stack frame of exactly
+    ``stack`` bytes (none by default). One translation unit for them all: nvcc's start costs
+    ~2.5 s here, more than most of these kernels' own compile; ptxas reports each function
+    apart. Returns the report."""
     import cuda_emu
 
     names = [name for _, name, _ in kernels]
@@ -243,7 +247,7 @@ def _assert_compile_without_spills(
     for label, name, _ in kernels:
         # An Itanium-mangled name holds each identifier as its length then its text.
         mine = [v for f, v in found.items() if re.search(rf"(?<!\d){len(name)}{name}", f)]
-        if mine != [(0, 0, 0)]:
+        if mine != [(stack, 0, 0)]:
             bad.append(f"{label}: {mine or 'no report'} (stack frame, spill stores, spill loads)")
     assert not bad, "\n".join(bad) + "\n" + report[-3000:]
     return report
@@ -313,7 +317,25 @@ def test_gated_norm_launch_compiles_for_sm90_without_spills(tmp_path: Path):
         )
         for i, (dt, Dv) in enumerate([(mx.bfloat16, 128), (mx.float16, 128), (mx.bfloat16, 64)])
     ]
+    # the norm + RoPE launch: the 4B target's queries and keys, a drafter's whole-head rotation
+    ropes = []
+    for i, (H, RS, D, R) in enumerate([(16, 512, 256, 64), (4, 256, 256, 64), (32, 128, 128, 128)]):
+        name = f"hf2q_norm_rope_{i}"
+        src = cuda_emu.mlx_cuda_kernel(
+            name,
+            ["x", "w", "off"],
+            [mx.bfloat16, mx.bfloat16, mx.int32],
+            [3, 1, 1],
+            ["out"],
+            [mx.bfloat16],
+            cn.rope_source(1e-6, 1e7, 1.0),
+            [("InT", mx.bfloat16), ("H", H), ("RS", RS), ("D", D), ("R", R)],
+        )
+        ropes.append((f"norm_rope_{D}_{R}", name, src))
     _assert_compile_without_spills(tmp_path, cn._HEADER, kernels)
+    # (32 bytes of stack: cosf and sinf's reduction of large arguments keeps a local table, as
+    # in MLX's own RoPE kernel; no spills)
+    _assert_compile_without_spills(tmp_path, cn._HEADER, ropes, stack=32)
 
 
 def test_row_attention_launches_compile_for_sm90_without_spills(tmp_path: Path):

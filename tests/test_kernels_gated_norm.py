@@ -8,8 +8,11 @@ equal). The CUDA tests compare the launch with mlx-lm's own two kernels on the G
 
 from __future__ import annotations
 
+import math
+
 import cuda_emu
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx_lm.models.qwen3_next import Qwen3NextRMSNormGated
@@ -185,5 +188,193 @@ def test_cuda_runners_give_the_same_logits_with_the_gated_norm_launch(monkeypatc
         for i in range(3, tokens.shape[1]):  # then decode steps, one row each
             out, _ = target.forward(tokens[:, i : i + 1], cache, layer_fn=fast_layer_fn(mm=True))
             steps.append(out)
+        outs.append(mx.concatenate(steps, axis=1))
+    assert mx.array_equal(outs[0], outs[1])
+
+
+# -- an attention layer's q/k norm and RoPE in one launch ------------------------------------------
+
+
+@pytest.fixture
+def emulated_rope(monkeypatch, tmp_path):
+    """The norm + RoPE launch's own source, run by the CPU emulator."""
+    if cuda_emu.compiler() is None:
+        pytest.skip("no C++ compiler for the CUDA emulator")
+
+    def kernel(eps, base, scale):
+        return cuda_emu.EmulatedKernel(
+            "hf2q_norm_rope",
+            ["x", "w", "off"],
+            ["out"],
+            cn.rope_source(eps, base, scale),
+            cn._HEADER,
+            tmp_path,
+        )
+
+    monkeypatch.setattr(cn, "_rope_kernel", kernel)
+
+
+def _libm(name: str):
+    """The host C library's float function ``name`` (what the emulator's kernel calls), over an
+    array."""
+    import ctypes
+
+    fn = getattr(ctypes.CDLL("libm.so.6"), name)
+    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
+    return np.vectorize(lambda v: np.float32(fn(float(v))), otypes=[np.float32])
+
+
+def _rms_model(x: np.ndarray, w: np.ndarray, eps: float, dt) -> np.ndarray:
+    """MLX 0.32's CUDA rms_norm_small of 16-bit rows of up to 256 values (x float32 (rows, D) of
+    16-bit values): thread i's fused multiply-adds over values 8i.., the warp's tree, one
+    rounding of y * r, the weight's product rounded."""
+    D = x.shape[-1]
+
+    def r(a):
+        return np.array(mx.array(np.asarray(a, np.float32)).astype(dt).astype(mx.float32))
+
+    lanes = np.zeros((x.shape[0], 32), dtype=np.float32)
+    for i in range(D // 8):
+        acc = np.zeros(x.shape[0], dtype=np.float32)
+        for j in range(8):
+            t = x[:, 8 * i + j].astype(np.longdouble)
+            acc = (t * t + acc.astype(np.longdouble)).astype(np.float32)
+        lanes[:, i] = acc
+    s = lanes
+    for half in (16, 8, 4, 2, 1):
+        s = (s[:, :half] + s[:, half : 2 * half]).astype(np.float32)
+    rs = (np.float32(1) / np.sqrt(s[:, 0] / np.float32(D) + np.float32(eps))).astype(np.float32)
+    return r(w[None, :] * r(x * rs[:, None]))
+
+
+def _norm_rope_model(x, weight, eps, dims, base, heads, stride, offset) -> np.ndarray:
+    """``rope(norm(heads of x))`` as MLX's CUDA kernels compute it (float32 values of the
+    16-bit result, (B, heads, L, D)); cos, sin and exp2 from the host's C library."""
+    dt = x.dtype
+    B, L, _ = x.shape
+    D = weight.shape[0]
+    xs = np.array(x.astype(mx.float32)).reshape(B, L, heads, stride)[..., :D]
+    n = _rms_model(xs.reshape(-1, D), np.array(weight.astype(mx.float32)), eps, dt)
+    n = n.reshape(B, L, heads, D).transpose(0, 2, 1, 3)
+    half = dims // 2
+    i = np.arange(half, dtype=np.float32)
+    d = (i / np.float32(half)).astype(np.float32)
+    inv = _libm("exp2f")((-d * np.float32(math.log2(float(np.float32(base))))).astype(np.float32))
+    off = np.array(offset).reshape(-1)
+    pos = (off[:, None] if off.size > 1 else off[None, :]) + np.arange(L)[None, :]  # (B|1, L)
+    theta = (np.float32(1.0) * pos.astype(np.float32))[..., None] * inv  # (B|1, L, half)
+    c, s = _libm("cosf")(theta), _libm("sinf")(theta)
+    c, s = c[:, None], s[:, None]  # over heads
+    x1, x2 = n[..., :half], n[..., half:dims]
+    out = n.copy()
+    out[..., :half] = x1 * c - x2 * s
+    out[..., half:dims] = x1 * s + x2 * c
+    return np.array(mx.array(out.astype(np.float32)).astype(dt).astype(mx.float32))
+
+
+def _rope_inputs(B, L, heads, stride, D, dtype, seed):
+    mx.random.seed(seed)
+    x = (mx.random.normal((B, L, heads * stride)) * 2).astype(dtype)
+    norm = nn.RMSNorm(D, eps=1e-6)
+    norm.weight = (1 + 0.1 * mx.random.normal((D,))).astype(dtype)
+    return x, norm
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(
+    "B,L,heads,stride,D,dims,offset",
+    [
+        (1, 3, 4, 512, 256, 64, [1000]),  # the 4B target's queries: gate after each head, 1/4 RoPE
+        (2, 2, 2, 256, 256, 64, [5, 300]),  # its keys, two slot rows at their own positions
+        (1, 4, 2, 128, 128, 128, [40]),  # the drafter's heads: the whole head rotated
+        (2, 1, 3, 64, 64, 32, [7, 0]),  # small heads (half the lanes idle)
+    ],
+)
+def test_emulated_norm_rope_has_the_bits_of_mlx_cuda_order(
+    emulated_rope, dtype, B, L, heads, stride, D, dims, offset
+):
+    x, norm = _rope_inputs(B, L, heads, stride, D, dtype, B + L + D)
+    rope = nn.RoPE(dims, base=1e7)
+    off = mx.array(offset, dtype=mx.int32)
+    assert cn.norm_rope_supported(x, norm, rope, heads, stride) is None
+    out = cn.norm_rope_cuda(x, norm, rope, heads, stride, off)
+    assert out.shape == (B, heads, L, D) and out.dtype == dtype
+    want = _norm_rope_model(x, norm.weight, 1e-6, dims, 1e7, heads, stride, off)
+    assert np.array_equal(np.array(out.astype(mx.float32)), want)
+
+
+@pytest.mark.parametrize("dims", [64, 256])
+def test_norm_rope_model_is_mlx_lms_norm_then_rope(dims):
+    # The model is the function mlx-lm computes (the CPU rounds otherwise: close, not equal).
+    B, L, heads, stride, D = 2, 3, 4, 512, 256
+    x, norm = _rope_inputs(B, L, heads, stride, D, mx.bfloat16, 9)
+    rope = nn.RoPE(dims, base=1e7)
+    off = mx.array([100, 7], dtype=mx.int32)
+    q = x.reshape(B, L, heads, stride)[..., :D]
+    want = np.array(rope(norm(q).transpose(0, 2, 1, 3), offset=off).astype(mx.float32))
+    got = _norm_rope_model(x, norm.weight, 1e-6, dims, 1e7, heads, stride, off)
+    assert np.all(np.abs(got - want) <= 2.0**-7 * np.abs(want) + 2e-2)
+    assert np.mean(got == want) > 0.75  # (the CPU's angles round otherwise: 83% equal at 256)
+
+
+def test_log2_of_the_base_is_the_float_mlx_passes():
+    # MLX's launch takes std::log2 of the float32 base; the source bakes log2 rounded once.
+    for base in (1e4, 1e5, 1e6, 1e7, 5e5):
+        want = _libm("log2f")(np.float32(base))
+        assert f"BASE = {float(want).hex()}f" in cn.rope_source(1e-6, base, 1.0)
+
+
+def test_norm_rope_supported_names_what_it_cannot_take():
+    x, norm = _rope_inputs(1, 2, 4, 512, 256, mx.bfloat16, 1)
+    rope = nn.RoPE(64, base=1e7)
+    assert cn.norm_rope_supported(x, norm, rope, 4, 512) is None
+    assert "float32" in cn.norm_rope_supported(x.astype(mx.float32), norm, rope, 4, 512)
+    assert "4 heads of 256" in cn.norm_rope_supported(x, norm, rope, 4, 256)
+    assert "traditional" in cn.norm_rope_supported(x, norm, nn.RoPE(64, traditional=True), 4, 512)
+    assert "rotation of 40" in cn.norm_rope_supported(x, norm, nn.RoPE(40), 4, 512)
+    big, bnorm = _rope_inputs(1, 2, 1, 512, 512, mx.bfloat16, 1)
+    assert "up to 256" in cn.norm_rope_supported(big, bnorm, rope, 1, 512)
+    with pytest.raises(ValueError, match="cannot take heads of 512"):
+        cn.norm_rope_cuda(big, bnorm, rope, 1, 512, mx.array([0]))
+
+
+@cuda_only
+@pytest.mark.parametrize(
+    "B,L,heads,stride,D,dims,base,offset",
+    [
+        (1, 16, 16, 512, 256, 64, 1e7, [1000]),  # the 4B target's verify queries
+        (1, 16, 4, 256, 256, 64, 1e7, [1000]),  # its keys
+        (1, 1, 16, 512, 256, 64, 1e7, [77]),  # a decode step's queries (MLX's one-row kernel)
+        (4, 16, 4, 256, 256, 64, 1e7, [10, 300, 5, 1200]),  # four slot rows' keys
+        (1, 32, 32, 128, 128, 128, 1e6, [64]),  # a drafter's queries: whole heads rotated
+    ],
+)
+def test_cuda_norm_rope_has_the_bits_of_mlx_norm_then_rope(
+    B, L, heads, stride, D, dims, base, offset
+):
+    x, norm = _rope_inputs(B, L, heads, stride, D, mx.bfloat16, L + D)
+    rope = nn.RoPE(dims, base=base)
+    off = mx.array(offset, dtype=mx.int32)
+    got = cn.norm_rope_cuda(x, norm, rope, heads, stride, off)
+    heads_x = x.reshape(B, L, heads, stride)[..., :D]
+    want = rope(norm(heads_x).transpose(0, 2, 1, 3), offset=off if B > 1 else off[0])
+    assert mx.array_equal(got, want)
+
+
+@cuda_only
+def test_cuda_runners_give_the_same_logits_with_norm_and_rope_in_one_launch(monkeypatch):
+    from hf2q.kernels.layers import fast_layer_fn
+    from hf2q.runtime.pair import load_pair
+
+    target = load_pair(None).target
+    tokens = mx.array([[3, 14, 15, 92, 65, 35, 89, 79]])
+    outs = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv(select.NORM_ROPE_ENV, flag)
+        cache = target.make_cache()
+        fn = fast_layer_fn(mm=True, rows=True)
+        steps = [target.forward(tokens[:, :3], cache, layer_fn=fn)[0]]
+        for i in range(3, tokens.shape[1]):  # then decode steps, one row each
+            steps.append(target.forward(tokens[:, i : i + 1], cache, layer_fn=fn)[0])
         outs.append(mx.concatenate(steps, axis=1))
     assert mx.array_equal(outs[0], outs[1])

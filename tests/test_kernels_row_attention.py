@@ -231,9 +231,10 @@ def test_selection_is_cuda_only_and_reported(monkeypatch):
         select.row_attention_enabled()
 
 
-def _target(dtype) -> TargetModel:
-    # head_dim 32: the kernel needs a multiple of 32 (the tiny fixtures use 16).
-    args = qwen3_5.TextModelArgs(**dict(ck.TINY_TEXT_ARGS, head_dim=32))
+def _target(dtype, head_dim: int = 32) -> TargetModel:
+    # head_dim 32: the kernel needs a multiple of 32 (the tiny fixtures use 16); 64 for the norm
+    # + RoPE launch (a quarter of the head rotated: 16 values, the launch's least).
+    args = qwen3_5.TextModelArgs(**dict(ck.TINY_TEXT_ARGS, head_dim=head_dim))
     mx.random.seed(7)
     model = qwen3_5.TextModel(args)
     model.set_dtype(dtype)
@@ -333,6 +334,74 @@ def test_cuda_kernel_row_is_the_decode_step_at_the_4b_shape():
     assert np.all(np.abs(got - ref) <= 2.0**-8 * np.abs(ref) + 1e-5 * np.abs(ref).max())
     alone = ca.row_attention_cuda(q[:, :, 9:10], k, v, mx.array([1017]), 256**-0.5)
     assert mx.array_equal(alone[:, 0], block[:, 9])
+
+
+@pytest.fixture
+def emulated_norm_rope(monkeypatch, tmp_path, emulated):
+    """The norm + RoPE launch's own source (emulated here, real on CUDA) with the row attention
+    kernel; its launches counted in the returned list. (Emulated, the compiled pieces that call
+    it run untraced: the emulator reads its inputs; on a GPU, traced.)"""
+    from hf2q.kernels import cuda_norm as cn
+
+    launches: list[int] = []
+    if HAS_CUDA:
+        real = cn._rope_kernel
+    else:
+
+        def real(eps, base, scale):
+            src = cn.rope_source(eps, base, scale)
+            ins, outs = ["x", "w", "off"], ["out"]
+            return cuda_emu.EmulatedKernel("hf2q_norm_rope", ins, outs, src, cn._HEADER, tmp_path)
+
+    def counted(*a):
+        launches.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(cn, "_rope_kernel", counted)
+    monkeypatch.setenv(select.NORM_ROPE_ENV, "1")
+    if not HAS_CUDA:
+        mx.disable_compile()
+    try:
+        yield launches
+    finally:
+        mx.enable_compile()
+
+
+@pytest.mark.parametrize("gate", ["0", "1"], ids=["gate-after", "gate-in-launch"])
+def test_verify_rows_equal_decode_steps_with_norm_and_rope_in_one_launch(
+    emulated_norm_rope, gate, monkeypatch
+):
+    """bf16, ``HF2Q_NORM_ROPE=1``: a verify block through the runners and the same tokens as
+    plain decode steps, every layer and row bit for bit (queries and keys from the launch at
+    each row's position), and close to MLX's own norm and RoPE."""
+    monkeypatch.setenv(select.ATTN_GATE_ENV, gate)
+    target = _target(mx.bfloat16, head_dim=64)
+    capture = list(range(target.num_layers))
+    prompt, block = mx.array([PROMPT]), mx.array([TOKENS])
+    cache = TargetCache(
+        BucketedKVCache(256) if type(c) is KVCache else c for c in make_target_cache(target.model)
+    )
+    step = fast_layer_fn(rows=True)
+    target.forward(prompt, cache, layer_fn=step)
+    cache.begin_verify(block.shape[1])
+    logits_v, feats_v = target.forward(
+        block, cache, capture=capture, layer_fn=runner_verify_layer_fn(rows=True)
+    )
+    plain = make_prompt_cache(target.model)
+    target.forward(prompt, plain, layer_fn=step)
+    outs = [
+        target.forward(block[:, i : i + 1], plain, capture=capture, layer_fn=step)
+        for i in range(block.shape[1])
+    ]
+    assert emulated_norm_rope  # the attention layers' queries and keys came from the launch
+    assert mx.array_equal(feats_v, mx.concatenate([o[1] for o in outs], axis=1))
+    assert mx.array_equal(logits_v, mx.concatenate([o[0] for o in outs], axis=1))
+    monkeypatch.setenv(select.NORM_ROPE_ENV, "0")
+    ops = make_prompt_cache(target.model)
+    target.forward(prompt, ops, layer_fn=step)
+    want = [target.forward(block[:, i : i + 1], ops, layer_fn=step)[0] for i in range(6)]
+    want = mx.concatenate(want, axis=1).astype(mx.float32)
+    assert mx.allclose(logits_v.astype(mx.float32), want, rtol=5e-2, atol=5e-2)
 
 
 @cuda_only
@@ -525,3 +594,44 @@ def test_draft_graph_with_the_kernel_equals_the_fast_layers(emulated, monkeypatc
             for x, y in ((rc.keys, gc.keys), (rc.values, gc.values)):
                 a, b = x[r, :, :n].astype(mx.float32), y[r, :, :n].astype(mx.float32)
                 assert mx.array_equal(a, b), float(mx.abs(a - b).max())
+
+
+def test_draft_graph_with_norm_and_rope_in_one_launch_drafts_alike(emulated_norm_rope, monkeypatch):
+    """``HF2Q_NORM_ROPE=1``: the drafter's graph takes its queries and keys from the launch
+    (every layer) and drafts what the layer path drafts, to MLX's roundings on this CPU (the
+    launch has MLX's CUDA bits; the GPU test asks those)."""
+    from hf2q.runtime.drafter import DFlashDraftModel
+
+    monkeypatch.setattr(DFlashDraftModel, "fast_enabled", staticmethod(lambda: True))
+    monkeypatch.setattr(select, "row_attention_enabled", lambda: True)
+    monkeypatch.setenv(select.COMPILE_DRAFT_ENV, "1")
+    drafter = _drafter()
+    F = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
+
+    def cache():
+        made = drafter.make_cache()
+        feats = (mx.random.normal((1, 4, F), key=mx.random.key(2)) * 0.5).astype(mx.bfloat16)
+        drafter.add_context(feats, made)
+        return made
+
+    ref = _draft_rounds(drafter, cache(), None, [5, 8, 1, 11])
+    got = _draft_rounds(drafter, cache(), drafter.graph(8), [5, 8, 1, 11])
+    assert len(emulated_norm_rope) >= 2 * len(drafter.layers)  # q and k of every layer
+    for a, b in zip(ref, got, strict=True):
+        assert mx.allclose(a.astype(mx.float32), b.astype(mx.float32), rtol=5e-2, atol=5e-2)
+
+
+@cuda_only
+def test_cuda_draft_graph_drafts_the_same_bits_with_norm_and_rope_in_one_launch(monkeypatch):
+    monkeypatch.setenv(select.COMPILE_DRAFT_ENV, "1")
+    drafter = _drafter()
+    F = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
+    outs = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv(select.NORM_ROPE_ENV, flag)
+        made = drafter.make_cache()
+        feats = (mx.random.normal((1, 4, F), key=mx.random.key(2)) * 0.5).astype(mx.bfloat16)
+        drafter.add_context(feats, made)
+        outs.append(_draft_rounds(drafter, made, drafter.graph(8), [5, 8, 1, 11]))
+    for a, b in zip(*outs, strict=True):
+        assert mx.array_equal(a, b)

@@ -30,7 +30,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache
 
-from hf2q.kernels import cuda_attention, select
+from hf2q.kernels import cuda_attention, cuda_norm, select
 from hf2q.kernels.gdn import _alive, concat_linears, mlp_fused
 from hf2q.kernels.linear import linear, linears, swiglu_mlp
 
@@ -79,8 +79,24 @@ class AttentionPieces(NamedTuple):
         )
 
 
+def _norm_rope_takes(
+    sa: nn.Module, q_out: mx.array, keys: mx.array, nq: int, nkv: int, head_dim: int
+) -> bool:
+    """Whether :func:`hf2q.kernels.cuda_norm.norm_rope_cuda` takes this layer's queries (from
+    the q projection's output, each head's queries before its gate) and keys."""
+    return (
+        cuda_norm.norm_rope_supported(q_out, sa.q_norm, sa.rope, nq, 2 * head_dim) is None
+        and cuda_norm.norm_rope_supported(keys, sa.k_norm, sa.rope, nkv, head_dim) is None
+    )
+
+
 def attention_pieces(
-    layer: nn.Module, *, fuse_proj: bool = False, mm: bool = False, gate_in_kernel: bool = False
+    layer: nn.Module,
+    *,
+    fuse_proj: bool = False,
+    mm: bool = False,
+    gate_in_kernel: bool = False,
+    norm_rope: bool = False,
 ) -> AttentionPieces:
     """The pieces :func:`compile_attention_layer` compiles (and a whole compiled forward traces).
 
@@ -91,6 +107,8 @@ def attention_pieces(
         mm: products through :func:`hf2q.kernels.linear.linear` (the small-M kernel on CUDA).
         gate_in_kernel: the row-invariant attention launch applies the output gate
             (``select.attn_gate_enabled()``; see :attr:`AttentionPieces.gate_layout`).
+        norm_rope: the query and key norms with their RoPE in one launch each where it takes
+            them (``select.norm_rope_enabled()``, the kernel path).
     """
     ref = weakref.ref(layer)  # the model owns the layer; these functions must not keep it alive
     sa = layer.self_attn
@@ -115,6 +133,16 @@ def attention_pieces(
         queries, gate = mx.split(q_out.reshape(B, L, nq, -1), 2, axis=-1)
         # In the kernel, the gate is read from the projection in place: no copy of its half.
         gate = q_out if gate_in_kernel else gate.reshape(B, L, -1)
+        if norm_rope and _norm_rope_takes(sa, q_out, keys, nq, nkv, head_dim):
+            # each norm and its RoPE in one launch (the same bits), from the projections as
+            # they are: no copies out of the strided queries, before the rotation, after it
+            values = values.reshape(B, L, nkv, -1).transpose(0, 2, 1, 3)
+            return (
+                cuda_norm.norm_rope_cuda(q_out, sa.q_norm, sa.rope, nq, 2 * head_dim, offset),
+                cuda_norm.norm_rope_cuda(keys, sa.k_norm, sa.rope, nkv, head_dim, offset),
+                values,
+                gate,
+            )
         queries = sa.q_norm(queries).transpose(0, 2, 1, 3)
         keys = sa.k_norm(keys.reshape(B, L, nkv, -1)).transpose(0, 2, 1, 3)
         values = values.reshape(B, L, nkv, -1).transpose(0, 2, 1, 3)
@@ -162,7 +190,8 @@ def compile_attention_layer(
     """
     ref = weakref.ref(layer)
     gated = rows and select.attn_gate_enabled()
-    pieces = attention_pieces(layer, fuse_proj=fuse_proj, mm=mm, gate_in_kernel=gated)
+    nr = rows and select.norm_rope_enabled()
+    pieces = attention_pieces(layer, fuse_proj=fuse_proj, mm=mm, gate_in_kernel=gated, norm_rope=nr)
     scale = pieces.scale
     cpre, cpost = mx.compile(pieces.pre), mx.compile(pieces.post)
     cpost_rows = mx.compile(pieces.post_rows)

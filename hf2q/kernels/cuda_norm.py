@@ -18,13 +18,25 @@ product rounds as MLX's 16-bit ``operator*`` does (the exact product, rounded on
 sigmoid is MLX's CUDA ``Sigmoid`` (``hf2q_sigmoid``), every intermediate rounded where mlx-lm's
 ops produce an array.
 
+:func:`norm_rope_cuda` does the same for an attention layer's queries or keys: mlx-lm's
+``rope(norm(x).transpose(0, 2, 1, 3), offset)`` (``nn.RMSNorm`` over each head's D values, then
+``nn.RoPE`` over the first R of them, the rest kept) in one launch writing (B, H, L, D), where MLX
+runs a copy out of the projection's strided view, the norm, a copy for the partial rotation (RoPE
+of fewer dims than D copies its input first), the rotation, and the attention launch's copy of
+the transposed result: a warp a head's row, lane i holding values 8i..8i+7 as ``rms_norm_small``
+does (heads of up to 256), each rotated value taken from its partner lane by a shuffle, the
+angle as MLX's CUDA RoPE computes it (``exp2(-(i / (R/2)) * log2(base))`` times the position,
+its ``cos`` and ``sin``, the same expressions).
+
 What it does not do: rows longer than 128 values or not a multiple of 8, float32 rows (MLX
 reduces those over 32 lanes), or anything off CUDA: :func:`supported` names why, and callers keep
-mlx-lm's ``norm`` there.
+mlx-lm's ``norm`` there. :func:`norm_rope_supported` says the same for heads (of up to 256 values)
+and rotations (MLX's ``nn.RoPE``, not traditional, a half of the rotated dims a multiple of 8).
 """
 
 from __future__ import annotations
 
+import math
 from functools import cache
 from typing import Any
 
@@ -129,4 +141,155 @@ def gated_norm_cuda(y: mx.array, z: mx.array, weight: mx.array, eps: float) -> m
     return out.reshape(y.shape)
 
 
-__all__ = ["gated_norm_cuda", "supported"]
+# One warp a row of D values (a head of one token): the norm as in _SOURCE (lanes of 8 values, a
+# tree over the warp: for rows of up to 256 values MLX's rms_norm_small sums exactly so), then
+# RoPE over the first R values (partner value e + R/2 or e - R/2 from the lane R/16 away, the same
+# place in it), the rest kept. x (B, L, H * RS): head h's values at h * RS .. (RS >= D: the q
+# projection's queries sit before their gate); off (1,) or (B,) positions of each batch row's
+# first token; out (B, H, L, D).
+_SOURCE_ROPE = r"""
+  const int B = x_shape[0];
+  const int L = x_shape[1];
+  const int warp = (blockIdx.x * THREADS + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  // Every lane takes part in the shuffles; lanes past the rows or the row's end hold zeros.
+  const bool live_row = warp < B * L * H;
+  const int row = live_row ? warp : 0;
+  const int h = row % H;
+  const int l = (row / H) % L;
+  const int b = row / (H * L);
+  const bool live = live_row && lane * 8 < D;
+  const size_t src = ((size_t)(b * L + l) * H + h) * RS + lane * 8;
+  float v[8];
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    v[j] = live ? hf2q_f(x[src + j]) : 0.0f;
+    acc = fmaf(v[j], v[j], acc);
+  }
+  acc += __shfl_xor_sync(0xffffffffu, acc, 16);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 8);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  const float r = rsqrtf(acc / D + EPS);
+  constexpr int HALF = R / 2;
+  constexpr int AWAY = HALF / 8;
+  const int partner = lane < AWAY ? lane + AWAY : (lane < 2 * AWAY ? lane - AWAY : lane);
+  float n[8];
+  float p[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    n[j] = live ? hf2q_round<InT>(hf2q_f(w[lane * 8 + j]) * hf2q_round<InT>(v[j] * r)) : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    p[j] = __shfl_sync(0xffffffffu, n[j], partner);
+  }
+  const float at = SCALE * static_cast<float>(off[off_shape[0] == 1 ? 0 : b] + l);
+  const size_t dst = (((size_t)b * H + h) * L + l) * D + lane * 8;
+  if (live) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int e = lane * 8 + j;
+      float o = n[j];
+      if (e < R) {
+        const int i = e < HALF ? e : e - HALF;
+        const float d = static_cast<float>(i) / static_cast<float>(HALF);
+        const float inv_freq = exp2f(-d * BASE);
+        const float theta = at * inv_freq;
+        const float costheta = cosf(theta);
+        const float sintheta = sinf(theta);
+        if (e < HALF) {
+          const float x1 = n[j];
+          const float x2 = p[j];
+          o = x1 * costheta - x2 * sintheta;
+        } else {
+          const float x1 = p[j];
+          const float x2 = n[j];
+          o = x1 * sintheta + x2 * costheta;
+        }
+      }
+      out[dst + j] = hf2q_to<InT>(o);
+    }
+  }
+"""
+
+
+def _float_literal(value: float) -> str:
+    """``value`` rounded to float32, as a C++ hexadecimal float literal."""
+    return float(np.float32(value)).hex() + "f"
+
+
+def rope_source(eps: float, base: float, scale: float) -> str:
+    """The norm + RoPE kernel body for one (eps, RoPE base, RoPE scale): constants of the
+    source. The base enters as MLX passes it, ``log2`` of the float32 base rounded to float32
+    (what ``std::log2(float)`` gives MLX's launch; equal for the bases in use, tested)."""
+    log2_base = math.log2(float(np.float32(base)))
+    return (
+        f"  constexpr float EPS = {_eps_literal(eps)};\n"
+        f"  constexpr float BASE = {_float_literal(log2_base)};\n"
+        f"  constexpr float SCALE = {_float_literal(scale)};\n"
+        f"  constexpr int THREADS = {THREADS};\n" + _SOURCE_ROPE
+    )
+
+
+@cache
+def _rope_kernel(eps: float, base: float, scale: float) -> Any:
+    return mx.fast.cuda_kernel(
+        name="hf2q_norm_rope",
+        input_names=["x", "w", "off"],
+        output_names=["out"],
+        source=rope_source(eps, base, scale),
+        header=_HEADER,
+    )
+
+
+def norm_rope_supported(x: mx.array, norm: Any, rope: Any, heads: int, stride: int) -> str | None:
+    """None where :func:`norm_rope_cuda` computes ``rope(norm(heads of x))`` with mlx-lm's
+    bits (``x`` (B, L, heads * stride), ``norm`` an ``nn.RMSNorm``, ``rope`` an ``nn.RoPE``),
+    else why not."""
+    import mlx.nn as nn
+
+    D = norm.weight.shape[0]
+    if x.dtype not in (mx.bfloat16, mx.float16) or norm.weight.dtype != x.dtype:
+        return f"rows of {x.dtype} and a norm of {norm.weight.dtype} (bfloat16 or float16 both)"
+    if x.ndim != 3 or x.shape[-1] != heads * stride or stride < D:
+        return f"an input of shape {x.shape} for {heads} heads of {D} values every {stride}"
+    if D % 8 or D > 256:
+        return f"heads of {D} values (the launch takes multiples of 8 up to 256)"
+    if type(rope) is not nn.RoPE or rope.traditional:
+        return f"a {type(rope).__name__}{' (traditional)' if rope.traditional else ''}"
+    if rope.dims % 16 or rope.dims > D:
+        return f"a rotation of {rope.dims} of {D} values (multiples of 16 up to D)"
+    return None
+
+
+def norm_rope_cuda(
+    x: mx.array, norm: Any, rope: Any, heads: int, stride: int, offset: mx.array
+) -> mx.array:
+    """``rope(norm(x.reshape(B, L, heads, stride)[..., :D]).transpose(0, 2, 1, 3), offset)`` in
+    one launch (the module docstring says how): (B, heads, L, D) in x's dtype. ``offset``: an
+    int32 array of one position for every batch row, or one per batch row (B,)."""
+    why = norm_rope_supported(x, norm, rope, heads, stride)
+    if why is not None:
+        raise ValueError(f"the norm + RoPE launch cannot take {why}")
+    B, L, _ = x.shape
+    D = norm.weight.shape[0]
+    off = offset.reshape(-1)
+    if off.dtype != mx.int32:
+        off = off.astype(mx.int32)
+    threads = -(-B * L * heads * 32 // THREADS) * THREADS
+    kernel = _rope_kernel(float(norm.eps), float(rope.base), float(rope.scale))
+    (out,) = kernel(
+        inputs=[x, norm.weight, off],
+        template=[("InT", x.dtype), ("H", heads), ("RS", stride), ("D", D), ("R", rope.dims)],
+        grid=(threads, 1, 1),
+        threadgroup=(THREADS, 1, 1),
+        output_shapes=[(B, heads, L, D)],
+        output_dtypes=[x.dtype],
+    )
+    return out
+
+
+__all__ = ["gated_norm_cuda", "norm_rope_cuda", "norm_rope_supported", "supported"]

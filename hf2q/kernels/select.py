@@ -235,6 +235,13 @@ GATED_NORM_ENV = "HF2Q_GATED_NORM"
 #: confirmed its bits.
 ATTN_GATE_ENV = "HF2Q_ATTN_GATE"
 
+#: HF2Q_NORM_ROPE=1: an attention layer's query and key norms and their RoPE (with the copies MLX
+#: makes around them: out of the projection's strided view, before a partial rotation, of the
+#: transposed queries) are one launch each (:func:`hf2q.kernels.cuda_norm.norm_rope_cuda`, the
+#: same bits by construction), in the target's attention layers and the drafter's graph. Default
+#: off until the H200 has confirmed its bits.
+NORM_ROPE_ENV = "HF2Q_NORM_ROPE"
+
 #: HF2Q_KV_ROW_SCATTER=0|1: a one-row slot cache whose position only the device knows (a lagged
 #: round at one slot) writes its new keys and values with the scatter the many-row caches use (1)
 #: or with a slice update at a device offset (0: two launches, the offset and a dynamic copy).
@@ -405,11 +412,17 @@ def attn_gate_enabled() -> bool:
     return _flag(ATTN_GATE_ENV, "0")
 
 
-def trace_key() -> tuple[bool, bool, bool]:
+def norm_rope_enabled() -> bool:
+    """Whether attention layers' query/key norms and RoPE run as one launch each on the kernel
+    path (``HF2Q_NORM_ROPE``, default off; same bits as mlx-lm's ops)."""
+    return _flag(NORM_ROPE_ENV, "0")
+
+
+def trace_key() -> tuple[bool, bool, bool, bool]:
     """The kernel settings a layer's trace reads on CUDA besides its products' (:func:`mm_key`):
-    :func:`gdn_window_enabled`, :func:`gated_norm_enabled` and :func:`attn_gate_enabled`; a kept
-    trace is rebuilt when they change."""
-    return gdn_window_enabled(), gated_norm_enabled(), attn_gate_enabled()
+    :func:`gdn_window_enabled`, :func:`gated_norm_enabled`, :func:`attn_gate_enabled` and
+    :func:`norm_rope_enabled`; a kept trace is rebuilt when they change."""
+    return gdn_window_enabled(), gated_norm_enabled(), attn_gate_enabled(), norm_rope_enabled()
 
 
 def kv_row_scatter() -> bool:
@@ -850,6 +863,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
     )
     if row_attention_enabled() and attn_gate_enabled():
         info["attention"] += ", output gate in its store"
+    if row_attention_enabled() and norm_rope_enabled():
+        info["attention"] += ", q/k norm and RoPE in one launch each"
     info["prefill"] = (
         "compiled runners" if runners and prefill_runners_enabled() else "the model's layers"
     )

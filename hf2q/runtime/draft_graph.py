@@ -44,7 +44,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from hf2q.kernels import cuda_attention, select
+from hf2q.kernels import cuda_attention, cuda_norm, select
 from hf2q.kernels.forward import graph_capacity, held_position
 from hf2q.kernels.linear import FROZEN, Frozen, linear, linears, swiglu_mlp
 from hf2q.runtime.slot_cache import SlotKVCache
@@ -107,11 +107,23 @@ def _layer(lay: Any, x: mx.array, ctx: mx.array, where: tuple, K, V, mm, rows: b
     # written by one scatter each: contiguous positions per row, the padding's past the block's end.
     rows_in_order = mx.take_along_axis(mx.concatenate([ctx, h], axis=1), order[..., None], axis=1)
     k, v = linears([a.k_proj, a.v_proj], rows_in_order, mm)  # one launch where grouped
-    k = a.k_norm(a._heads(k, a.n_kv_heads))
     v = a._heads(v, a.n_kv_heads)
-    K = mx.put_along_axis(K, at, a.rope(k, offset=off), axis=2)
+    D = a.head_dim
+    qp = linear(a.q_proj, h, mm) if select.norm_rope_enabled() else None
+    if (  # each norm and its RoPE in one launch (the same bits) where it takes them
+        qp is not None
+        and cuda_norm.norm_rope_supported(qp, a.q_norm, a.rope, a.n_heads, D) is None
+        and cuda_norm.norm_rope_supported(k, a.k_norm, a.rope, a.n_kv_heads, D) is None
+    ):
+        k = cuda_norm.norm_rope_cuda(k, a.k_norm, a.rope, a.n_kv_heads, D, off)
+        q = cuda_norm.norm_rope_cuda(qp, a.q_norm, a.rope, a.n_heads, D, first)
+        K = mx.put_along_axis(K, at, k, axis=2)
+    else:
+        K = mx.put_along_axis(
+            K, at, a.rope(a.k_norm(a._heads(k, a.n_kv_heads)), offset=off), axis=2
+        )
+        q = a.queries(h, first, mm)
     V = mx.put_along_axis(V, at, v, axis=2)
-    q = a.queries(h, first, mm)
     if rows and cuda_attention.supported(q, K, V) is None:
         o = cuda_attention.row_attention_cuda(
             q, K, V, first, a.scale, window=a.sliding_window, causal=a.is_causal
@@ -150,6 +162,7 @@ def _graph_for(drafter: Any, mm: bool, head_mm: Frozen | None, rows: bool) -> An
         select.kernel_mode(),
         select.backend(),
         select.compile_enabled(),
+        select.trace_key(),
         _callable_key(drafter._head),
     )
     weights = _drafter_weights(drafter)
