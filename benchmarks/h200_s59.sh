@@ -1,37 +1,40 @@
 #!/usr/bin/env bash
-# Session 59's measuring call, BUDGET=540: three graph-node cuts, each opt-in.
+# Session 59's measuring call, BUDGET=540: four graph-node cuts, each opt-in.
 # - HF2Q_GATED_NORM=1: a Gated-DeltaNet layer's gated norm in one launch (24 nodes fewer in a
 #   verify and in a plain step of the 4B shape), built to MLX 0.32's CUDA summation order.
 # - HF2Q_ATTN_GATE=1: the attention output gate in the row-invariant attention's store, read
 #   from the q projection in place (16 nodes fewer a forward).
+# - HF2Q_NORM_ROPE=1: an attention layer's q and k norms with their RoPE in one launch each
+#   (the copies around them go too: about 3 nodes a target attention layer, 2 a drafter layer).
 # - HF2Q_ACCEPT_KERNEL=1: a greedy round's acceptance and kept counts in one launch (about ten
 #   small ops before; round-only nodes).
 # Their bits are asked of the GPU first (against mlx-lm's own kernels, and the runners' logits).
 # The one-slot round waits for the host (session 57's H100 trace: 6.07 ms against 5.62 busy,
 # about 13 us of host a node), so fewer nodes should shorten it; plain steps are the device's.
-# Then the goals' sweep at 1 and 4 slots, defaults against all three, alternated.
+# Then the goals' sweep at 1 and 4 slots, defaults against all four, alternated.
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
 host_speed
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
-gpu_pytest cut_bits 120 tests/test_kernels_gated_norm.py tests/test_kernels_accept.py \
+gpu_pytest cut_bits 150 tests/test_kernels_gated_norm.py tests/test_kernels_accept.py \
   tests/test_kernels_row_attention.py tests/test_kernels_forward.py \
   -k "(cuda and not emulated) or accept or demo_target"
 V=HF2Q_DRAFT_VOCAB=32768
 GN=HF2Q_GATED_NORM=1
 AG=HF2Q_ATTN_GATE=1
+NR=HF2Q_NORM_ROPE=1
 AK=HF2Q_ACCEPT_KERNEL=1
-ALL="$GN+$AG+$AK"
+ALL="$GN+$AG+$NR+$AK"
 t=$(left); [ "$t" -gt 170 ] && t=170
 ab_run cut_1 "$t" --synthetic 4b --slots 1 --modes plain,dflash --tokens 32 --prompt-tokens 64 \
-  --runs 4 --values "$V,$V+$ALL,$V+$GN,$V+$AG,$V+$AK"
+  --runs 4 --values "$V,$V+$ALL,$V+$GN,$V+$AG,$V+$NR,$V+$AK"
 ab_slots cut_ "4" "$V,$V+$ALL"
 for r in a b; do
   for g in default cuts; do
     t=$(left); [ "$t" -lt 60 ] && break 2
     [ "$t" -gt 110 ] && t=110
-    settings=""; [ "$g" = cuts ] && settings="$GN $AG $AK"
+    settings=""; [ "$g" = cuts ] && settings="$GN $AG $NR $AK"
     (for kv in $settings; do export "${kv?}"; done
      synthetic_run "syn4b_${g}_$r" 1,4 "$t" --draft-vocab 32768)
   done
