@@ -17,7 +17,7 @@ set -uo pipefail
 . benchmarks/h200_common.sh
 host_speed
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
-gpu_pytest cut_bits 150 tests/test_kernels_gated_norm.py tests/test_kernels_accept.py \
+gpu_pytest cut_bits 130 tests/test_kernels_gated_norm.py tests/test_kernels_accept.py \
   tests/test_kernels_row_attention.py tests/test_kernels_forward.py \
   -k "(cuda and not emulated) or accept or demo_target"
 V=HF2Q_DRAFT_VOCAB=32768
@@ -28,16 +28,18 @@ AK=HF2Q_ACCEPT_KERNEL=1
 ALL="$GN+$AG+$NR+$AK"
 t=$(left); [ "$t" -gt 170 ] && t=170
 ab_run cut_1 "$t" --synthetic 4b --slots 1 --modes plain,dflash --tokens 32 --prompt-tokens 64 \
-  --runs 4 --values "$V,$V+$ALL,$V+$GN,$V+$AG,$V+$NR,$V+$AK"
-ab_slots cut_ "4" "$V,$V+$ALL"
+  --runs 3 --values "$V,$V+$ALL,$V+$GN,$V+$AG,$V+$NR,$V+$AK"
 for r in a b; do
   for g in default cuts; do
     t=$(left); [ "$t" -lt 60 ] && break 2
-    [ "$t" -gt 110 ] && t=110
+    [ "$t" -gt 105 ] && t=105
     settings=""; [ "$g" = cuts ] && settings="$GN $AG $NR $AK"
     (for kv in $settings; do export "${kv?}"; done
      synthetic_run "syn4b_${g}_$r" 1,4 "$t" --draft-vocab 32768)
   done
 done
+# what is left: the one-slot kernel trace with all four (graphs and nodes a round, idle gaps)
+(for kv in $GN $AG $NR $AK; do export "${kv?}"; done; mkdir -p "$OUT/cuts" && OUT="$OUT/cuts"
+ TL_ARGS="--draft-vocab 32768" timelines 1 90 60 | cut -c1-140 | grep -E "^(==|tl_)|host CUDA API|cudaGraphLaunch")
 host_speed
 pack_logs
