@@ -394,6 +394,17 @@ def test_swiglu_mlp_takes_the_one_launch_only_with_its_switch(emulated_swiglu, m
     lin.swiglu_mlp(mlp, x, True)
     assert len(calls) == 1
     monkeypatch.delenv(select.GROUPED_MM_ENV)
+    # HF2Q_MM_SWIGLU_ROWS: the launch only up to that many rows (traces keyed by it)
+    key = select.mm_key()
+    monkeypatch.setenv(select.MM_SWIGLU_ROWS_ENV, "4")
+    assert select.mm_key() != key and "(up to 4 rows)" in select.describe()["small_mm"]
+    lin.swiglu_mlp(mlp, x, True)  # 5 rows: the grouped launch and mlx-lm's swiglu
+    lin.swiglu_mlp(mlp, x[:4], True)
+    assert calls == [(5, 128), (4, 128)]
+    monkeypatch.setenv(select.MM_SWIGLU_ROWS_ENV, "999")
+    with pytest.raises(UsageError, match="HF2Q_MM_SWIGLU_ROWS=999 is more than"):
+        select.mm_swiglu_rows()
+    monkeypatch.delenv(select.MM_SWIGLU_ROWS_ENV)
     monkeypatch.setenv(select.MM_SWIGLU_ENV, "2")
     with pytest.raises(UsageError, match=f"{select.MM_SWIGLU_ENV}='2' must be 0 or 1"):
         select.mm_swiglu_enabled()

@@ -24,6 +24,7 @@ there).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -285,6 +286,7 @@ def swiglu_mlp(
         on
         and _bare([gp, up])
         and _select().mm_swiglu_enabled()
+        and math.prod(x.shape[:-1]) <= _select().mm_swiglu_rows()
         and cuda_matmul.swiglu_supported(x, gp.weight, up.weight, _columns()) is None
         and _rows_fit(x, gp.weight)
     ):  # one launch, the bits of the two steps below

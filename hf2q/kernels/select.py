@@ -88,6 +88,12 @@ MM_COLUMNS_ENV = "HF2Q_MM_COLUMNS"
 #: at one slot a noisy host left no verdict.
 MM_SWIGLU_ENV = "HF2Q_MM_SWIGLU"
 
+#: HF2Q_MM_SWIGLU_ROWS=N: under ``HF2Q_MM_SWIGLU=1``, the one launch only for products of up to
+#: N rows (the grouped launch and mlx-lm's ``swiglu`` above): 16 keeps it to one m-tile (a 1-slot
+#: verify, plain steps) where four slots' 64 rows lost with it (session 58). Default: every row
+#: count the launch takes.
+MM_SWIGLU_ROWS_ENV = "HF2Q_MM_SWIGLU_ROWS"
+
 #: HF2Q_SMALL_MM_ROWS=N: products of up to N rows run the small-M kernel whatever the weight's size;
 #: beyond N, weights of more than 4M elements go to cuBLAS (default: the kernel's 128 rows).
 SMALL_MM_ROWS_ENV = "HF2Q_SMALL_MM_ROWS"
@@ -320,6 +326,19 @@ def mm_swiglu_enabled() -> bool:
     return grouped_mm_enabled() and _flag(MM_SWIGLU_ENV, "0")
 
 
+def mm_swiglu_rows() -> int:
+    """The most rows whose MLP takes the one gate/up/SwiGLU launch under :func:`mm_swiglu_enabled`
+    (``HF2Q_MM_SWIGLU_ROWS``; default and most the kernel's :data:`cuda_matmul.MAX_ROWS`)."""
+    n = _count(MM_SWIGLU_ROWS_ENV, f"a row count up to {cuda_matmul.MAX_ROWS}")
+    if n is None:
+        return cuda_matmul.MAX_ROWS
+    if n > cuda_matmul.MAX_ROWS:
+        raise UsageError(
+            f"{MM_SWIGLU_ROWS_ENV}={n} is more than the kernel's {cuda_matmul.MAX_ROWS} rows: lower it"
+        )
+    return n
+
+
 def small_mm_rows() -> int:
     """Rows up to which every product the small-M kernel can compute runs it
     (``HF2Q_SMALL_MM_ROWS``, default :data:`hf2q.kernels.linear.ALWAYS_ROWS`, 128). A DFlash
@@ -371,7 +390,8 @@ def mm_key() -> tuple[bool, int, bool | tuple, bool | str]:
     """The settings a compiled runner's products depend on, for the caches of traced functions:
     (:func:`grouped_mm_enabled`, :func:`small_mm_rows`, the single products' layout:
     :func:`mm_columns_enabled`, paired with ``"narrow"`` under ``HF2Q_MM_NARROW=1`` and with
-    ``"cols64"`` under ``HF2Q_MM_COLS64`` and with ``"swiglu"`` under ``HF2Q_MM_SWIGLU=1``,
+    ``"cols64"`` under ``HF2Q_MM_COLS64`` and with ``"swiglu"`` and its row limit under
+    ``HF2Q_MM_SWIGLU=1``,
     :func:`small_qmm_enabled` or with it ``HF2Q_QMM_LAUNCH`` where set)."""
     qmm = small_qmm_enabled() and (os.environ.get(cuda_matmul.QMM_LAUNCH_ENV, "") or True)
     columns: bool | tuple = mm_columns_enabled()
@@ -380,7 +400,7 @@ def mm_key() -> tuple[bool, int, bool | tuple, bool | str]:
     if (cols := cuda_matmul.cols64()) is not None:  # four m-tiles' column split
         columns = (columns, "cols64", cols)
     if mm_swiglu_enabled():  # the MLP's launches
-        columns = (columns, "swiglu")
+        columns = (columns, "swiglu", mm_swiglu_rows())
     return grouped_mm_enabled(), small_mm_rows(), columns, qmm
 
 
@@ -845,6 +865,8 @@ def describe(attn: object | None = None) -> dict[str, str]:
         info["small_mm"] += ", products sharing an input in one launch"
     if mm_swiglu_enabled():
         info["small_mm"] += ", the MLP's SwiGLU in its gate/up launch"
+        if mm_swiglu_rows() < cuda_matmul.MAX_ROWS:
+            info["small_mm"] += f" (up to {mm_swiglu_rows()} rows)"
     if mm_columns_enabled():
         info["small_mm"] += ", columns split at 33-64 rows"
     if small_mm_enabled() and mm_columns_enabled() and (cols := cuda_matmul.cols64()) is not None:
