@@ -8,6 +8,8 @@
 #   (the copies around them go too: about 3 nodes a target attention layer, 2 a drafter layer).
 # - HF2Q_ACCEPT_KERNEL=1: a greedy round's acceptance and kept counts in one launch (about ten
 #   small ops before; round-only nodes).
+# (The 1-slot A/B also takes all four with HF2Q_MM_SWIGLU=1 up to 16 rows: 37 nodes fewer a
+# 1-slot round, left off at 4 slots where it lost in session 58.)
 # Their bits are asked of the GPU first (against mlx-lm's own kernels, and the runners' logits).
 # The one-slot round waits for the host (session 57's H100 trace: 6.07 ms against 5.62 busy,
 # about 13 us of host a node), so fewer nodes should shorten it; plain steps are the device's.
@@ -26,9 +28,10 @@ AG=HF2Q_ATTN_GATE=1
 NR=HF2Q_NORM_ROPE=1
 AK=HF2Q_ACCEPT_KERNEL=1
 ALL="$GN+$AG+$NR+$AK"
+SW=HF2Q_MM_SWIGLU=1+HF2Q_MM_SWIGLU_ROWS=16  # session 58's SwiGLU launch, one m-tile only
 t=$(left); [ "$t" -gt 170 ] && t=170
 ab_run cut_1 "$t" --synthetic 4b --slots 1 --modes plain,dflash --tokens 32 --prompt-tokens 64 \
-  --runs 3 --values "$V,$V+$ALL,$V+$GN,$V+$AG,$V+$NR,$V+$AK"
+  --runs 3 --values "$V,$V+$ALL,$V+$ALL+$SW,$V+$GN,$V+$AG,$V+$NR"
 for r in a b; do
   for g in default cuts; do
     t=$(left); [ "$t" -lt 60 ] && break 2
