@@ -260,8 +260,12 @@ def _norm_rope_model(x, weight, eps, dims, base, heads, stride, offset) -> np.nd
     i = np.arange(half, dtype=np.float32)
     d = (i / np.float32(half)).astype(np.float32)
     inv = _libm("exp2f")((-d * np.float32(math.log2(float(np.float32(base))))).astype(np.float32))
-    off = np.array(offset).reshape(-1)
-    pos = (off[:, None] if off.size > 1 else off[None, :]) + np.arange(L)[None, :]  # (B|1, L)
+    off = np.array(offset)
+    if off.ndim == 2:  # each row's own position
+        pos = off
+    else:
+        off = off.reshape(-1)
+        pos = (off[:, None] if off.size > 1 else off[None, :]) + np.arange(L)[None, :]  # (B|1, L)
     theta = (np.float32(1.0) * pos.astype(np.float32))[..., None] * inv  # (B|1, L, half)
     c, s = _libm("cosf")(theta), _libm("sinf")(theta)
     c, s = c[:, None], s[:, None]  # over heads
@@ -301,6 +305,21 @@ def test_emulated_norm_rope_has_the_bits_of_mlx_cuda_order(
     assert out.shape == (B, heads, L, D) and out.dtype == dtype
     want = _norm_rope_model(x, norm.weight, 1e-6, dims, 1e7, heads, stride, off)
     assert np.array_equal(np.array(out.astype(mx.float32)), want)
+
+
+def test_emulated_norm_rope_takes_each_rows_own_position(emulated_rope):
+    # (B, L) positions, in no order (the drafter graph's context rows, block, padding): each row
+    # rotated as a row of its position alone; the wrong shape is refused.
+    x, norm = _rope_inputs(2, 5, 2, 128, 128, mx.bfloat16, 4)
+    rope = nn.RoPE(128, base=1e6)
+    pos = mx.array([[3, 4, 20, 21, 9], [100, 7, 8, 50, 0]], dtype=mx.int32)
+    out = cn.norm_rope_cuda(x, norm, rope, 2, 128, pos)
+    want = _norm_rope_model(x, norm.weight, 1e-6, 128, 1e6, 2, 128, pos)
+    assert np.array_equal(np.array(out.astype(mx.float32)), want)
+    row = cn.norm_rope_cuda(x[1:, 3:4], norm, rope, 2, 128, mx.array([50]))
+    assert mx.array_equal(row[0, :, 0], out[1, :, 3])
+    with pytest.raises(ValueError, match="positions"):
+        cn.norm_rope_cuda(x, norm, rope, 2, 128, pos[:, :4])
 
 
 @pytest.mark.parametrize("dims", [64, 256])

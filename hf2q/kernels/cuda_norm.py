@@ -146,7 +146,7 @@ def gated_norm_cuda(y: mx.array, z: mx.array, weight: mx.array, eps: float) -> m
 # RoPE over the first R values (partner value e + R/2 or e - R/2 from the lane R/16 away, the same
 # place in it), the rest kept. x (B, L, H * RS): head h's values at h * RS .. (RS >= D: the q
 # projection's queries sit before their gate); off (1,) or (B,) positions of each batch row's
-# first token; out (B, H, L, D).
+# first token, or (B, L) each row's own position; out (B, H, L, D).
 _SOURCE_ROPE = r"""
   const int B = x_shape[0];
   const int L = x_shape[1];
@@ -186,7 +186,11 @@ _SOURCE_ROPE = r"""
   for (int j = 0; j < 8; ++j) {
     p[j] = __shfl_sync(0xffffffffu, n[j], partner);
   }
-  const float at = SCALE * static_cast<float>(off[off_shape[0] == 1 ? 0 : b] + l);
+  // the row's position: its batch row's first (one for all, or per batch row) + l, or given
+  // per (batch row, row) where off is (B, L)
+  const int position =
+      off_ndim == 2 ? off[(size_t)b * L + l] : off[off_shape[0] == 1 ? 0 : b] + l;
+  const float at = SCALE * static_cast<float>(position);
   const size_t dst = (((size_t)b * H + h) * L + l) * D + lane * 8;
   if (live) {
 #pragma unroll
@@ -245,17 +249,14 @@ def _rope_kernel(eps: float, base: float, scale: float) -> Any:
     )
 
 
-def norm_rope_supported(x: mx.array, norm: Any, rope: Any, heads: int, stride: int) -> str | None:
-    """None where :func:`norm_rope_cuda` computes ``rope(norm(heads of x))`` with mlx-lm's
-    bits (``x`` (B, L, heads * stride), ``norm`` an ``nn.RMSNorm``, ``rope`` an ``nn.RoPE``),
-    else why not."""
+def norm_rope_takes(dtype: Any, norm: Any, rope: Any) -> str | None:
+    """None where :func:`norm_rope_cuda` takes heads of ``dtype`` normed by ``norm`` (an
+    ``nn.RMSNorm``) and rotated by ``rope`` (an ``nn.RoPE``) with mlx-lm's bits, else why not."""
     import mlx.nn as nn
 
     D = norm.weight.shape[0]
-    if x.dtype not in (mx.bfloat16, mx.float16) or norm.weight.dtype != x.dtype:
-        return f"rows of {x.dtype} and a norm of {norm.weight.dtype} (bfloat16 or float16 both)"
-    if x.ndim != 3 or x.shape[-1] != heads * stride or stride < D:
-        return f"an input of shape {x.shape} for {heads} heads of {D} values every {stride}"
+    if dtype not in (mx.bfloat16, mx.float16) or norm.weight.dtype != dtype:
+        return f"rows of {dtype} and a norm of {norm.weight.dtype} (bfloat16 or float16 both)"
     if D % 8 or D > 256:
         return f"heads of {D} values (the launch takes multiples of 8 up to 256)"
     if type(rope) is not nn.RoPE or rope.traditional:
@@ -265,18 +266,30 @@ def norm_rope_supported(x: mx.array, norm: Any, rope: Any, heads: int, stride: i
     return None
 
 
+def norm_rope_supported(x: mx.array, norm: Any, rope: Any, heads: int, stride: int) -> str | None:
+    """None where :func:`norm_rope_cuda` computes ``rope(norm(heads of x))`` with mlx-lm's
+    bits (``x`` (B, L, heads * stride): :func:`norm_rope_takes` and the shape), else why not."""
+    D = norm.weight.shape[0]
+    if x.ndim != 3 or x.shape[-1] != heads * stride or stride < D:
+        return f"an input of shape {x.shape} for {heads} heads of {D} values every {stride}"
+    return norm_rope_takes(x.dtype, norm, rope)
+
+
 def norm_rope_cuda(
     x: mx.array, norm: Any, rope: Any, heads: int, stride: int, offset: mx.array
 ) -> mx.array:
     """``rope(norm(x.reshape(B, L, heads, stride)[..., :D]).transpose(0, 2, 1, 3), offset)`` in
     one launch (the module docstring says how): (B, heads, L, D) in x's dtype. ``offset``: an
-    int32 array of one position for every batch row, or one per batch row (B,)."""
+    int32 array of one position for every batch row, or one per batch row (B,), the first of
+    the row's L consecutive positions; or each row's own position (B, L)."""
     why = norm_rope_supported(x, norm, rope, heads, stride)
     if why is not None:
         raise ValueError(f"the norm + RoPE launch cannot take {why}")
     B, L, _ = x.shape
     D = norm.weight.shape[0]
-    off = offset.reshape(-1)
+    off = offset if offset.ndim == 2 else offset.reshape(-1)
+    if off.ndim == 2 and off.shape != (B, L):
+        raise ValueError(f"positions {off.shape} for rows of {(B, L)}")
     if off.dtype != mx.int32:
         off = off.astype(mx.int32)
     threads = -(-B * L * heads * 32 // THREADS) * THREADS
@@ -292,4 +305,10 @@ def norm_rope_cuda(
     return out
 
 
-__all__ = ["gated_norm_cuda", "norm_rope_cuda", "norm_rope_supported", "supported"]
+__all__ = [
+    "gated_norm_cuda",
+    "norm_rope_cuda",
+    "norm_rope_supported",
+    "norm_rope_takes",
+    "supported",
+]

@@ -80,6 +80,15 @@ def _positions(off: mx.array, count: mx.array, P: int, L: int) -> tuple[mx.array
     return order, at
 
 
+def _joined_positions(off: mx.array, count: mx.array, P: int, L: int) -> mx.array:
+    """The position (R, P+L) of each of a layer's context rows then block rows as they come
+    (no gather): a row's kept context rows from ``off``, its block right after them, its padding
+    rows past the block's end; the places :func:`_positions`' order gives the same rows."""
+    s = mx.arange(P + L, dtype=mx.int32).reshape(1, -1)
+    n = count.reshape(-1, 1)
+    return off.reshape(-1, 1) + mx.where(s < P, mx.where(s < n, s, s + L), n + s - P)
+
+
 def _visible(a: Any, first: mx.array, L: int, C: int) -> mx.array:
     """MLX attention's mask (R, 1, L, C) over a whole buffer of C positions: each block row sees
     its row's keys up to the block's end (and, causal, up to itself; within the window)."""
@@ -96,34 +105,35 @@ def _visible(a: Any, first: mx.array, L: int, C: int) -> mx.array:
 def _layer(lay: Any, x: mx.array, ctx: mx.array, where: tuple, K, V, mm, rows: bool, masks: dict):
     """One drafter layer of the graph over block rows ``x`` (R, L, H) and padded new context
     rows ``ctx`` (R, P, H): ``(out, K, V)`` with the layer's buffers written. ``where``: the
-    rows' offsets, the block's first positions and :func:`_positions`; ``masks``: MLX
-    attention's masks made so far, by kind of layer."""
+    rows' offsets, the block's first positions, then :func:`_positions` and None, or (with the
+    norm + RoPE launch) None, None and :func:`_joined_positions`; ``masks``: MLX attention's
+    masks made so far, by kind of layer."""
     a = lay.self_attn
     R, L, _ = x.shape
-    off, first, order, at = where
+    off, first, order, at, joined = where
     h = lay.input_layernorm(x)
-    # Context and block rows in the order of their positions (a gather), through the k and v
-    # products (one grouped launch on CUDA; rows are independent), rotated from the row's offset,
-    # written by one scatter each: contiguous positions per row, the padding's past the block's end.
-    rows_in_order = mx.take_along_axis(mx.concatenate([ctx, h], axis=1), order[..., None], axis=1)
-    k, v = linears([a.k_proj, a.v_proj], rows_in_order, mm)  # one launch where grouped
-    v = a._heads(v, a.n_kv_heads)
     D = a.head_dim
-    qp = linear(a.q_proj, h, mm) if select.norm_rope_enabled() else None
-    if (  # each norm and its RoPE in one launch (the same bits) where it takes them
-        qp is not None
-        and cuda_norm.norm_rope_supported(qp, a.q_norm, a.rope, a.n_heads, D) is None
-        and cuda_norm.norm_rope_supported(k, a.k_norm, a.rope, a.n_kv_heads, D) is None
-    ):
-        k = cuda_norm.norm_rope_cuda(k, a.k_norm, a.rope, a.n_kv_heads, D, off)
-        q = cuda_norm.norm_rope_cuda(qp, a.q_norm, a.rope, a.n_heads, D, first)
-        K = mx.put_along_axis(K, at, k, axis=2)
+    if joined is not None:
+        # Context and block rows as they come, through the k and v products (one grouped launch
+        # on CUDA; rows are independent), each norm and its RoPE in one launch (the same bits)
+        # at each row's own position, written there by one scatter each: the same buffers as
+        # the rows put in order below (no gather).
+        k, v = linears([a.k_proj, a.v_proj], mx.concatenate([ctx, h], axis=1), mm)
+        k = cuda_norm.norm_rope_cuda(k, a.k_norm, a.rope, a.n_kv_heads, D, joined)
+        q = cuda_norm.norm_rope_cuda(linear(a.q_proj, h, mm), a.q_norm, a.rope, a.n_heads, D, first)
+        at = joined.reshape(R, 1, -1, 1)
     else:
-        K = mx.put_along_axis(
-            K, at, a.rope(a.k_norm(a._heads(k, a.n_kv_heads)), offset=off), axis=2
+        # Context and block rows in the order of their positions (a gather), through the k and
+        # v products, rotated from the row's offset, written by one scatter each: contiguous
+        # positions per row, the padding's past the block's end.
+        rows_in_order = mx.take_along_axis(
+            mx.concatenate([ctx, h], axis=1), order[..., None], axis=1
         )
+        k, v = linears([a.k_proj, a.v_proj], rows_in_order, mm)  # one launch where grouped
+        k = a.rope(a.k_norm(a._heads(k, a.n_kv_heads)), offset=off)
         q = a.queries(h, first, mm)
-    V = mx.put_along_axis(V, at, v, axis=2)
+    K = mx.put_along_axis(K, at, k, axis=2)
+    V = mx.put_along_axis(V, at, a._heads(v, a.n_kv_heads), axis=2)
     if rows and cuda_attention.supported(q, K, V) is None:
         o = cuda_attention.row_attention_cuda(
             q, K, V, first, a.scale, window=a.sliding_window, causal=a.is_causal
@@ -177,6 +187,12 @@ def _graph_for(drafter: Any, mm: bool, head_mm: Frozen | None, rows: bool) -> An
         return hit[3]
     ref = weakref.ref(drafter)  # the kept trace must not keep its drafter alive
     on = mm or FROZEN  # inference: products off the kernel read kept transposed views
+    dtype = drafter.layers[0].input_layernorm.weight.dtype if drafter.layers else None
+    norm_rope = select.norm_rope_enabled() and all(
+        cuda_norm.norm_rope_takes(dtype, lay.self_attn.k_norm, lay.self_attn.rope) is None
+        and cuda_norm.norm_rope_takes(dtype, lay.self_attn.q_norm, lay.self_attn.rope) is None
+        for lay in drafter.layers
+    )
 
     def forward(
         block: mx.array, features: mx.array, off: mx.array, count: mx.array, *arrays: mx.array
@@ -188,7 +204,11 @@ def _graph_for(drafter: Any, mm: bool, head_mm: Frozen | None, rows: bool) -> An
         x = d._embed(block)
         ctx = d.context(features, on)
         first = off + count
-        where = (off, first, *_positions(off, count, ctx.shape[1], block.shape[1]))
+        P, L = ctx.shape[1], block.shape[1]
+        if norm_rope:  # every layer's q/k norms and RoPE in one launch each, rows as they come
+            where = (off, first, None, None, _joined_positions(off, count, P, L))
+        else:
+            where = (off, first, *_positions(off, count, P, L), None)
         masks: dict = {}
         out: list[mx.array] = []
         for i, lay in enumerate(d.layers):
