@@ -35,7 +35,7 @@ def kernel(monkeypatch, tmp_path):
         emu = cuda_emu.EmulatedKernel(
             "hf2q_accept_greedy",
             ["draft", "choice", "limit"],
-            ["accepted", "bonus", "keep"],
+            ["accepted", "bonus", "keep", "block"],
             ca._SOURCE,
             workdir=tmp_path,
         )
@@ -46,6 +46,8 @@ def kernel(monkeypatch, tmp_path):
     def counted():
         launches.append(1)
         return real()
+
+    ca._launcher.cache_clear()  # (a kept launcher holds the kernel it was traced with)
 
     monkeypatch.setattr(ca, "_kernel", counted)
     monkeypatch.setattr(slots_mod, "accept_kernel_enabled", lambda: True)
@@ -70,20 +72,22 @@ def test_one_launch_gives_the_ops_acceptance(kernel, R, n, agree):
     d = mx.array(draft, dtype=mx.int32)
     c = mx.array(choice, dtype=mx.uint32)  # as mx.argmax gives it
     lim = mx.array(limit, dtype=mx.int32)
-    a, bonus, keep = ca.accept_greedy_cuda(d, c, lim)
+    a, bonus, keep, block = ca.accept_greedy_cuda(d, c, lim, 9999)
     want_a, want_bonus = accept_greedy(d, c.astype(mx.int32), lim)
     assert a.dtype == bonus.dtype == keep.dtype == mx.int32
     assert a.tolist() == want_a.tolist() and bonus.tolist() == want_bonus.tolist()
     assert keep.tolist() == [v + 1 for v in want_a.tolist()]
+    # the drafter's next blocks: the bonus token, then the mask token
+    assert block.tolist() == [[b] + [9999] * n for b in want_bonus.tolist()]
     assert kernel
 
 
 def test_shapes_that_do_not_fit_are_refused():
     d = mx.zeros((2, 4), dtype=mx.int32)
     with pytest.raises(ValueError, match="choices"):
-        ca.accept_greedy_cuda(d, mx.zeros((2, 4), dtype=mx.uint32), mx.zeros((2,), mx.int32))
+        ca.accept_greedy_cuda(d, mx.zeros((2, 4), dtype=mx.uint32), mx.zeros((2,), mx.int32), 0)
     with pytest.raises(ValueError, match="limits"):
-        ca.accept_greedy_cuda(d, mx.zeros((2, 5), dtype=mx.uint32), mx.zeros((3,), mx.int32))
+        ca.accept_greedy_cuda(d, mx.zeros((2, 5), dtype=mx.uint32), mx.zeros((3,), mx.int32), 0)
 
 
 def test_the_switch_is_read_and_checked(monkeypatch):

@@ -590,11 +590,12 @@ def _dflash_slots(
 
     def accept(
         draft: mx.array, q_rows: list[mx.array | None], vlogits: mx.array, n_row: list[int]
-    ) -> tuple[mx.array, mx.array, mx.array]:
+    ) -> tuple[mx.array, mx.array, mx.array, mx.array | None]:
         """Each row's accepted drafts (at most ``n_row[r]``), bonus token and kept count (the
         accepted drafts + 1), on the device: greedy (in one launch where
         ``accept_kernel_enabled``), or rejection sampling with the row's keys (idle rows: 0
-        and the mask token)."""
+        and the mask token); and from the launch the drafter's next blocks (the bonus token,
+        then mask tokens: :func:`block_logits` takes them), else None."""
         if sampling.greedy:
             key = tuple(n_row)
             if key not in limits:
@@ -602,10 +603,11 @@ def _dflash_slots(
                     limits.clear()
                 limits[key] = host_ints(n_row)
             if accept_kernel_enabled():
-                return accept_greedy_cuda(draft, mx.argmax(vlogits, axis=-1), limits[key])
+                choice = mx.argmax(vlogits, axis=-1)
+                return accept_greedy_cuda(draft, choice, limits[key], mask_id)
             choice = mx.argmax(vlogits, axis=-1).astype(mx.int32)  # (R, bs)
             a, bonus = accept_greedy(draft, choice, limits[key])
-            return a, bonus, a + 1
+            return a, bonus, a + 1, None
         a_l, b_l = [], []
         for r, x in enumerate(rows):
             if x is None:
@@ -621,7 +623,7 @@ def _dflash_slots(
             a_l.append(a.astype(mx.int32))
             b_l.append(b.astype(mx.int32))
         a = mx.stack(a_l)
-        return a, mx.stack(b_l), a + 1
+        return a, mx.stack(b_l), a + 1, None
 
     def submit(
         ahead: tuple[mx.array, list[mx.array] | None] | None = None,
@@ -745,14 +747,21 @@ def _dflash_slots(
         return blocks_of_masks[R]
 
     def block_logits(
-        first: mx.array, context: mx.array, counts: list[int] | mx.array, masks: mx.array
+        first: mx.array,
+        context: mx.array,
+        counts: list[int] | mx.array,
+        masks: mx.array,
+        block: mx.array | None = None,
     ) -> mx.array:
         """The drafter's logits (R, B-1, V) for full blocks (each row's ``first`` token, then
-        ``masks``) after each row appends its ``counts`` rows of ``context`` (a list, or an
-        array only the device has read: lagged caches)."""
+        ``masks``; or ``block``, those blocks already joined) after each row appends its
+        ``counts`` rows of ``context`` (a list, or an array only the device has read: lagged
+        caches)."""
         for c in dcache:
             c.prepare(lengths=counts)
-        return drafter(mx.concatenate([first[:, None], masks], axis=1), context, dcache, dgraph)
+        if block is None:
+            block = mx.concatenate([first[:, None], masks], axis=1)
+        return drafter(block, context, dcache, dgraph)
 
     def lookup_due() -> bool:
         """Whether a row would draft its next round from its lookup proposal (``lookup=True``):
@@ -788,6 +797,7 @@ def _dflash_slots(
         R = len(rows)
         last = mx.array([x.tokens[-1] if x else mask_id for x in rows], dtype=mx.int32)
         masks = mask_rows(R)
+        joined = None  # the next blocks as the acceptance launch wrote them, or None
         kv = [c for c in (*tcache, *dcache) if isinstance(c, SlotKVCache)]
         for c in kv:
             c.lagged = True
@@ -803,7 +813,7 @@ def _dflash_slots(
         while flight or not stop:
             if not stop:
                 tic = time.perf_counter()
-                dlogits = block_logits(last, ctx, ctx_len, masks)  # (R, B-1, V)
+                dlogits = block_logits(last, ctx, ctx_len, masks, joined)  # (R, B-1, V)
                 use = None
                 if sampling.greedy:
                     draft, q_rows = drafter.proposals(dlogits), []
@@ -818,7 +828,7 @@ def _dflash_slots(
                 vlogits, feats = verify_forward(
                     target, vin, tcache, capture=ids, lagged=True, whole=whole()
                 )
-                a_arr, last, keep = accept(draft, q_rows, vlogits, [B - 1] * R)
+                a_arr, last, keep, joined = accept(draft, q_rows, vlogits, [B - 1] * R)
                 tcache.rollback(keep)
                 ctx, ctx_len = feats, keep
                 marks = [c.mark() for c in kv]
@@ -946,7 +956,7 @@ def _dflash_slots(
 
         vin = mx.concatenate([host_ints(last)[:, None], draft], axis=1)  # (R, bs)
         vlogits, feats = verify_forward(target, vin, tcache, capture=ids, whole=whole())
-        a_arr, bonus_arr, keep_arr = accept(draft, q_rows, vlogits, [b - 1 for b in bs_row])
+        a_arr, bonus_arr, keep_arr, joined = accept(draft, q_rows, vlogits, [b - 1 for b in bs_row])
         # Read below without a copy (one of a larger array would wait for a draft queued ahead).
         words, _ = round_words(vlogits.shape[-1], draft, a_arr, bonus_arr)
         ahead = held = None
@@ -965,7 +975,9 @@ def _dflash_slots(
             held = [list(c.lengths) for c in dcache]
             for c in dcache:
                 c.lagged = True
-            dlogits = block_logits(bonus_arr, feats, keep_arr, mask_rows(len(rows)))
+            if joined is not None and joined.shape[1] != B:  # (a shorter block's)
+                joined = None
+            dlogits = block_logits(bonus_arr, feats, keep_arr, mask_rows(len(rows)), joined)
             if sampling.greedy:
                 ahead = (drafter.proposals(dlogits), None)
             else:  # each row's draft with the key its next drafted round takes (none if the
