@@ -33,8 +33,9 @@ t=$(left); [ "$t" -gt 170 ] && t=170
 ab_run cut_1 "$t" --synthetic 4b --slots 1 --modes plain,dflash --tokens 32 --prompt-tokens 64 \
   --runs 3 --values "$V,$V+$ALL,$V+$ALL+$SW,$V+$GN,$V+$AG,$V+$NR"
 for r in a b; do
+  [ "$(left)" -lt 170 ] && break  # a pair or nothing
   for g in default cuts; do
-    t=$(left); [ "$t" -lt 60 ] && break 2
+    t=$(( $(left) / 2 )); [ "$g" = cuts ] && t=$(left)
     [ "$t" -gt 105 ] && t=105
     settings=""; [ "$g" = cuts ] && settings="$GN $AG $NR $AK"
     (for kv in $settings; do export "${kv?}"; done
