@@ -312,7 +312,7 @@ def test_gated_norm_launch_compiles_for_sm90_without_spills(tmp_path: Path):
                 ["out"],
                 [dt],
                 cn.source(1e-6),
-                [("InT", dt), ("Dv", Dv)],
+                [("InT", dt), ("D", Dv)],
             ),
         )
         for i, (dt, Dv) in enumerate([(mx.bfloat16, 128), (mx.float16, 128), (mx.bfloat16, 64)])

@@ -44,40 +44,19 @@ def _f32(a: mx.array) -> np.ndarray:
 
 
 def _model(y: mx.array, z: mx.array, w: mx.array, eps: float) -> np.ndarray:
-    """``norm(y, z)`` as MLX's CUDA kernels compute it, in numpy (float32 values of the result).
-
-    ``rms_norm_small`` for 16-bit rows of up to 512 values: thread i adds the squares of values
-    8i..8i+7 in turn, each a fused multiply-add (here in extended precision, rounded once); the
-    threads' sums meet in a tree (i + 8, + 4, + 2, + 1 once the zeros of lanes 16.. are added);
-    ``rsqrt(sum / Dv + eps)`` (here 1 / sqrt, as the emulator's ``rsqrtf``); then
-    ``w * T(y * r)`` rounded to T; ``precise_swiglu``: ``T(g * sigmoid(g) * normed)`` in float32
-    with MLX's sigmoid ``1 / (1 + exp(|g|))``, mirrored for g >= 0."""
-    dt = y.dtype
+    """``norm(y, z)`` as MLX's CUDA kernels compute it, in numpy (float32 values of the result):
+    ``rms_norm_small`` (:func:`_rms_model`), then ``precise_swiglu``: ``T(g * sigmoid(g) *
+    normed)`` in float32 with MLX's sigmoid ``1 / (1 + exp(|g|))``, mirrored for g >= 0."""
     Dv = y.shape[-1]
-
-    def r(a):
-        return np.array(mx.array(np.asarray(a, dtype=np.float32)).astype(dt).astype(mx.float32))
-
-    x = _f32(y).reshape(-1, Dv)
-    lanes = np.zeros((x.shape[0], 16), dtype=np.float32)
-    for i in range(Dv // 8):
-        acc = np.zeros(x.shape[0], dtype=np.float32)
-        for j in range(8):
-            t = x[:, 8 * i + j].astype(np.longdouble)
-            acc = (t * t + acc.astype(np.longdouble)).astype(np.float32)
-        lanes[:, i] = acc
-    s = lanes
-    for half in (8, 4, 2, 1):
-        s = (s[:, :half] + s[:, half : 2 * half]).astype(np.float32)
-    total = s[:, 0]
-    rs = (np.float32(1) / np.sqrt(total / np.float32(Dv) + np.float32(eps))).astype(np.float32)
-    normed = r(_f32(w)[None, :] * r(x * rs[:, None]))
+    normed = _rms_model(_f32(y).reshape(-1, Dv), _f32(w), eps, y.dtype)
     g = _f32(z).reshape(-1, Dv)
     e = np.exp(np.abs(g).astype(np.float64)).astype(np.float32)
     y1 = (np.float32(1) / (np.float32(1) + e)).astype(np.float32)
     sig = np.where(g < 0, y1, np.float32(1) - y1).astype(np.float32)
-    out = r((g * sig).astype(np.float32) * normed)
-    return out.reshape(y.shape)
+    out = (g * sig).astype(np.float32) * normed
+    return np.array(mx.array(out.astype(np.float32)).astype(y.dtype).astype(mx.float32)).reshape(
+        y.shape
+    )
 
 
 def _inputs(rows: int, Dv: int, dtype, seed: int):
@@ -89,10 +68,10 @@ def _inputs(rows: int, Dv: int, dtype, seed: int):
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("rows,Dv", [(1, 128), (37, 128), (16, 64), (5, 8), (33, 120)])
+@pytest.mark.parametrize("rows,Dv", [(1, 128), (37, 128), (16, 64), (5, 8), (33, 120), (9, 256)])
 def test_emulated_launch_has_the_bits_of_mlx_cuda_order(emulated, rows, Dv, dtype):
-    # One row and several blocks' worth, rows not filling a block, rows shorter than 16 lanes
-    # (64, 8 values) and not a power of two (120: the division by Dv is a true division).
+    # One row and several blocks' worth, rows not filling a block, rows of fewer lanes (64, 8
+    # values), not a power of two (120: the division by D is a true division), the whole warp.
     y, z, w = _inputs(rows, Dv, dtype, rows + Dv)
     out = cn.gated_norm_cuda(y, z, w, 1e-6)
     assert out.shape == y.shape and out.dtype == dtype
@@ -133,10 +112,10 @@ def test_supported_names_what_the_launch_cannot_take():
     assert "float32" in cn.supported(y.astype(mx.float32), z, w)
     assert "differ" in cn.supported(y, z, w.astype(mx.float32))
     assert "do not match" in cn.supported(y, z[:2], w)
-    assert "multiples of 8 up to 128" in cn.supported(*_inputs(4, 256, mx.bfloat16, 1))
-    assert "multiples of 8 up to 128" in cn.supported(*_inputs(4, 100, mx.bfloat16, 1))
-    with pytest.raises(ValueError, match="cannot take rows of 256 values"):
-        cn.gated_norm_cuda(*_inputs(4, 256, mx.bfloat16, 1), 1e-6)
+    assert "multiples of 8 up to 256" in cn.supported(*_inputs(4, 512, mx.bfloat16, 1))
+    assert "multiples of 8 up to 256" in cn.supported(*_inputs(4, 100, mx.bfloat16, 1))
+    with pytest.raises(ValueError, match="cannot take rows of 512 values"):
+        cn.gated_norm_cuda(*_inputs(4, 512, mx.bfloat16, 1), 1e-6)
 
 
 def test_layers_take_the_launch_only_with_the_fused_kernel_and_the_switch(emulated, monkeypatch):

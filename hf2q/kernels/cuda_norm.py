@@ -7,29 +7,28 @@ host's work per graph node (about 13 us a node on an H100, session 57's trace: 5
 round against 5.6 ms of device work); the norm is 24 nodes of a verify and 24 of a plain step.
 One launch makes them 24 fewer in each.
 
-What it does: :func:`gated_norm_cuda` computes, for each row of ``Dv`` values (one value head of
-one token) ``out = T(silu(f32(z)) * f32(T(w * T(y * r))))`` with ``r = rsqrt(sum(y^2) / Dv + eps)``
+What it does: :func:`gated_norm_cuda` computes, for each row of ``D`` values (one value head of
+one token) ``out = T(silu(f32(z)) * f32(T(w * T(y * r))))`` with ``r = rsqrt(sum(y^2) / D + eps)``
 in the order MLX 0.32's ``rms_norm_small`` sums 16-bit rows of up to 512 values: a block of 64
 threads, thread i holding values 8i..8i+7 and adding their squares in turn (fused multiply-add),
 then cooperative groups' warp tree (lanes i and i+16, i+8, i+4, i+2, i+1), the second warp's
-zeros after it. Here 16 lanes hold a row (two rows a warp) and their tree is the same one without
-the first step, which only adds zeros for rows of up to 128 values: the same bits. The weight
-product rounds as MLX's 16-bit ``operator*`` does (the exact product, rounded once), the gate's
-sigmoid is MLX's CUDA ``Sigmoid`` (``hf2q_sigmoid``), every intermediate rounded where mlx-lm's
-ops produce an array.
+sum after it. Here a warp holds a row, lane i values 8i..8i+7, and its tree is the same one: for
+rows of up to 256 values MLX's second warp only adds zeros (the same bits). The weight product
+rounds as MLX's 16-bit ``operator*`` does (the exact product, rounded once), the gate's sigmoid
+is MLX's CUDA ``Sigmoid`` (``hf2q_sigmoid``), every intermediate rounded where mlx-lm's ops
+produce an array.
 
 :func:`norm_rope_cuda` does the same for an attention layer's queries or keys: mlx-lm's
 ``rope(norm(x).transpose(0, 2, 1, 3), offset)`` (``nn.RMSNorm`` over each head's D values, then
 ``nn.RoPE`` over the first R of them, the rest kept) in one launch writing (B, H, L, D), where MLX
 runs a copy out of the projection's strided view, the norm, a copy for the partial rotation (RoPE
 of fewer dims than D copies its input first), the rotation, and the attention launch's copy of
-the transposed result: a warp a head's row, lane i holding values 8i..8i+7 as ``rms_norm_small``
-does (heads of up to 256), each rotated value taken from its partner lane by a shuffle, the
+the transposed result: the same norm a warp a head's row (heads of up to 256), each rotated value taken from its partner lane by a shuffle, the
 angle as MLX's CUDA RoPE computes it (``exp2(-(i / (R/2)) * log2(base))`` times the position,
 its ``cos`` and ``sin``, the same expressions).
 
-What it does not do: rows longer than 128 values or not a multiple of 8, float32 rows (MLX
-reduces those over 32 lanes), or anything off CUDA: :func:`supported` names why, and callers keep
+What it does not do: rows longer than 256 values or not a multiple of 8, float32 rows (MLX
+reduces those with 4 values a thread), or anything off CUDA: :func:`supported` names why, and callers keep
 mlx-lm's ``norm`` there. :func:`norm_rope_supported` says the same for heads (of up to 256 values)
 and rotations (MLX's ``nn.RoPE``, not traditional, a half of the rotated dims a multiple of 8).
 """
@@ -45,42 +44,59 @@ import numpy as np
 
 from hf2q.kernels.cuda_gated_delta import _HEADER
 
-#: Values a lane holds (MLX's 16 bytes a load of a 16-bit row).
-PER_LANE = 8
-#: Lanes a row: rows of up to ``PER_LANE * LANES`` values.
-LANES = 16
-#: Threads a block (16 rows).
+#: Threads a block (a warp a row: 8 rows).
 THREADS = 256
 
-_SOURCE = r"""
-  const int n_rows = y_shape[0];
-  const int gtid = blockIdx.x * THREADS + threadIdx.x;
-  const int row = gtid / 16;
-  const int i = gtid % 16;
-  // Every lane takes part in the shuffles; lanes past the rows or the row's end hold zeros.
-  const bool live = row < n_rows && i * 8 < Dv;
-  const size_t base = (size_t)row * Dv + i * 8;
-  float xs[8];
+# A row of D values (D <= 256) normed by one warp, as MLX 0.32's rms_norm_small does for 16-bit
+# rows of up to 512 values: lane i holds values 8i..8i+7 (all lanes take part in the shuffles;
+# those past the rows or the row's end hold zeros) and adds their squares in turn (fused
+# multiply-adds), then the warp's tree (lane i + 16, + 8, + 4, + 2, + 1; MLX's second warp only
+# adds zeros up to 256 values), r = rsqrt(sum / D + eps), n[j] = T(w * T(x * r)). Needs ``row``,
+# ``live_row``, ``src`` (the row's first value in ``X``), ``W`` and constexprs D, EPS.
+_NORM = r"""
+  const int lane = threadIdx.x % 32;
+  const bool live = live_row && lane * 8 < D;
+  float v[8];
   float acc = 0.0f;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    xs[j] = live ? hf2q_f(y[base + j]) : 0.0f;
-    acc = fmaf(xs[j], xs[j], acc);
+    v[j] = live ? hf2q_f(X[src + lane * 8 + j]) : 0.0f;
+    acc = fmaf(v[j], v[j], acc);
   }
+  acc += __shfl_xor_sync(0xffffffffu, acc, 16);
   acc += __shfl_xor_sync(0xffffffffu, acc, 8);
   acc += __shfl_xor_sync(0xffffffffu, acc, 4);
   acc += __shfl_xor_sync(0xffffffffu, acc, 2);
   acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-  const float r = rsqrtf(acc / Dv + EPS);
+  const float r = rsqrtf(acc / D + EPS);
+  float n[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    n[j] = live ? hf2q_round<InT>(hf2q_f(W[lane * 8 + j]) * hf2q_round<InT>(v[j] * r)) : 0.0f;
+  }
+"""
+
+# The gated norm: rows of y (rows, D), the gate z alike; out = T(silu_f32(z) * n).
+_SOURCE = (
+    r"""
+  const int n_rows = y_shape[0];
+  const int row = (blockIdx.x * THREADS + threadIdx.x) / 32;
+  const bool live_row = row < n_rows;
+  const size_t src = (size_t)row * D;
+  const InT* X = y;
+  const InT* W = w;
+"""
+    + _NORM
+    + r"""
   if (live) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float normed = hf2q_round<InT>(hf2q_f(w[i * 8 + j]) * hf2q_round<InT>(xs[j] * r));
-      const float g = hf2q_f(z[base + j]);
-      out[base + j] = hf2q_to<InT>((g * hf2q_sigmoid<float>(g)) * normed);
+      const float g = hf2q_f(z[src + lane * 8 + j]);
+      out[src + lane * 8 + j] = hf2q_to<InT>((g * hf2q_sigmoid<float>(g)) * n[j]);
     }
   }
 """
+)
 
 
 def _eps_literal(eps: float) -> str:
@@ -116,8 +132,8 @@ def supported(y: mx.array, z: mx.array, weight: mx.array) -> str | None:
         return f"dtypes {y.dtype}, {z.dtype}, {weight.dtype} differ"
     if z.shape != y.shape or weight.shape != (Dv,):
         return f"shapes {y.shape}, {z.shape}, {weight.shape} do not match"
-    if Dv % PER_LANE or Dv > PER_LANE * LANES:
-        return f"rows of {Dv} values (the launch takes multiples of 8 up to 128)"
+    if Dv % 8 or Dv > 256:
+        return f"rows of {Dv} values (the launch takes multiples of 8 up to 256)"
     return None
 
 
@@ -129,10 +145,10 @@ def gated_norm_cuda(y: mx.array, z: mx.array, weight: mx.array, eps: float) -> m
         raise ValueError(f"the gated norm launch cannot take {why}")
     Dv = y.shape[-1]
     rows = y.size // Dv
-    threads = -(-rows * LANES // THREADS) * THREADS
+    threads = -(-rows * 32 // THREADS) * THREADS
     (out,) = _kernel(float(eps))(
         inputs=[y.reshape(rows, Dv), z.reshape(rows, Dv), weight],
-        template=[("InT", y.dtype), ("Dv", Dv)],
+        template=[("InT", y.dtype), ("D", Dv)],
         grid=(threads, 1, 1),
         threadgroup=(THREADS, 1, 1),
         output_shapes=[(rows, Dv)],
@@ -147,41 +163,26 @@ def gated_norm_cuda(y: mx.array, z: mx.array, weight: mx.array, eps: float) -> m
 # place in it), the rest kept. x (B, L, H * RS): head h's values at h * RS .. (RS >= D: the q
 # projection's queries sit before their gate); off (1,) or (B,) positions of each batch row's
 # first token, or (B, L) each row's own position; out (B, H, L, D).
-_SOURCE_ROPE = r"""
+_SOURCE_ROPE = (
+    r"""
   const int B = x_shape[0];
   const int L = x_shape[1];
   const int warp = (blockIdx.x * THREADS + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  // Every lane takes part in the shuffles; lanes past the rows or the row's end hold zeros.
   const bool live_row = warp < B * L * H;
   const int row = live_row ? warp : 0;
   const int h = row % H;
   const int l = (row / H) % L;
   const int b = row / (H * L);
-  const bool live = live_row && lane * 8 < D;
-  const size_t src = ((size_t)(b * L + l) * H + h) * RS + lane * 8;
-  float v[8];
-  float acc = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    v[j] = live ? hf2q_f(x[src + j]) : 0.0f;
-    acc = fmaf(v[j], v[j], acc);
-  }
-  acc += __shfl_xor_sync(0xffffffffu, acc, 16);
-  acc += __shfl_xor_sync(0xffffffffu, acc, 8);
-  acc += __shfl_xor_sync(0xffffffffu, acc, 4);
-  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-  const float r = rsqrtf(acc / D + EPS);
+  const size_t src = ((size_t)(b * L + l) * H + h) * RS;
+  const InT* X = x;
+  const InT* W = w;
+"""
+    + _NORM
+    + r"""
   constexpr int HALF = R / 2;
   constexpr int AWAY = HALF / 8;
   const int partner = lane < AWAY ? lane + AWAY : (lane < 2 * AWAY ? lane - AWAY : lane);
-  float n[8];
   float p[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    n[j] = live ? hf2q_round<InT>(hf2q_f(w[lane * 8 + j]) * hf2q_round<InT>(v[j] * r)) : 0.0f;
-  }
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     p[j] = __shfl_sync(0xffffffffu, n[j], partner);
@@ -218,6 +219,7 @@ _SOURCE_ROPE = r"""
     }
   }
 """
+)
 
 
 def _float_literal(value: float) -> str:
