@@ -311,3 +311,27 @@ def assert_fitted_batched_equals_plain(
         target, drafter, reqs, slots=slots, block_size=block, eos_token_ids=eos, lagged=lagged
     )
     assert [s.tokens for s in run_slots(events).requests] == want
+
+
+def assert_switch_keeps_demo_logits(monkeypatch, env: str, rows: bool = False) -> None:
+    """The embedded demo target's logits through the compiled layer runners (small-M products;
+    ``rows``: the row-invariant attention) are equal with the switch ``env`` at 0 and at 1: a
+    3-token prefill, then decode steps of one row each (a CUDA test's check that a launch keeps
+    the bits of what it replaces, in a whole model)."""
+    import mlx.core as mx
+
+    from hf2q.kernels.layers import fast_layer_fn
+    from hf2q.runtime.pair import load_pair
+
+    target = load_pair(None).target
+    tokens = mx.array([[3, 14, 15, 92, 65, 35, 89, 79]])
+    outs = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv(env, flag)
+        cache = target.make_cache()
+        fn = fast_layer_fn(mm=True, rows=rows)
+        steps = [target.forward(tokens[:, :3], cache, layer_fn=fn)[0]]
+        for i in range(3, tokens.shape[1]):
+            steps.append(target.forward(tokens[:, i : i + 1], cache, layer_fn=fn)[0])
+        outs.append(mx.concatenate(steps, axis=1))
+    assert mx.array_equal(outs[0], outs[1])

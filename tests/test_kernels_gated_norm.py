@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from conftest import assert_switch_keeps_demo_logits
 from mlx_lm.models.qwen3_next import Qwen3NextRMSNormGated
 
 from hf2q.errors import UsageError
@@ -154,21 +155,7 @@ def test_cuda_launch_has_the_bits_of_mlx_lms_gated_norm(rows):
 
 @cuda_only
 def test_cuda_runners_give_the_same_logits_with_the_gated_norm_launch(monkeypatch):
-    from hf2q.kernels.layers import fast_layer_fn
-    from hf2q.runtime.pair import load_pair
-
-    target = load_pair(None).target
-    tokens = mx.array([[3, 14, 15, 92, 65, 35, 89, 79]])
-    outs = []
-    for flag in ("0", "1"):
-        monkeypatch.setenv(select.GATED_NORM_ENV, flag)
-        cache = target.make_cache()
-        steps = [target.forward(tokens[:, :3], cache, layer_fn=fast_layer_fn(mm=True))[0]]
-        for i in range(3, tokens.shape[1]):  # then decode steps, one row each
-            out, _ = target.forward(tokens[:, i : i + 1], cache, layer_fn=fast_layer_fn(mm=True))
-            steps.append(out)
-        outs.append(mx.concatenate(steps, axis=1))
-    assert mx.array_equal(outs[0], outs[1])
+    assert_switch_keeps_demo_logits(monkeypatch, select.GATED_NORM_ENV)
 
 
 # -- an attention layer's q/k norm and RoPE in one launch ------------------------------------------
@@ -361,18 +348,4 @@ def test_cuda_norm_rope_has_the_bits_of_mlx_norm_then_rope(
 
 @cuda_only
 def test_cuda_runners_give_the_same_logits_with_norm_and_rope_in_one_launch(monkeypatch):
-    from hf2q.kernels.layers import fast_layer_fn
-    from hf2q.runtime.pair import load_pair
-
-    target = load_pair(None).target
-    tokens = mx.array([[3, 14, 15, 92, 65, 35, 89, 79]])
-    outs = []
-    for flag in ("0", "1"):
-        monkeypatch.setenv(select.NORM_ROPE_ENV, flag)
-        cache = target.make_cache()
-        fn = fast_layer_fn(mm=True, rows=True)
-        steps = [target.forward(tokens[:, :3], cache, layer_fn=fn)[0]]
-        for i in range(3, tokens.shape[1]):  # then decode steps, one row each
-            steps.append(target.forward(tokens[:, i : i + 1], cache, layer_fn=fn)[0])
-        outs.append(mx.concatenate(steps, axis=1))
-    assert mx.array_equal(outs[0], outs[1])
+    assert_switch_keeps_demo_logits(monkeypatch, select.NORM_ROPE_ENV, rows=True)

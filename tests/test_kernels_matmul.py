@@ -14,6 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from conftest import assert_switch_keeps_demo_logits
 from mlx_lm.models.qwen3 import MLP
 
 from hf2q.errors import UsageError
@@ -744,21 +745,7 @@ def test_cuda_swiglu_launch_has_the_bits_of_grouped_products_and_mlx_swiglu(rows
 
 @cuda_only
 def test_cuda_runners_give_the_same_logits_with_swiglu_in_the_launch(monkeypatch):
-    from hf2q.kernels.layers import fast_layer_fn
-    from hf2q.runtime.pair import load_pair
-
-    target = load_pair(None).target
-    tokens = mx.array([[3, 14, 15, 92, 65, 35, 89, 79]])
-    outs = []
-    for flag in ("0", "1"):
-        monkeypatch.setenv(select.MM_SWIGLU_ENV, flag)
-        cache = target.make_cache()
-        steps = [target.forward(tokens[:, :3], cache, layer_fn=fast_layer_fn(mm=True))[0]]
-        for i in range(3, tokens.shape[1]):  # then decode steps, one row each
-            out, _ = target.forward(tokens[:, i : i + 1], cache, layer_fn=fast_layer_fn(mm=True))
-            steps.append(out)
-        outs.append(mx.concatenate(steps, axis=1))
-    assert mx.array_equal(outs[0], outs[1])
+    assert_switch_keeps_demo_logits(monkeypatch, select.MM_SWIGLU_ENV)
 
 
 @cuda_only

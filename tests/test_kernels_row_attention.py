@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from conftest import assert_switch_keeps_demo_logits
 from mlx_lm.models import qwen3_5
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
@@ -267,18 +268,13 @@ def test_runner_with_the_kernel_equals_mlx_attention(emulated, dtype, gate, monk
         assert mx.array_equal(mx.argmax(outs[0], -1), mx.argmax(outs[1], -1))
 
 
-@pytest.mark.parametrize("gate", ["0", "1"], ids=["gate-after", "gate-in-launch"])
-def test_verify_rows_equal_decode_steps_bit_for_bit_through_the_runners(
-    emulated, gate, monkeypatch
-):
-    """bf16: a verify block through the runners (kernel attention, bucketed keys) and the same
-    tokens as plain decode steps (kernel attention, mlx-lm's KVCache): every layer, every row;
-    with the output gate after the launch and in it (``HF2Q_ATTN_GATE``)."""
-    monkeypatch.setenv(select.ATTN_GATE_ENV, gate)
-    target = _target(mx.bfloat16)
+def _verify_and_steps(target: TargetModel) -> tuple[mx.array, ...]:
+    """A verify block of ``TOKENS`` after ``PROMPT`` through the runners (kernel attention,
+    keys padded to a bucket as on CUDA: the kernel must ignore the padding), and the same
+    tokens as plain decode steps (kernel attention, mlx-lm's KVCache): ``(verify logits, verify
+    features of every layer, steps' logits, steps' features)``."""
     capture = list(range(target.num_layers))
     prompt, block = mx.array([PROMPT]), mx.array([TOKENS])
-    # Keys padded to a bucket as on CUDA: the kernel must ignore the padding.
     cache = TargetCache(
         BucketedKVCache(256) if type(c) is KVCache else c for c in make_target_cache(target.model)
     )
@@ -295,7 +291,18 @@ def test_verify_rows_equal_decode_steps_bit_for_bit_through_the_runners(
         for i in range(block.shape[1])
     ]
     logits_d = mx.concatenate([o[0] for o in outs], axis=1)
-    feats_d = mx.concatenate([o[1] for o in outs], axis=1)
+    return logits_v, feats_v, logits_d, mx.concatenate([o[1] for o in outs], axis=1)
+
+
+@pytest.mark.parametrize("gate", ["0", "1"], ids=["gate-after", "gate-in-launch"])
+def test_verify_rows_equal_decode_steps_bit_for_bit_through_the_runners(
+    emulated, gate, monkeypatch
+):
+    """bf16: a verify block through the runners and the same tokens as plain decode steps,
+    every layer, every row; with the output gate after the launch and in it
+    (``HF2Q_ATTN_GATE``)."""
+    monkeypatch.setenv(select.ATTN_GATE_ENV, gate)
+    logits_v, feats_v, logits_d, feats_d = _verify_and_steps(_target(mx.bfloat16))
     assert mx.array_equal(feats_v, feats_d)
     assert mx.array_equal(logits_v, logits_d)
 
@@ -376,30 +383,15 @@ def test_verify_rows_equal_decode_steps_with_norm_and_rope_in_one_launch(
     each row's position), and close to MLX's own norm and RoPE."""
     monkeypatch.setenv(select.ATTN_GATE_ENV, gate)
     target = _target(mx.bfloat16, head_dim=64)
-    capture = list(range(target.num_layers))
-    prompt, block = mx.array([PROMPT]), mx.array([TOKENS])
-    cache = TargetCache(
-        BucketedKVCache(256) if type(c) is KVCache else c for c in make_target_cache(target.model)
-    )
-    step = fast_layer_fn(rows=True)
-    target.forward(prompt, cache, layer_fn=step)
-    cache.begin_verify(block.shape[1])
-    logits_v, feats_v = target.forward(
-        block, cache, capture=capture, layer_fn=runner_verify_layer_fn(rows=True)
-    )
-    plain = make_prompt_cache(target.model)
-    target.forward(prompt, plain, layer_fn=step)
-    outs = [
-        target.forward(block[:, i : i + 1], plain, capture=capture, layer_fn=step)
-        for i in range(block.shape[1])
-    ]
+    logits_v, feats_v, logits_d, feats_d = _verify_and_steps(target)
     assert emulated_norm_rope  # the attention layers' queries and keys came from the launch
-    assert mx.array_equal(feats_v, mx.concatenate([o[1] for o in outs], axis=1))
-    assert mx.array_equal(logits_v, mx.concatenate([o[0] for o in outs], axis=1))
+    assert mx.array_equal(feats_v, feats_d)
+    assert mx.array_equal(logits_v, logits_d)
     monkeypatch.setenv(select.NORM_ROPE_ENV, "0")
+    step = fast_layer_fn(rows=True)
     ops = make_prompt_cache(target.model)
-    target.forward(prompt, ops, layer_fn=step)
-    want = [target.forward(block[:, i : i + 1], ops, layer_fn=step)[0] for i in range(6)]
+    target.forward(mx.array([PROMPT]), ops, layer_fn=step)
+    want = [target.forward(mx.array([[t]]), ops, layer_fn=step)[0] for t in TOKENS]
     want = mx.concatenate(want, axis=1).astype(mx.float32)
     assert mx.allclose(logits_v.astype(mx.float32), want, rtol=5e-2, atol=5e-2)
 
@@ -419,20 +411,7 @@ def test_cuda_gated_store_has_the_bits_of_mlx_multiply(C):
 
 @cuda_only
 def test_cuda_runners_give_the_same_logits_with_the_gate_in_the_launch(monkeypatch):
-    from hf2q.runtime.pair import load_pair
-
-    target = load_pair(None).target
-    tokens = mx.array([[3, 14, 15, 92, 65, 35, 89, 79]])
-    outs = []
-    for flag in ("0", "1"):
-        monkeypatch.setenv(select.ATTN_GATE_ENV, flag)
-        cache = target.make_cache()
-        fn = fast_layer_fn(mm=True, rows=True)
-        steps = [target.forward(tokens[:, :3], cache, layer_fn=fn)[0]]
-        for i in range(3, tokens.shape[1]):  # then decode steps, one row each
-            steps.append(target.forward(tokens[:, i : i + 1], cache, layer_fn=fn)[0])
-        outs.append(mx.concatenate(steps, axis=1))
-    assert mx.array_equal(outs[0], outs[1])
+    assert_switch_keeps_demo_logits(monkeypatch, select.ATTN_GATE_ENV, rows=True)
 
 
 # -- the drafter's fast layer path (compiled pieces around the kernel) ----------------------------

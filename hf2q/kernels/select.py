@@ -329,12 +329,18 @@ def mm_swiglu_enabled() -> bool:
 def mm_swiglu_rows() -> int:
     """The most rows whose MLP takes the one gate/up/SwiGLU launch under :func:`mm_swiglu_enabled`
     (``HF2Q_MM_SWIGLU_ROWS``; default and most the kernel's :data:`cuda_matmul.MAX_ROWS`)."""
-    n = _count(MM_SWIGLU_ROWS_ENV, f"a row count up to {cuda_matmul.MAX_ROWS}")
+    return _kernel_rows(MM_SWIGLU_ROWS_ENV, cuda_matmul.MAX_ROWS)
+
+
+def _kernel_rows(env: str, default: int) -> int:
+    """``env`` as a row count of the small-M kernel (at most its :data:`cuda_matmul.MAX_ROWS`;
+    a bad value is an error naming the fix), ``default`` when unset."""
+    n = _count(env, f"a row count up to {cuda_matmul.MAX_ROWS}")
     if n is None:
-        return cuda_matmul.MAX_ROWS
+        return default
     if n > cuda_matmul.MAX_ROWS:
         raise UsageError(
-            f"{MM_SWIGLU_ROWS_ENV}={n} is more than the kernel's {cuda_matmul.MAX_ROWS} rows: lower it"
+            f"{env}={n} is more than the kernel's {cuda_matmul.MAX_ROWS} rows: lower it"
         )
     return n
 
@@ -346,14 +352,7 @@ def small_mm_rows() -> int:
     rounding differs from the kernel's (a decode step's), so in bf16 greedy DFlash can then part
     from plain decoding where two logits nearly tie (session 16: with 32, the 4-slot rows of the
     4B-shaped pair matched plain batched decoding 0%, with 128 all of them)."""
-    n = _count(SMALL_MM_ROWS_ENV, f"a row count up to {cuda_matmul.MAX_ROWS}")
-    if n is None:
-        return linear.ALWAYS_ROWS
-    if n > cuda_matmul.MAX_ROWS:
-        raise UsageError(
-            f"{SMALL_MM_ROWS_ENV}={n} is more than the kernel's {cuda_matmul.MAX_ROWS} rows: lower it"
-        )
-    return n
+    return _kernel_rows(SMALL_MM_ROWS_ENV, linear.ALWAYS_ROWS)
 
 
 def draft_mm_rows() -> int:
