@@ -335,3 +335,14 @@ def assert_switch_keeps_demo_logits(monkeypatch, env: str, rows: bool = False) -
             steps.append(target.forward(tokens[:, i : i + 1], cache, layer_fn=fn)[0])
         outs.append(mx.concatenate(steps, axis=1))
     assert mx.array_equal(outs[0], outs[1])
+
+
+def _has_cuda() -> bool:
+    import mlx.core as mx
+
+    return bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
+
+
+#: Whether MLX's CUDA backend runs here, and the mark of tests that need it.
+HAS_CUDA = _has_cuda()
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="MLX's CUDA backend is not available")

@@ -10,15 +10,13 @@ import cuda_emu
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import assert_fitted_batched_equals_plain
+from conftest import HAS_CUDA, assert_fitted_batched_equals_plain
 
 from hf2q.errors import UsageError
 from hf2q.kernels import cuda_accept as ca
 from hf2q.kernels import select
 from hf2q.runtime import slots as slots_mod
 from hf2q.runtime.sampling import accept_greedy
-
-HAS_CUDA = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
 
 
 @pytest.fixture

@@ -15,15 +15,12 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from conftest import assert_switch_keeps_demo_logits
+from conftest import assert_switch_keeps_demo_logits, cuda_only
 from mlx_lm.models.qwen3_next import Qwen3NextRMSNormGated
 
 from hf2q.errors import UsageError
 from hf2q.kernels import cuda_norm as cn
 from hf2q.kernels import gdn, select
-
-HAS_CUDA = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
-cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="MLX's CUDA backend is not available")
 
 
 @pytest.fixture
