@@ -123,10 +123,11 @@ def test_layers_take_the_launch_only_with_the_fused_kernel_and_the_switch(emulat
     calls = []
     real = cn.gated_norm_cuda
     monkeypatch.setattr(cn, "gated_norm_cuda", lambda *a: calls.append(a[0].shape) or real(*a))
-    monkeypatch.delenv(select.GATED_NORM_ENV, raising=False)
+    monkeypatch.setattr(select, "backend", lambda: "cuda")  # (CPU: the launch emulated)
+    monkeypatch.setenv(select.GATED_NORM_ENV, "0")
     key = select.trace_key()
     assert mx.array_equal(gdn.gated_norm(norm, y, z, "cuda"), norm(y, z)) and calls == []
-    monkeypatch.setenv(select.GATED_NORM_ENV, "1")
+    monkeypatch.delenv(select.GATED_NORM_ENV)  # on by default (where the fused kernel runs)
     assert select.trace_key() != key  # kept traces are rebuilt with it
     got = gdn.gated_norm(norm, y, z, "cuda")
     assert calls == [(8, 128)] and np.array_equal(_f32(got), _model(y, z, w, 1e-6))
