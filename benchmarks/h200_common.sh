@@ -56,6 +56,22 @@ synthetic_variants() {
 
 # ab_run NAME TIMEOUT ARGS...: benchmarks/plain_ab.py ARGS into $OUT/NAME.json / .log, its report's
 # start shown.
+# sweep_pairs SETTINGS: the goals' sweep (1 and 4 slots, 32768 draft ids), the defaults and
+# SETTINGS (env assignments separated by spaces) one process each, alternated twice, a pair at a
+# time or not at all.
+sweep_pairs() {
+  local r g t settings
+  for r in a b; do
+    [ "$(left)" -lt 170 ] && break
+    for g in default cuts; do
+      t=$(( $(left) / 2 )); [ "$g" = cuts ] && t=$(left)
+      [ "$t" -gt 105 ] && t=105
+      settings=""; [ "$g" = cuts ] && settings="$1"
+      (for kv in $settings; do export "${kv?}"; done
+       synthetic_run "syn4b_${g}_$r" 1,4 "$t" --draft-vocab 32768)
+    done
+  done
+}
 ab_run() {
   local name=$1 t=$2
   shift 2

@@ -32,16 +32,7 @@ SW=HF2Q_MM_SWIGLU=1+HF2Q_MM_SWIGLU_ROWS=16  # session 58's SwiGLU launch, one m-
 t=$(left); [ "$t" -gt 170 ] && t=170
 ab_run cut_1 "$t" --synthetic 4b --slots 1 --modes plain,dflash --tokens 32 --prompt-tokens 64 \
   --runs 3 --values "$V,$V+$ALL,$V+$ALL+$SW,$V+$GN,$V+$AG,$V+$NR"
-for r in a b; do
-  [ "$(left)" -lt 170 ] && break  # a pair or nothing
-  for g in default cuts; do
-    t=$(( $(left) / 2 )); [ "$g" = cuts ] && t=$(left)
-    [ "$t" -gt 105 ] && t=105
-    settings=""; [ "$g" = cuts ] && settings="$GN $AG $NR $AK"
-    (for kv in $settings; do export "${kv?}"; done
-     synthetic_run "syn4b_${g}_$r" 1,4 "$t" --draft-vocab 32768)
-  done
-done
+sweep_pairs "$GN $AG $NR $AK"
 # what is left: the one-slot kernel trace with all four (graphs and nodes a round, idle gaps)
 (for kv in $GN $AG $NR $AK; do export "${kv?}"; done; mkdir -p "$OUT/cuts" && OUT="$OUT/cuts"
  TL_ARGS="--draft-vocab 32768" timelines 1 90 60 | cut -c1-140 | grep -E "^(==|tl_)|host CUDA API|cudaGraphLaunch")

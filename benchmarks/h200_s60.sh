@@ -24,16 +24,7 @@ SW=HF2Q_MM_SWIGLU=1+HF2Q_MM_SWIGLU_ROWS=16
 t=$(left); [ "$t" -gt 170 ] && t=170
 ab_run cut_1 "$t" --synthetic 4b --slots 1 --modes plain,dflash --tokens 32 --prompt-tokens 64 \
   --runs 3 --values "$V,$V+$NR,$V+$ALL,$V+$ALL+$SW,$V+$NR"
-for r in a b; do
-  [ "$(left)" -lt 170 ] && break  # a pair or nothing
-  for g in default cuts; do
-    t=$(( $(left) / 2 )); [ "$g" = cuts ] && t=$(left)
-    [ "$t" -gt 105 ] && t=105
-    settings=""; [ "$g" = cuts ] && settings="${ALL//+/ } ${SW//+/ }"
-    (for kv in $settings; do export "${kv?}"; done
-     synthetic_run "syn4b_${g}_$r" 1,4 "$t" --draft-vocab 32768)
-  done
-done
+sweep_pairs "${ALL//+/ } ${SW//+/ }"
 (export HF2Q_NORM_ROPE=1; mkdir -p "$OUT/nr" && OUT="$OUT/nr"
  TL_ARGS="--draft-vocab 32768" timelines 1 90 60 | cut -c1-140 | grep -E "^(==|tl_)|host CUDA API|cudaGraphLaunch")
 host_speed
