@@ -6,8 +6,9 @@
 # (it among them) made it 5.830: not explained. Its call's pytest limit cut the attention gate's
 # and the compiled step's CUDA tests. Here:
 # 1. those CUDA tests (the gate's store against MLX's multiply, the compiled step with the cuts);
-# 2. the one-slot A/B: the defaults, NORM_ROPE alone (twice, apart), the four, the four with the
-#    SwiGLU launch at one m-tile;
+# 2. the one-slot A/B: the defaults, NORM_ROPE alone (twice, apart: the second spelled with the
+#    default gated norm, so that its key differs), the four, the four with the SwiGLU launch at
+#    one m-tile;
 # 3. the goals' sweep, defaults against the four + SwiGLU at one m-tile, alternated;
 # 4. a one-slot kernel trace of NORM_ROPE alone (are its graphs rebuilt each round?).
 set -uo pipefail
@@ -23,7 +24,7 @@ ALL=HF2Q_ATTN_GATE=1+HF2Q_NORM_ROPE=1+HF2Q_ACCEPT_KERNEL=1  # (the gated norm is
 SW=HF2Q_MM_SWIGLU=1+HF2Q_MM_SWIGLU_ROWS=16
 t=$(left); [ "$t" -gt 170 ] && t=170
 ab_run cut_1 "$t" --synthetic 4b --slots 1 --modes plain,dflash --tokens 32 --prompt-tokens 64 \
-  --runs 3 --values "$V,$V+$NR,$V+$ALL,$V+$ALL+$SW,$V+$NR"
+  --runs 3 --values "$V,$V+$NR,$V+$ALL,$V+$ALL+$SW,$V+$NR+HF2Q_GATED_NORM=1"
 sweep_pairs "${ALL//+/ } ${SW//+/ }"
 (export HF2Q_NORM_ROPE=1; mkdir -p "$OUT/nr" && OUT="$OUT/nr"
  TL_ARGS="--draft-vocab 32768" timelines 1 90 60 | cut -c1-140 | grep -E "^(==|tl_)|host CUDA API|cudaGraphLaunch")
