@@ -95,8 +95,7 @@ def attention_pieces(
     *,
     fuse_proj: bool = False,
     mm: bool = False,
-    gate_in_kernel: bool = False,
-    norm_rope: bool = False,
+    rows: bool = False,
 ) -> AttentionPieces:
     """The pieces :func:`compile_attention_layer` compiles (and a whole compiled forward traces).
 
@@ -105,11 +104,13 @@ def attention_pieces(
         fuse_proj: compute q/k/v with one matmul and the MLP's gate/up with one (weights are
             concatenated once, here; the layer itself is not changed).
         mm: products through :func:`hf2q.kernels.linear.linear` (the small-M kernel on CUDA).
-        gate_in_kernel: the row-invariant attention launch applies the output gate
-            (``select.attn_gate_enabled()``; see :attr:`AttentionPieces.gate_layout`).
-        norm_rope: the query and key norms with their RoPE in one launch each where it takes
-            them (``select.norm_rope_enabled()``, the kernel path).
+        rows: the pieces serve the row-invariant attention kernel's path, where
+            ``select.attn_gate_enabled()`` puts the output gate in that launch (see
+            :attr:`AttentionPieces.gate_layout`) and ``select.norm_rope_enabled()`` computes the
+            query and key norms with their RoPE in one launch each where it takes them.
     """
+    gate_in_kernel = rows and select.attn_gate_enabled()
+    norm_rope = rows and select.norm_rope_enabled()
     ref = weakref.ref(layer)  # the model owns the layer; these functions must not keep it alive
     sa = layer.self_attn
     nq, nkv, head_dim, scale = sa.num_attention_heads, sa.num_key_value_heads, sa.head_dim, sa.scale
@@ -189,9 +190,7 @@ def compile_attention_layer(
             not needed there (causal by position).
     """
     ref = weakref.ref(layer)
-    gated = rows and select.attn_gate_enabled()
-    nr = rows and select.norm_rope_enabled()
-    pieces = attention_pieces(layer, fuse_proj=fuse_proj, mm=mm, gate_in_kernel=gated, norm_rope=nr)
+    pieces = attention_pieces(layer, fuse_proj=fuse_proj, mm=mm, rows=rows)
     scale = pieces.scale
     cpre, cpost = mx.compile(pieces.pre), mx.compile(pieces.post)
     cpost_rows = mx.compile(pieces.post_rows)

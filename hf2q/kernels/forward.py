@@ -105,12 +105,7 @@ def _parts(target: Any, fuse_proj: bool, mm: bool, rows: bool) -> list[tuple]:
             impl = select.gdn_impl(layer.linear_attn)
             parts.append(("gdn", layer, impl, fused_projections(layer, fuse_proj)))
         else:
-            gated = rows and select.attn_gate_enabled()  # the gate in the attention launch
-            nr = rows and select.norm_rope_enabled()  # q/k norms and RoPE a launch each
-            pieces = attention_pieces(
-                layer, fuse_proj=fuse_proj, mm=mm, gate_in_kernel=gated, norm_rope=nr
-            )
-            parts.append(("attn", pieces))
+            parts.append(("attn", attention_pieces(layer, fuse_proj=fuse_proj, mm=mm, rows=rows)))
     return parts
 
 
