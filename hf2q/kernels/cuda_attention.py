@@ -555,20 +555,22 @@ def row_attention_cuda(
             offset = offset.astype(mx.int32)
         if offset.ndim != 1:
             offset = offset.reshape(-1)
-    run = _launcher(float(scale), int(window or 0), bool(causal), gate is not None, gate_layout)
+    layout = None if gate is None else gate_layout
+    run = _launcher(float(scale), int(window or 0), bool(causal), layout)
     return run(q, keys, values, offset, *([] if gate is None else [gate]))
 
 
 @cache
 def _launcher(
-    scale: float, window: int, causal: bool, gated: bool, gate_layout: tuple[int, int]
+    scale: float, window: int, causal: bool, gate_layout: tuple[int, int] | None
 ) -> Callable[..., mx.array]:
-    """The launches for one (scale, window, causal, gate), ``mx.compile``'d on CUDA: MLX builds
-    a custom kernel's whole source text on every call of its Python function (about as long as
-    the header), a compiled trace replays the kernel node instead. Elsewhere (the CPU tests'
-    emulator) the plain function."""
-    layout = gate_layout if gated else None
-    fn = functools.partial(_launch, scale=scale, window=window, causal=causal, gate_layout=layout)
+    """The launches for one (scale, window, causal, gate layout or None: ungated),
+    ``mx.compile``'d on CUDA: MLX builds a custom kernel's whole source text on every call of
+    its Python function (about as long as the header), a compiled trace replays the kernel node
+    instead. Elsewhere (the CPU tests' emulator) the plain function."""
+    fn = functools.partial(
+        _launch, scale=scale, window=window, causal=causal, gate_layout=gate_layout
+    )
     return mx.compile(fn) if select.backend() == "cuda" else fn
 
 

@@ -423,8 +423,9 @@ def gdn_window_enabled() -> bool:
 
 def gated_norm_enabled() -> bool:
     """Whether the fused Gated-DeltaNet kernel's layers compute their gated norm in one launch
-    (``HF2Q_GATED_NORM``, default on; same bits as mlx-lm's two; CUDA only)."""
-    return _flag(GATED_NORM_ENV, "1") and backend() == "cuda"
+    (``HF2Q_GATED_NORM``, default on; same bits as mlx-lm's two; CUDA only, not with
+    ``HF2Q_KERNELS=ops``)."""
+    return _cuda_kernel_switch(GATED_NORM_ENV)
 
 
 def attn_gate_enabled() -> bool:
@@ -492,7 +493,7 @@ def round_words_enabled() -> bool:
 def accept_kernel_enabled() -> bool:
     """Whether greedy rounds take their acceptance from one launch (``HF2Q_ACCEPT_KERNEL``,
     default off; CUDA only, not with ``HF2Q_KERNELS=ops``)."""
-    return _flag(ACCEPT_KERNEL_ENV, "0") and backend() == "cuda" and kernel_mode() != "ops"
+    return _cuda_kernel_switch(ACCEPT_KERNEL_ENV, "0")
 
 
 def host_pieces_enabled() -> bool:
@@ -536,10 +537,10 @@ def gdn_record(record_bytes: int = 0) -> str:
     return value
 
 
-def _cuda_kernel_switch(env: str) -> bool:
-    """A CUDA-only kernel's switch: ``env`` (default on; a bad value is an error on every
+def _cuda_kernel_switch(env: str, default: str = "1") -> bool:
+    """A CUDA-only kernel's switch: ``env`` (``default`` on; a bad value is an error on every
     backend), and only on CUDA unless ``HF2Q_KERNELS=ops``."""
-    return _flag(env, "1") and backend() == "cuda" and kernel_mode() != "ops"
+    return _flag(env, default) and backend() == "cuda" and kernel_mode() != "ops"
 
 
 def prefill_runners_enabled() -> bool:
