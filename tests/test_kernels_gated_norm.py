@@ -99,9 +99,9 @@ def test_model_is_mlx_lms_gated_norm(dtype):
 
 
 def test_eps_is_the_float32_mlx_passes():
-    assert cn._eps_literal(1e-6) == float(np.float32(1e-6)).hex() + "f"
-    assert float.fromhex(cn._eps_literal(1e-5)[:-1]) == float(np.float32(1e-5))
-    assert "constexpr float EPS = " + cn._eps_literal(1e-6) in cn.source(1e-6)
+    assert cn._float_literal(1e-6) == float(np.float32(1e-6)).hex() + "f"
+    assert float.fromhex(cn._float_literal(1e-5)[:-1]) == float(np.float32(1e-5))
+    assert "constexpr float EPS = " + cn._float_literal(1e-6) in cn.source(1e-6)
 
 
 def test_supported_names_what_the_launch_cannot_take():

@@ -60,12 +60,12 @@ def _kernel() -> Any:
 
 def _launch(draft: mx.array, choice: mx.array, limit: mx.array, mask: int) -> list[mx.array]:
     R, n = draft.shape
-    threads = -(-R // 32) * 32
+    block = min(-(-R // 32) * 32, 256)  # one thread a row, in whole warps
     return _kernel()(
         inputs=[draft, choice, limit],
         template=[("MASK", mask)],
-        grid=(threads, 1, 1),
-        threadgroup=(threads, 1, 1) if threads <= 256 else (256, 1, 1),
+        grid=(-(-R // block) * block, 1, 1),
+        threadgroup=(block, 1, 1),
         output_shapes=[(R,)] * 3 + [(R, n + 1)],
         output_dtypes=[mx.int32] * 4,
     )

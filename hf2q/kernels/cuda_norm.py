@@ -40,6 +40,7 @@ from functools import cache
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 
 from hf2q.kernels.cuda_gated_delta import _HEADER
@@ -99,15 +100,16 @@ _SOURCE = (
 )
 
 
-def _eps_literal(eps: float) -> str:
-    """``eps`` as the float32 value MLX passes its kernel (a C++ hexadecimal float literal)."""
-    return float(np.float32(eps)).hex() + "f"
+def _float_literal(value: float) -> str:
+    """``value`` rounded to float32 (as MLX passes its kernels eps, or a RoPE's scale), as a C++
+    hexadecimal float literal."""
+    return float(np.float32(value)).hex() + "f"
 
 
 def source(eps: float) -> str:
     """The kernel body for one ``eps`` (a constant of the source)."""
     return (
-        f"  constexpr float EPS = {_eps_literal(eps)};\n  constexpr int THREADS = {THREADS};\n"
+        f"  constexpr float EPS = {_float_literal(eps)};\n  constexpr int THREADS = {THREADS};\n"
         + _SOURCE
     )
 
@@ -222,18 +224,13 @@ _SOURCE_ROPE = (
 )
 
 
-def _float_literal(value: float) -> str:
-    """``value`` rounded to float32, as a C++ hexadecimal float literal."""
-    return float(np.float32(value)).hex() + "f"
-
-
 def rope_source(eps: float, base: float, scale: float) -> str:
     """The norm + RoPE kernel body for one (eps, RoPE base, RoPE scale): constants of the
     source. The base enters as MLX passes it, ``log2`` of the float32 base rounded to float32
     (what ``std::log2(float)`` gives MLX's launch; equal for the bases in use, tested)."""
     log2_base = math.log2(float(np.float32(base)))
     return (
-        f"  constexpr float EPS = {_eps_literal(eps)};\n"
+        f"  constexpr float EPS = {_float_literal(eps)};\n"
         f"  constexpr float BASE = {_float_literal(log2_base)};\n"
         f"  constexpr float SCALE = {_float_literal(scale)};\n"
         f"  constexpr int THREADS = {THREADS};\n" + _SOURCE_ROPE
@@ -254,8 +251,6 @@ def _rope_kernel(eps: float, base: float, scale: float) -> Any:
 def norm_rope_takes(dtype: Any, norm: Any, rope: Any) -> str | None:
     """None where :func:`norm_rope_cuda` takes heads of ``dtype`` normed by ``norm`` (an
     ``nn.RMSNorm``) and rotated by ``rope`` (an ``nn.RoPE``) with mlx-lm's bits, else why not."""
-    import mlx.nn as nn
-
     D = norm.weight.shape[0]
     if dtype not in (mx.bfloat16, mx.float16) or norm.weight.dtype != dtype:
         return f"rows of {dtype} and a norm of {norm.weight.dtype} (bfloat16 or float16 both)"
