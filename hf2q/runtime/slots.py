@@ -594,19 +594,19 @@ def _dflash_slots(
         """Each row's accepted drafts (at most ``n_row[r]``), bonus token and kept count (the
         accepted drafts + 1), on the device: greedy (in one launch where
         ``accept_kernel_enabled``), or rejection sampling with the row's keys (idle rows: 0
-        and the mask token); and from the launch the drafter's next blocks (the bonus token,
-        then mask tokens: :func:`block_logits` takes them), else None."""
+        and the mask token); and, from the launch after full blocks, the drafter's next blocks
+        (the bonus token, then mask tokens: :func:`block_logits` takes them), else None."""
         if sampling.greedy:
             key = tuple(n_row)
             if key not in limits:
                 if len(limits) >= 64:
                     limits.clear()
                 limits[key] = host_ints(n_row)
+            choice = mx.argmax(vlogits, axis=-1)  # (R, bs)
             if accept_kernel_enabled():
-                choice = mx.argmax(vlogits, axis=-1)
-                return accept_greedy_cuda(draft, choice, limits[key], mask_id)
-            choice = mx.argmax(vlogits, axis=-1).astype(mx.int32)  # (R, bs)
-            a, bonus = accept_greedy(draft, choice, limits[key])
+                a, bonus, keep, blocks = accept_greedy_cuda(draft, choice, limits[key], mask_id)
+                return a, bonus, keep, blocks if draft.shape[1] == B - 1 else None
+            a, bonus = accept_greedy(draft, choice.astype(mx.int32), limits[key])
             return a, bonus, a + 1, None
         a_l, b_l = [], []
         for r, x in enumerate(rows):
@@ -797,7 +797,7 @@ def _dflash_slots(
         R = len(rows)
         last = mx.array([x.tokens[-1] if x else mask_id for x in rows], dtype=mx.int32)
         masks = mask_rows(R)
-        joined = None  # the next blocks as the acceptance launch wrote them, or None
+        next_blocks = None  # the next blocks as the acceptance launch wrote them, or None
         kv = [c for c in (*tcache, *dcache) if isinstance(c, SlotKVCache)]
         for c in kv:
             c.lagged = True
@@ -813,7 +813,7 @@ def _dflash_slots(
         while flight or not stop:
             if not stop:
                 tic = time.perf_counter()
-                dlogits = block_logits(last, ctx, ctx_len, masks, joined)  # (R, B-1, V)
+                dlogits = block_logits(last, ctx, ctx_len, masks, next_blocks)  # (R, B-1, V)
                 use = None
                 if sampling.greedy:
                     draft, q_rows = drafter.proposals(dlogits), []
@@ -828,7 +828,7 @@ def _dflash_slots(
                 vlogits, feats = verify_forward(
                     target, vin, tcache, capture=ids, lagged=True, whole=whole()
                 )
-                a_arr, last, keep, joined = accept(draft, q_rows, vlogits, [B - 1] * R)
+                a_arr, last, keep, next_blocks = accept(draft, q_rows, vlogits, [B - 1] * R)
                 tcache.rollback(keep)
                 ctx, ctx_len = feats, keep
                 marks = [c.mark() for c in kv]
@@ -956,7 +956,9 @@ def _dflash_slots(
 
         vin = mx.concatenate([host_ints(last)[:, None], draft], axis=1)  # (R, bs)
         vlogits, feats = verify_forward(target, vin, tcache, capture=ids, whole=whole())
-        a_arr, bonus_arr, keep_arr, joined = accept(draft, q_rows, vlogits, [b - 1 for b in bs_row])
+        a_arr, bonus_arr, keep_arr, next_blocks = accept(
+            draft, q_rows, vlogits, [b - 1 for b in bs_row]
+        )
         # Read below without a copy (one of a larger array would wait for a draft queued ahead).
         words, _ = round_words(vlogits.shape[-1], draft, a_arr, bonus_arr)
         ahead = held = None
@@ -975,9 +977,7 @@ def _dflash_slots(
             held = [list(c.lengths) for c in dcache]
             for c in dcache:
                 c.lagged = True
-            if joined is not None and joined.shape[1] != B:  # (a shorter block's)
-                joined = None
-            dlogits = block_logits(bonus_arr, feats, keep_arr, mask_rows(len(rows)), joined)
+            dlogits = block_logits(bonus_arr, feats, keep_arr, mask_rows(len(rows)), next_blocks)
             if sampling.greedy:
                 ahead = (drafter.proposals(dlogits), None)
             else:  # each row's draft with the key its next drafted round takes (none if the
