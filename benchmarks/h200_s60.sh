@@ -6,26 +6,28 @@
 # (it among them) made it 5.830: not explained. Its call's pytest limit cut the attention gate's
 # and the compiled step's CUDA tests. Here:
 # 1. those CUDA tests (the gate's store against MLX's multiply, the compiled step with the cuts);
-# 2. the one-slot A/B: the defaults, NORM_ROPE alone (twice, apart: the second spelled with the
-#    default gated norm, so that its key differs), the four, the four with the SwiGLU launch at
-#    one m-tile;
-# 3. the goals' sweep, defaults against the four + SwiGLU at one m-tile, alternated;
+# 1b. the layers' norms in their products' launches (HF2Q_NORM_MM, session 60): bits against
+#    MLX's norm kernel then the product, and the demo target's logits on and off;
+# 2. the one-slot A/B: the defaults, HF2Q_NORM_MM alone, the four with the SwiGLU launch at one
+#    m-tile without and with HF2Q_NORM_MM, NORM_ROPE alone;
+# 3. the goals' sweep, defaults against the four + SwiGLU at one m-tile + HF2Q_NORM_MM, alternated;
 # 4. a one-slot kernel trace of NORM_ROPE alone (are its graphs rebuilt each round?).
 set -uo pipefail
 # shellcheck source=benchmarks/h200_common.sh
 . benchmarks/h200_common.sh
 host_speed
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
-gpu_pytest cut_bits 150 tests/test_kernels_row_attention.py tests/test_kernels_forward.py \
-  tests/test_kernels_gated_norm.py -k "cuda or demo_target"
+gpu_pytest cut_bits 150 tests/test_kernels_norm_mm.py tests/test_kernels_row_attention.py \
+  tests/test_kernels_forward.py tests/test_kernels_gated_norm.py -k "cuda or demo_target"
 V=HF2Q_DRAFT_VOCAB=32768
 NR=HF2Q_NORM_ROPE=1
+NM=HF2Q_NORM_MM=1
 ALL=HF2Q_ATTN_GATE=1+HF2Q_NORM_ROPE=1+HF2Q_ACCEPT_KERNEL=1  # (the gated norm is the default)
 SW=HF2Q_MM_SWIGLU=1+HF2Q_MM_SWIGLU_ROWS=16
 t=$(left); [ "$t" -gt 170 ] && t=170
 ab_run cut_1 "$t" --synthetic 4b --slots 1 --modes plain,dflash --tokens 32 --prompt-tokens 64 \
-  --runs 3 --values "$V,$V+$NR,$V+$ALL,$V+$ALL+$SW,$V+$NR+HF2Q_GATED_NORM=1"
-sweep_pairs "${ALL//+/ } ${SW//+/ }"
+  --runs 3 --values "$V,$V+$NM,$V+$ALL+$SW,$V+$ALL+$SW+$NM,$V+$NR"
+sweep_pairs "${ALL//+/ } ${SW//+/ } $NM"
 (export HF2Q_NORM_ROPE=1; mkdir -p "$OUT/nr" && OUT="$OUT/nr"
  TL_ARGS="--draft-vocab 32768" timelines 1 90 60 | cut -c1-140 | grep -E "^(==|tl_)|host CUDA API|cudaGraphLaunch")
 host_speed

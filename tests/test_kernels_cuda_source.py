@@ -193,6 +193,46 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(tmp_path: Path):
             assert _shared_bytes(report, f"hf2q_mm_{kind}_{i}") == want, (kind, mt, nb, cw, depth)
 
 
+def test_normed_mm_kernels_compile_for_sm90_without_spills(tmp_path: Path):
+    # The launches that norm their rows (one m-tile, the callers' default limit, and two).
+    import cuda_emu
+
+    from hf2q.kernels import cuda_matmul as cm
+
+    dt = mx.bfloat16
+    kernels = []
+    for i, (kind, (mt, nb, warps, unroll)) in enumerate(
+        (k, launch)
+        for k in ("single", "grouped2", "grouped3", "grouped4", "swiglu")
+        for launch in _LAUNCHES[:3]
+    ):
+        if kind == "swiglu":
+            source, ins, outs = cm._swiglu_source(True), ["x", "wg", "wu"], ["y"]
+        elif kind.startswith("grouped"):
+            g = int(kind[-1])
+            ins, outs = ["x", *(f"w{j}" for j in range(g))], [f"y{j}" for j in range(g)]
+            source = cm.grouped_source(g, norm=True)
+        else:
+            source, ins, outs = cm._SOURCE_NORMED, ["x", "w"], ["y"]
+        name = f"hf2q_norm_mm_{kind}_{i}"
+        label = f"normed {kind} m-tiles {mt}, column blocks {nb}, warps {warps}, unroll {unroll}"
+        ins = [*ins, "nw"]
+        template = cm._template(dt, mt, nb, warps, unroll)
+        template = template[:5] if kind == "swiglu" else template
+        kernel = cuda_emu.mlx_cuda_kernel(
+            name,
+            ins,
+            [dt] * len(ins),
+            [2] * (len(ins) - 1) + [1],
+            outs,
+            [dt] * len(outs),
+            cm.norm_source(source, 1e-6),
+            template,
+        )
+        kernels.append((label, name, kernel))
+    _assert_compile_without_spills(tmp_path, cm.norm_header(), kernels)
+
+
 def _compile_report(tmp_path: Path, name: str, src: str, werror: bool = True) -> str:
     """ptxas's report of compiling ``src`` for sm_90a (warnings are errors unless not
     ``werror``)."""

@@ -375,7 +375,9 @@ def test_swiglu_mlp_takes_the_one_launch_only_with_its_switch(emulated_swiglu, m
     r = mx.random.normal((5, 128)).astype(mx.bfloat16)
     calls = []
     real = cm.swiglu_matmul_cuda
-    monkeypatch.setattr(cm, "swiglu_matmul_cuda", lambda *a: calls.append(a[0].shape) or real(*a))
+    monkeypatch.setattr(
+        cm, "swiglu_matmul_cuda", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k)
+    )
     monkeypatch.setattr(select, "small_mm_enabled", lambda: True)  # (CPU: the kernels emulated)
     monkeypatch.delenv(select.MM_SWIGLU_ENV, raising=False)
     key = select.mm_key()

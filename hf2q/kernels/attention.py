@@ -32,7 +32,7 @@ from mlx_lm.models.cache import KVCache
 
 from hf2q.kernels import cuda_attention, cuda_norm, select
 from hf2q.kernels.gdn import _alive, concat_linears, mlp_fused
-from hf2q.kernels.linear import linear, linears, swiglu_mlp
+from hf2q.kernels.linear import linear, linears, normed, swiglu_mlp
 
 AttentionRunner = Callable[[mx.array, Any, Any], mx.array]
 
@@ -124,7 +124,7 @@ def attention_pieces(
         lay = _alive(ref)
         sa = lay.self_attn
         B, L, _ = x.shape
-        h = lay.input_layernorm(x)
+        h = normed(lay.input_layernorm, x, mm)  # (in the products' launch where it can)
         if qkv is None:
             q_out, keys, values = linears([sa.q_proj, sa.k_proj, sa.v_proj], h, mm)
         else:
@@ -153,7 +153,7 @@ def attention_pieces(
         # o: (B, L, heads * d) gated attention output in row order.
         lay = _alive(ref)
         h = linear(lay.self_attn.o_proj, o, mm, add=x)
-        hn = lay.post_attention_layernorm(h)
+        hn = normed(lay.post_attention_layernorm, h, mm)
         if gate_up is None:
             return swiglu_mlp(lay.mlp, hn, mm, add=h)
         return mlp_fused(lay.mlp, gate_up, hn, mm, add=h)

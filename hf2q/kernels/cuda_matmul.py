@@ -117,6 +117,7 @@ _BODY_LOOP = r"""
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
   const int t = lane & 3;
+@NORM_PRE@
   float acc[MT][NB][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -130,6 +131,7 @@ _BODY_LOOP = r"""
   for (int c = warp; c < chunks; c += WARPS) {
     const int kb = c * 64 + 16 * t;
 @LOAD_W@
+@NORM_W@
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       const int r0 = mt * 16 + g;
@@ -145,6 +147,7 @@ _BODY_LOOP = r"""
         b_lo = xp[0];
         b_hi = xp[1];
       }
+@NORM_X@
       const unsigned ra[8] = {a_lo.x, a_lo.y, a_lo.z, a_lo.w, a_hi.x, a_hi.y, a_hi.z, a_hi.w};
       const unsigned rb[8] = {b_lo.x, b_lo.y, b_lo.z, b_lo.w, b_hi.x, b_hi.y, b_hi.z, b_hi.w};
 #pragma unroll
@@ -158,6 +161,95 @@ _BODY_LOOP = r"""
     }
   }
 """
+# The x rows normed in the launch (:func:`small_matmul_cuda`'s ``norm``): ``nw`` the norm's weight
+# (K,), EPS a constant of the source. Before the products, each row's 1 / rms in shared memory,
+# summed in the order MLX 0.32's ``rms_norm_small`` sums a row of up to 8192 16-bit values
+# (N_READS 8: thread i of its block squares and adds values 8i .. 8i + 7 in turn with fused
+# multiply-adds, each warp of 32 such threads adds by the tree lane + 16, + 8, + 4, + 2, + 1,
+# and the warps' sums, at lanes 0 .. of one warp with zeros past them, by the same tree; rows
+# of up to 256 values are one warp: the second tree adds zeros). Here warp ``w`` of the block
+# takes rows w, w + WARPS, ... and walks MLX's warps of the row in turn, lane j keeping warp
+# j's sum. Then r = rsqrt(sum / K + eps), and each x value the products load is replaced by
+# ``T(w * T(x * r))``, MLX's output of the norm: the products multiply the very values
+# ``mx.fast.rms_norm`` would have written. The whole row is read once more a thread block, so
+# this suits launches of few rows (the callers' row limit).
+_NORM_PRE = r"""
+  __shared__ float hf2q_rinv[MT * 16];
+  for (int row = warp; row < MT * 16 && row < M; row += WARPS) {
+    const T* xr = x + (size_t)row * K;
+    float mine = 0.0f;
+    for (int mw = 0; mw * 256 < K; ++mw) {
+      const int base = mw * 256 + lane * 8;
+      float acc = 0.0f;
+      if (base < K) {
+        const uint4 v = *reinterpret_cast<const uint4*>(xr + base);
+        T vs[8];
+        memcpy(vs, &v, 16);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float f = hf2q_f(vs[j]);
+          acc = fmaf(f, f, acc);
+        }
+      }
+      acc += __shfl_xor_sync(0xffffffffu, acc, 16);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 8);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+      if (lane == mw) mine = acc;
+    }
+    mine += __shfl_xor_sync(0xffffffffu, mine, 16);
+    mine += __shfl_xor_sync(0xffffffffu, mine, 8);
+    mine += __shfl_xor_sync(0xffffffffu, mine, 4);
+    mine += __shfl_xor_sync(0xffffffffu, mine, 2);
+    mine += __shfl_xor_sync(0xffffffffu, mine, 1);
+    if (lane == 0) hf2q_rinv[row] = rsqrtf(mine / K + EPS);
+  }
+  __syncthreads();
+"""
+_NORM_W = r"""
+    const uint4* nwp = reinterpret_cast<const uint4*>(nw + kb);
+    const uint4 nw_lo = nwp[0];
+    const uint4 nw_hi = nwp[1];
+"""
+_NORM_X = r"""
+      if (r0 < M) {
+        a_lo = hf2q_norm8<T>(a_lo, nw_lo, hf2q_rinv[r0]);
+        a_hi = hf2q_norm8<T>(a_hi, nw_hi, hf2q_rinv[r0]);
+      }
+      if (r1 < M) {
+        b_lo = hf2q_norm8<T>(b_lo, nw_lo, hf2q_rinv[r1]);
+        b_hi = hf2q_norm8<T>(b_hi, nw_hi, hf2q_rinv[r1]);
+      }
+"""
+# Eight T values of x normed with their eight weights: T(w * T(x * r)) each (the product of two
+# 16-bit values is exact in float32, so one rounding, as MLX's T product).
+_NORM_HEADER = r"""
+template <typename T>
+__device__ __forceinline__ uint4 hf2q_norm8(uint4 xv, uint4 wv, float r) {
+  T xs[8], ws[8], os[8];
+  memcpy(xs, &xv, 16);
+  memcpy(ws, &wv, 16);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) os[j] = hf2q_to<T>(hf2q_f(ws[j]) * hf2q_round<T>(hf2q_f(xs[j]) * r));
+  uint4 o;
+  memcpy(&o, os, 16);
+  return o;
+}
+"""
+
+
+def _normed(body: str, norm: bool) -> str:
+    """``body`` with the norm's pieces (:data:`_NORM_PRE`) where ``norm``, else without them."""
+    pieces = {"@NORM_PRE@\n": _NORM_PRE[1:], "@NORM_W@\n": _NORM_W[1:], "@NORM_X@\n": _NORM_X[1:]}
+    for mark, piece in pieces.items():
+        body = body.replace(mark, piece if norm else "")
+    return body
+
+
+_BODY_LOOP_NORMED = _BODY_LOOP
+_BODY_LOOP = _normed(_BODY_LOOP_NORMED, False)
+
 # The warps' partial sums staged in shared memory for their sum (K-split, WARPS > 1).
 _STAGE_PARTIALS = r"""
   __shared__ float red[WARPS][SLOTS][32];
@@ -216,6 +308,9 @@ _LOAD_W_ROWS = r"""
 """
 _LOAD_W = _LOAD_W_ROWS.replace("@W_ROW@", "w + (size_t)(n0 + nb * 8 + g) * K")
 _BODY = _BODY_TEMPLATE.replace("@LOAD_W@\n", _LOAD_W[1:])
+_BODY_NORMED = (
+    _normed(_BODY_LOOP_NORMED, True) + _BODY_ONE_WARP[1:] + _STAGE_PARTIALS[1:] + _BODY_SUM[1:]
+).replace("@LOAD_W@\n", _LOAD_W[1:])
 
 
 # The same products with the warps splitting the columns instead of K (CW warps, each NB * 8 of
@@ -466,12 +561,14 @@ _SOURCE_ADD = _ROWS + _SINGLE + _STORE_ADD + _BODY
 _SOURCE_ADD_COLUMNS = _ROWS + _SINGLE + _STORE_ADD + _BODY_COLUMNS
 
 
-def grouped_source(groups: int, columns: bool = False) -> str:
+def grouped_source(groups: int, columns: bool = False, norm: bool = False) -> str:
     """The kernel body computing ``x @ w{i}.T`` into ``y{i}`` for ``groups`` weights of one K in one
     launch: the thread blocks are laid out weight after weight, and each block runs
-    :data:`_BODY` (:data:`_BODY_COLUMNS` with ``columns``) on its own weight's columns, so every
-    output element is computed exactly as the single-weight kernel computes it (same chunks,
-    lanes and sum order: same bits)."""
+    :data:`_BODY` (:data:`_BODY_COLUMNS` with ``columns``, the normed body with ``norm``) on its
+    own weight's columns, so every output element is computed exactly as the single-weight
+    kernel computes it (same chunks, lanes and sum order: same bits)."""
+    if columns and norm:
+        raise ValueError("the column split does not norm its rows")
     lines = [
         "  const T* w = nullptr;",
         "  T* y = nullptr;",
@@ -485,7 +582,8 @@ def grouped_source(groups: int, columns: bool = False) -> str:
         lines.append(f"    else blk -= nb{i};")
         lines.append("  }")
     lines.append("  const int n0 = blk * (8 * NB * CW);")
-    return _ROWS + "\n".join(lines) + "\n" + _STORE + (_BODY_COLUMNS if columns else _BODY)
+    body = _BODY_COLUMNS if columns else _BODY_NORMED if norm else _BODY
+    return _ROWS + "\n".join(lines) + "\n" + _STORE + body
 
 
 # The MLP's gate and up products with SwiGLU in the launch: ``silu(x @ wg.T) * (x @ wu.T)``
@@ -545,17 +643,82 @@ _SWIGLU_SUM = r"""
     act((size_t)row * N + n0 + nb * 8 + 2 * (ln & 3) + (e & 1), gs, us);
   }
 """
-_SOURCE_SWIGLU = (
-    _ROWS
-    + r"""
+
+
+def _swiglu_source(norm: bool) -> str:
+    """The SwiGLU launch's body (its rows normed in the launch with ``norm``)."""
+    return (
+        _ROWS
+        + r"""
   const int N = wg_shape[0];
   const int n0 = blockIdx.x * (4 * NB);
 """
-    + _BODY_LOOP.replace("@LOAD_W@\n", _LOAD_W_SWIGLU[1:])
-    + _SWIGLU_STORE
-    + _STAGE_PARTIALS[1:]
-    + _SWIGLU_SUM[1:]
-)
+        + _normed(_BODY_LOOP_NORMED, norm).replace("@LOAD_W@\n", _LOAD_W_SWIGLU[1:])
+        + _SWIGLU_STORE
+        + _STAGE_PARTIALS[1:]
+        + _SWIGLU_SUM[1:]
+    )
+
+
+_SOURCE_SWIGLU = _swiglu_source(False)
+_SOURCE_NORMED = _ROWS + _SINGLE + _STORE + _BODY_NORMED
+#: Most values a row normed in the launch may have: MLX 0.32's ``rms_norm_small`` (one block a
+#: row, at most 32 warps of 8 values a thread) takes 16-bit rows up to here; longer rows are
+#: summed by another kernel in another order.
+NORM_MAX_K = 8192
+
+
+def norm_source(source: str, eps: float) -> str:
+    """A normed launch's body (``source``) for one ``eps``: a float32 constant of the source, as
+    MLX passes its norm kernel the module's eps."""
+    from hf2q.kernels.cuda_norm import _float_literal
+
+    return f"  constexpr float EPS = {_float_literal(eps)};\n" + source
+
+
+def norm_header() -> str:
+    """The normed launches' header: the products', the 16-bit conversions MLX's kernels round
+    with (the Gated-DeltaNet kernel's header) and :data:`_NORM_HEADER`."""
+    return _swiglu_header() + _NORM_HEADER
+
+
+@cache
+def _norm_kernel(kind: str, eps: float) -> Any:
+    """The normed launch of ``kind``: ``"single"``, ``"swiglu"`` or ``"grouped<n>"``."""
+    if kind == "single":
+        names, outs, source = ["x", "w"], ["y"], _SOURCE_NORMED
+    elif kind == "swiglu":
+        names, outs, source = ["x", "wg", "wu"], ["y"], _swiglu_source(True)
+    else:
+        n = int(kind.removeprefix("grouped"))
+        names = ["x", *(f"w{i}" for i in range(n))]
+        outs, source = [f"y{i}" for i in range(n)], grouped_source(n, norm=True)
+    return mx.fast.cuda_kernel(
+        name=f"hf2q_norm_{kind}_mm",
+        input_names=[*names, "nw"],
+        output_names=outs,
+        source=norm_source(source, eps),
+        header=norm_header(),
+    )
+
+
+def norm_supported(x: mx.array, weight: mx.array) -> str | None:
+    """Why a launch cannot norm ``x``'s rows with an RMS norm of weight ``weight`` as MLX does
+    (None when it can): the weight of x's dtype and shape (K,), K at most :data:`NORM_MAX_K`."""
+    K = x.shape[-1]
+    if weight.dtype != x.dtype or weight.shape != (K,):
+        return f"a norm weight {weight.shape} {weight.dtype} for rows of {K} {x.dtype}"
+    if K > NORM_MAX_K:
+        return f"rows of {K} values (MLX sums rows over {NORM_MAX_K} in another order)"
+    return None
+
+
+def _norm_inputs(x: mx.array, norm: tuple[mx.array, float]) -> tuple[mx.array, float]:
+    weight, eps = norm
+    why = norm_supported(x, weight)
+    if why is not None:
+        raise ValueError(f"the launch cannot norm {why}")
+    return weight, float(eps)
 
 
 @cache
@@ -826,6 +989,7 @@ def small_matmul_cuda(
     tune: tuple[int, ...] | None = None,
     add: mx.array | None = None,
     columns: bool = False,
+    norm: tuple[mx.array, float] | None = None,
 ) -> mx.array:
     """``x @ w.T`` in one tensor-core launch; see :func:`supported` for what it takes.
 
@@ -836,9 +1000,26 @@ def small_matmul_cuda(
     blocks, unrolling and layouts for one choice of ``warps``). ``add``: an array of the output's
     shape and dtype added in the same launch (``x @ w.T + add`` with the bits of the two steps).
     ``columns``: use the column-split layout where :func:`column_shape` says (same bits).
+    ``norm``: (weight, eps) of an RMS norm the launch applies to ``x``'s rows first (the bits of
+    ``mx.fast.rms_norm(x, weight, eps) @ w.T``; :func:`norm_supported`; not with ``add`` or
+    ``tune``; the K-split layout).
     """
     K, N = w.shape[1], w.shape[0]
     rows = math.prod(x.shape[:-1])
+    if norm is not None:
+        if add is not None or tune is not None:
+            raise ValueError("a normed launch takes no addend and no tune")
+        nw, eps = _norm_inputs(x, norm)
+        mt, nb, warps, unroll, _, _ = _layout(rows, K, N, None, False)
+        (y,) = _norm_kernel("single", eps)(
+            inputs=[x, w, nw],
+            template=_template(x.dtype, mt, nb, warps, unroll),
+            grid=((N // (8 * nb)) * 32 * warps, 1, 1),
+            threadgroup=(32 * warps, 1, 1),
+            output_shapes=[(*x.shape[:-1], N)],
+            output_dtypes=[x.dtype],
+        )
+        return y
     mt, nb, warps, unroll, cw, depth = _layout(rows, K, N, tune, columns)
     if add is not None and (add.shape != (*x.shape[:-1], N) or add.dtype != x.dtype):
         raise ValueError(
@@ -1042,7 +1223,11 @@ def grouped_supported(x: mx.array, ws: list[mx.array]) -> str | None:
 
 
 def grouped_matmul_cuda(
-    x: mx.array, ws: list[mx.array], *, columns: bool = False
+    x: mx.array,
+    ws: list[mx.array],
+    *,
+    columns: bool = False,
+    norm: tuple[mx.array, float] | None = None,
 ) -> list[mx.array]:
     """``[x @ w.T for w in ws]`` in one launch (weights of one K; see :func:`grouped_supported`).
 
@@ -1053,7 +1238,8 @@ def grouped_matmul_cuda(
     step that is most of its launches (a layer's q/k/v or four Gated-DeltaNet input projections,
     the MLP's gate and up), and the smallest of them (two 32-column gate projections a layer on
     Qwen3.5-4B) cost a launch each for almost no work. ``columns``: the column-split layout
-    where :func:`column_shape` takes every weight (same bits).
+    where :func:`column_shape` takes every weight (same bits). ``norm``: (weight, eps) of an RMS
+    norm applied to ``x``'s rows in the launch (as in :func:`small_matmul_cuda`; K-split).
     """
     K = ws[0].shape[1]
     rows = math.prod(x.shape[:-1])
@@ -1062,13 +1248,19 @@ def grouped_matmul_cuda(
     mt, nb, warps, unroll = min((launch_shape(rows, K, w.shape[0]) for w in ws), key=lambda s: s[1])
     cw = depth = 1
     total = sum(w.shape[0] for w in ws)
-    shapes = [column_shape(rows, K, w.shape[0], total) for w in ws] if columns else [None]
+    split_ok = columns and norm is None
+    shapes = [column_shape(rows, K, w.shape[0], total) for w in ws] if split_ok else [None]
     if all(sh is not None and sh == shapes[0] for sh in shapes):
         nb, cw, depth = shapes[0]
     split = cw > 1
     blocks = sum(w.shape[0] // (8 * nb * cw) for w in ws)
-    return _grouped_kernel(len(ws), split)(
-        inputs=[x, *ws],
+    if norm is not None:
+        nw, eps = _norm_inputs(x, norm)
+        kernel, inputs = _norm_kernel(f"grouped{len(ws)}", eps), [x, *ws, nw]
+    else:
+        kernel, inputs = _grouped_kernel(len(ws), split), [x, *ws]
+    return kernel(
+        inputs=inputs,
         template=_template(x.dtype, mt, nb, warps, unroll, cw, depth),
         grid=(blocks * 32 * (cw if split else warps), 1, 1),
         threadgroup=(32 * (cw if split else warps), 1, 1),
@@ -1127,17 +1319,25 @@ def swiglu_supported(x: mx.array, wg: mx.array, wu: mx.array, columns: bool = Fa
     return None
 
 
-def swiglu_matmul_cuda(x: mx.array, wg: mx.array, wu: mx.array) -> mx.array:
+def swiglu_matmul_cuda(
+    x: mx.array, wg: mx.array, wu: mx.array, *, norm: tuple[mx.array, float] | None = None
+) -> mx.array:
     """``silu(x @ wg.T) * (x @ wu.T)`` (mlx-lm's SwiGLU of the MLP's gate and up products) in
     one launch, with the bits of ``swiglu(*grouped_matmul_cuda(x, [wg, wu]))`` (see
-    :data:`_SOURCE_SWIGLU`; :func:`swiglu_supported` says what it takes)."""
+    :data:`_SOURCE_SWIGLU`; :func:`swiglu_supported` says what it takes). ``norm``: (weight,
+    eps) of an RMS norm applied to ``x``'s rows in the launch (as in :func:`small_matmul_cuda`)."""
     K, N = wg.shape[1], wg.shape[0]
     shape = swiglu_shape(math.prod(x.shape[:-1]), K, N)
     if shape is None:
         raise ValueError(swiglu_supported(x, wg, wu))
     mt, nb, warps, unroll = shape
-    (y,) = _swiglu_kernel()(
-        inputs=[x, wg, wu],
+    if norm is not None:
+        nw, eps = _norm_inputs(x, norm)
+        kernel, inputs = _norm_kernel("swiglu", eps), [x, wg, wu, nw]
+    else:
+        kernel, inputs = _swiglu_kernel(), [x, wg, wu]
+    (y,) = kernel(
+        inputs=inputs,
         template=_swiglu_template(x.dtype, mt, nb, warps, unroll),
         grid=((N // (4 * nb)) * 32 * warps, 1, 1),
         threadgroup=(32 * warps, 1, 1),

@@ -32,7 +32,7 @@ from mlx_lm.models.gated_delta import compute_g, gated_delta_update, normalize_q
 
 from hf2q.kernels import cuda_norm, select
 from hf2q.kernels.cuda_rollback import compiled_on_cuda
-from hf2q.kernels.linear import kept_view, linear, linears, swiglu_mlp
+from hf2q.kernels.linear import kept_view, linear, linears, normed, swiglu_mlp
 
 IMPLS = ("ops", "mlx", "cuda_steps", "cuda")
 RECORDS = ("states", "final")
@@ -369,7 +369,7 @@ def gdn_decoder_layer(
     """
     h, rec = gdn_mixer(
         layer.linear_attn,
-        layer.input_layernorm(x),
+        normed(layer.input_layernorm, x, mm),  # (in the products' launch where it can)
         conv_state,
         state,
         impl=impl,
@@ -378,7 +378,7 @@ def gdn_decoder_layer(
         mm=mm,
         residual=x,
     )
-    hn = layer.post_attention_layernorm(h)
+    hn = normed(layer.post_attention_layernorm, h, mm)
     if fused is None:
         return swiglu_mlp(layer.mlp, hn, mm, add=h), rec
     return mlp_fused(layer.mlp, fused.gate_up, hn, mm, add=h), rec

@@ -216,11 +216,71 @@ def _add_in_launch(mod: nn.Module, x: mx.array, add: mx.array | None, N: int) ->
     )
 
 
-def linear(mod: nn.Module, x: mx.array, on: bool | Frozen, add: mx.array | None = None) -> mx.array:
+class Normed:
+    """Rows ``x`` that ``norm`` (an ``nn.RMSNorm``) norms before the products reading them:
+    :func:`linear`, :func:`linears` and :func:`swiglu_mlp` norm them in the kernel's launch where
+    it takes the product (``cuda_matmul``'s ``norm=``: the bits of ``norm(x)`` then the product,
+    one graph node less), else compute ``norm(x)`` first (:func:`value`). :func:`normed` makes
+    one where that can pay. Its ``shape`` and ``dtype`` are ``x``'s."""
+
+    __slots__ = ("x", "norm")
+
+    def __init__(self, x: mx.array, norm: nn.Module) -> None:
+        self.x, self.norm = x, norm
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.x.shape
+
+    @property
+    def dtype(self) -> Any:
+        return self.x.dtype
+
+    def args(self) -> tuple[mx.array, float]:
+        """The launch's ``norm=`` argument: (weight, eps)."""
+        return self.norm.weight, self.norm.eps
+
+
+def normed(norm: nn.Module, x: mx.array, on: bool | Frozen) -> mx.array | Normed:
+    """``norm(x)`` for the products of :func:`linear`, :func:`linears` and :func:`swiglu_mlp`:
+    a :class:`Normed` (the norm in their launches) when ``on``, ``select.norm_mm_enabled()``,
+    ``norm`` is an ``nn.RMSNorm`` the launch takes and ``x`` has at most
+    ``select.norm_mm_rows()`` rows; else ``norm(x)``."""
+    if (
+        on
+        and type(norm) is nn.RMSNorm
+        and _select().norm_mm_enabled()
+        and math.prod(x.shape[:-1]) <= _select().norm_mm_rows()
+        and cuda_matmul.norm_supported(x, norm.weight) is None
+    ):
+        return Normed(x, norm)
+    return norm(x)
+
+
+def value(x: mx.array | Normed) -> mx.array:
+    """``x`` itself, or a :class:`Normed`'s rows normed (MLX's norm)."""
+    return x.norm(x.x) if isinstance(x, Normed) else x
+
+
+def linear(
+    mod: nn.Module, x: mx.array | Normed, on: bool | Frozen, add: mx.array | None = None
+) -> mx.array:
     """``mod(x)`` (``mod(x) + add`` with ``add``); through the kernel when ``on`` and ``mod`` is a
     plain ``nn.Linear`` that fits (its dequantizing variant for a quantized layer it takes).
     With ``add`` (a residual), a layer without bias and ``select.grouped_mm_enabled()``, the
-    addition happens in the product's launch, with the bits of the two steps."""
+    addition happens in the product's launch, with the bits of the two steps. A
+    :class:`Normed` ``x`` is normed in the launch of a plain ``nn.Linear`` without bias or
+    ``add`` that fits, else first."""
+    if isinstance(x, Normed):
+        if (
+            on
+            and type(mod) is nn.Linear
+            and add is None
+            and "bias" not in mod
+            and fits(x.x, mod.weight)
+        ):
+            return cuda_matmul.small_matmul_cuda(x.x, mod.weight, norm=x.args())
+        x = value(x)
     if on and type(mod) is nn.Linear and fits(x, mod.weight):
         if _add_in_launch(mod, x, add, mod.weight.shape[0]):
             return cuda_matmul.small_matmul_cuda(x, mod.weight, add=add, columns=_columns())
@@ -251,46 +311,56 @@ def _bare(mods: list[nn.Module]) -> bool:
     return all(type(m) is nn.Linear and "bias" not in m for m in mods)
 
 
-def linears(mods: list[nn.Module], x: mx.array, on: bool | Frozen) -> list[mx.array]:
+def linears(mods: list[nn.Module], x: mx.array | Normed, on: bool | Frozen) -> list[mx.array]:
     """``[mod(x) for mod in mods]``; one launch of the grouped kernel when ``on``, products sharing
     an input are grouped here (``select.grouped_mm_enabled()``) and every module is a plain
     ``nn.Linear`` without bias that fits (same bits as :func:`linear` of each), else :func:`linear`
-    of each. Compiled runners read the setting when traced, so their caches key on it."""
+    of each. Compiled runners read the setting when traced, so their caches key on it. A
+    :class:`Normed` ``x`` is normed in the grouped launch, else once before the products."""
+    rows = x.x if isinstance(x, Normed) else x
     if on and _bare(mods):
         ws = [m.weight for m in mods]
         if (
             _grouping()
-            and cuda_matmul.grouped_supported(x, ws) is None
-            and all(_rows_fit(x, w) for w in ws)
+            and cuda_matmul.grouped_supported(rows, ws) is None
+            and all(_rows_fit(rows, w) for w in ws)
         ):
+            if isinstance(x, Normed):
+                return cuda_matmul.grouped_matmul_cuda(x.x, ws, norm=x.args())
             return cuda_matmul.grouped_matmul_cuda(x, ws, columns=_columns())
+    if isinstance(x, Normed) and len(mods) > 1:
+        x = value(x)  # (one norm for the several launches)
     return [linear(m, x, on) for m in mods]
 
 
 def swiglu_mlp(
-    mlp: nn.Module, x: mx.array, on: bool | Frozen, add: mx.array | None = None
+    mlp: nn.Module, x: mx.array | Normed, on: bool | Frozen, add: mx.array | None = None
 ) -> mx.array:
     """mlx-lm's SwiGLU MLP (``down(silu(gate(x)) * up(x))``) with its products through :func:`linear`
     (``+ add``, a residual, with ``add``); under ``select.mm_swiglu_enabled()`` the gate, up and
     SwiGLU in one launch of the kernel where it takes them (same bits).
 
     Only mlx-lm's dense Qwen3 / Qwen3-Next MLP classes, whose call is exactly that; anything else
-    (the sparse MoE block, other MLPs) runs its own call.
+    (the sparse MoE block, other MLPs) runs its own call. A :class:`Normed` ``x`` is normed in
+    the gate/up launch where it takes it.
     """
     if not (on or isinstance(on, Frozen)) or type(mlp) not in _swiglu_types():
+        x = value(x)
         return mlp(x) if add is None else add + mlp(x)
     from mlx_lm.models.activations import swiglu
 
     gp, up = mlp.gate_proj, mlp.up_proj
+    rows = x.x if isinstance(x, Normed) else x
     if (
         on
         and _bare([gp, up])
         and _select().mm_swiglu_enabled()
         and math.prod(x.shape[:-1]) <= _select().mm_swiglu_rows()
-        and cuda_matmul.swiglu_supported(x, gp.weight, up.weight, _columns()) is None
-        and _rows_fit(x, gp.weight)
+        and cuda_matmul.swiglu_supported(rows, gp.weight, up.weight, _columns()) is None
+        and _rows_fit(rows, gp.weight)
     ):  # one launch, the bits of the two steps below
-        act = cuda_matmul.swiglu_matmul_cuda(x, gp.weight, up.weight)
+        norm = x.args() if isinstance(x, Normed) else None
+        act = cuda_matmul.swiglu_matmul_cuda(rows, gp.weight, up.weight, norm=norm)
         return linear(mlp.down_proj, act, on, add=add)
     gate, up = linears([gp, up], x, on)
     return linear(mlp.down_proj, swiglu(gate, up), on, add=add)

@@ -94,6 +94,18 @@ MM_SWIGLU_ENV = "HF2Q_MM_SWIGLU"
 #: count the launch takes.
 MM_SWIGLU_ROWS_ENV = "HF2Q_MM_SWIGLU_ROWS"
 
+#: HF2Q_NORM_MM=1: where products sharing an input are one launch (:data:`GROUPED_MM_ENV`), a
+#: decoder layer's ``input_layernorm`` and ``post_attention_layernorm`` (``nn.RMSNorm``) are
+#: computed in the launches of the products that read them (``norm=`` of
+#: :mod:`hf2q.kernels.cuda_matmul`: each thread block norms the rows it multiplies, with the bits
+#: of MLX's norm kernel): two graph nodes less a layer. Default off until timed on a GPU.
+NORM_MM_ENV = "HF2Q_NORM_MM"
+
+#: HF2Q_NORM_MM_ROWS=N: under ``HF2Q_NORM_MM=1``, only products of up to N rows (default 16: one
+#: m-tile, a 1-slot verify, a plain step, a 1-slot draft); every thread block reads its rows
+#: once more to sum their squares, which costs more with more rows.
+NORM_MM_ROWS_ENV = "HF2Q_NORM_MM_ROWS"
+
 #: HF2Q_SMALL_MM_ROWS=N: products of up to N rows run the small-M kernel whatever the weight's size;
 #: beyond N, weights of more than 4M elements go to cuBLAS (default: the kernel's 128 rows).
 SMALL_MM_ROWS_ENV = "HF2Q_SMALL_MM_ROWS"
@@ -334,6 +346,18 @@ def mm_swiglu_rows() -> int:
     return _kernel_rows(MM_SWIGLU_ROWS_ENV, cuda_matmul.MAX_ROWS)
 
 
+def norm_mm_enabled() -> bool:
+    """Whether decoder layers' RMS norms run in the launches of the products reading them
+    (``HF2Q_NORM_MM``, default off; only where :func:`grouped_mm_enabled`; same bits)."""
+    return grouped_mm_enabled() and _flag(NORM_MM_ENV, "0")
+
+
+def norm_mm_rows() -> int:
+    """The most rows whose products norm them in the launch under :func:`norm_mm_enabled`
+    (``HF2Q_NORM_MM_ROWS``; default 16)."""
+    return _kernel_rows(NORM_MM_ROWS_ENV, 16)
+
+
 def _kernel_rows(env: str, default: int) -> int:
     """``env`` as a row count of the small-M kernel (at most its :data:`cuda_matmul.MAX_ROWS`;
     a bad value is an error naming the fix), ``default`` when unset."""
@@ -392,7 +416,7 @@ def mm_key() -> tuple[bool, int, bool | tuple, bool | str]:
     (:func:`grouped_mm_enabled`, :func:`small_mm_rows`, the single products' layout:
     :func:`mm_columns_enabled`, paired with ``"narrow"`` under ``HF2Q_MM_NARROW=1`` and with
     ``"cols64"`` under ``HF2Q_MM_COLS64`` and with ``"swiglu"`` and its row limit under
-    ``HF2Q_MM_SWIGLU=1``,
+    ``HF2Q_MM_SWIGLU=1``, with ``"norm"`` and its row limit under ``HF2Q_NORM_MM=1``,
     :func:`small_qmm_enabled` or with it ``HF2Q_QMM_LAUNCH`` where set)."""
     qmm = small_qmm_enabled() and (os.environ.get(cuda_matmul.QMM_LAUNCH_ENV, "") or True)
     columns: bool | tuple = mm_columns_enabled()
@@ -402,6 +426,8 @@ def mm_key() -> tuple[bool, int, bool | tuple, bool | str]:
         columns = (columns, "cols64", cols)
     if mm_swiglu_enabled():  # the MLP's launches
         columns = (columns, "swiglu", mm_swiglu_rows())
+    if norm_mm_enabled():  # the layers' norms in their products' launches
+        columns = (columns, "norm", norm_mm_rows())
     return grouped_mm_enabled(), small_mm_rows(), columns, qmm
 
 
@@ -869,6 +895,10 @@ def describe(attn: object | None = None) -> dict[str, str]:
         info["small_mm"] += ", the MLP's SwiGLU in its gate/up launch"
         if mm_swiglu_rows() < cuda_matmul.MAX_ROWS:
             info["small_mm"] += f" (up to {mm_swiglu_rows()} rows)"
+    if norm_mm_enabled():
+        info["small_mm"] += (
+            f", layers' norms in their products' launches (up to {norm_mm_rows()} rows)"
+        )
     if mm_columns_enabled():
         info["small_mm"] += ", columns split at 33-64 rows"
     if small_mm_enabled() and mm_columns_enabled() and (cols := cuda_matmul.cols64()) is not None:

@@ -46,7 +46,7 @@ from mlx_lm.models.cache import KVCache
 
 from hf2q.kernels import cuda_attention, cuda_norm, select
 from hf2q.kernels.forward import graph_capacity, held_position
-from hf2q.kernels.linear import FROZEN, Frozen, linear, linears, swiglu_mlp
+from hf2q.kernels.linear import FROZEN, Frozen, linear, linears, normed, swiglu_mlp
 from hf2q.runtime.slot_cache import SlotKVCache
 
 #: The most new context rows a graph takes, in blocks (padded to a multiple of the block, a trace
@@ -145,7 +145,7 @@ def _layer(lay: Any, x: mx.array, ctx: mx.array, where: tuple, K, V, mm, rows: b
         o = mx.fast.scaled_dot_product_attention(q, K, V, scale=a.scale, mask=masks[kind])
         o = o.transpose(0, 2, 1, 3)
     h = linear(a.o_proj, o.reshape(R, L, -1), mm, add=x)
-    return swiglu_mlp(lay.mlp, lay.post_attention_layernorm(h), mm, add=h), K, V
+    return swiglu_mlp(lay.mlp, normed(lay.post_attention_layernorm, h, mm), mm, add=h), K, V
 
 
 def _callable_key(fn: Any) -> Any:

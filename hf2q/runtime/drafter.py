@@ -29,7 +29,7 @@ from hf2q.errors import DrafterError
 from hf2q.kernels import cuda_attention
 from hf2q.kernels.attention import positions, reads_buffer_in_place
 from hf2q.kernels.gdn import concat_linears, mlp_fused
-from hf2q.kernels.linear import FROZEN, Frozen, kept, linear, swiglu_mlp
+from hf2q.kernels.linear import FROZEN, Frozen, kept, linear, normed, swiglu_mlp
 from hf2q.kernels.select import (
     bucketed,
     compile_draft_enabled,
@@ -329,7 +329,7 @@ class _CompiledLayer:
             lay = ref()
             B, L, _ = x.shape
             h = linear(lay.self_attn.o_proj, o.reshape(B, L, -1), mm, add=x)
-            return swiglu_mlp(lay.mlp, lay.post_attention_layernorm(h), mm, add=h)
+            return swiglu_mlp(lay.mlp, normed(lay.post_attention_layernorm, h, mm), mm, add=h)
 
         self.context, self.block, self.joint, self.post = (
             mx.compile(context),

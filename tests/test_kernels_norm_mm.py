@@ -1,0 +1,337 @@
+"""Products whose input rows are RMS-normed in the launch (hf2q/kernels/cuda_matmul.py ``norm=``).
+
+A decoder layer's ``input_layernorm`` and ``post_attention_layernorm`` are each one graph node
+before the products that read them; the normed launches take the un-normed rows and the norm's
+weight and multiply the values MLX's ``rms_norm_small`` would have written. On this CPU the
+launches run in the CUDA emulator (tests/cuda_emu.py) and must give the bits of the plain launch
+(emulated too) of a numpy model of MLX's norm, which is checked against ``mx.fast.rms_norm``;
+the CUDA tests compare with MLX's own norm kernel followed by the plain launch.
+"""
+
+from __future__ import annotations
+
+import cuda_emu
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import cuda_only
+
+from hf2q.kernels import cuda_matmul as cm
+
+
+def _emulated(name, ins, outs, source, header, tmp_path):
+    return cuda_emu.EmulatedKernel(name, ins, outs, source, header, workdir=tmp_path)
+
+
+@pytest.fixture
+def emulated(monkeypatch, tmp_path):
+    """The plain and the normed launches' own sources, run by the CPU emulator."""
+    if cuda_emu.compiler() is None:
+        pytest.skip("no C++ compiler for the CUDA emulator")
+    plain = _emulated("hf2q_small_mm", ["x", "w"], ["y"], cm._SOURCE, cm._HEADER, tmp_path)
+    monkeypatch.setattr(cm, "_kernel", lambda columns=False: plain)
+    add = _emulated(
+        "hf2q_small_mm_add", ["x", "w", "r"], ["y"], cm._SOURCE_ADD, cm._HEADER, tmp_path
+    )
+    monkeypatch.setattr(cm, "_add_kernel", lambda columns=False: add)
+    grouped: dict = {}
+    normed: dict = {}
+
+    def grouped_kernel(groups, columns=False):
+        if groups not in grouped:
+            ins = ["x", *(f"w{i}" for i in range(groups))]
+            outs = [f"y{i}" for i in range(groups)]
+            src = cm.grouped_source(groups)
+            grouped[groups] = _emulated(
+                f"hf2q_grouped_mm{groups}", ins, outs, src, cm._HEADER, tmp_path
+            )
+        return grouped[groups]
+
+    swiglu = _emulated(
+        "hf2q_swiglu_mm", ["x", "wg", "wu"], ["y"], cm._SOURCE_SWIGLU, cm._swiglu_header(), tmp_path
+    )
+
+    def norm_kernel(kind, eps):
+        if (kind, eps) not in normed:
+            if kind == "single":
+                ins, outs, src = ["x", "w"], ["y"], cm._SOURCE_NORMED
+            elif kind == "swiglu":
+                ins, outs, src = ["x", "wg", "wu"], ["y"], cm._swiglu_source(True)
+            else:
+                n = int(kind.removeprefix("grouped"))
+                ins = ["x", *(f"w{i}" for i in range(n))]
+                outs, src = [f"y{i}" for i in range(n)], cm.grouped_source(n, norm=True)
+            normed[kind, eps] = _emulated(
+                f"hf2q_norm_{kind}_mm",
+                [*ins, "nw"],
+                outs,
+                cm.norm_source(src, eps),
+                cm.norm_header(),
+                tmp_path,
+            )
+        return normed[kind, eps]
+
+    monkeypatch.setattr(cm, "_grouped_kernel", grouped_kernel)
+    monkeypatch.setattr(cm, "_swiglu_kernel", lambda: swiglu)
+    monkeypatch.setattr(cm, "_norm_kernel", norm_kernel)
+
+
+def _f32(a: mx.array) -> np.ndarray:
+    return np.array(a.astype(mx.float32))
+
+
+def rms_model(x: mx.array, w: mx.array, eps: float) -> mx.array:
+    """MLX 0.32's CUDA ``rms_norm_small`` of 16-bit rows of up to 8192 values, in numpy: thread
+    i squares and adds values 8i .. 8i + 7 in turn (fused multiply-adds), each warp of 32 threads
+    adds by the tree lane + 16, + 8, + 4, + 2, + 1, then the warps' sums (at lanes 0 .., zeros
+    past them) by the same tree; r = rsqrt(sum / K + eps) (here 1 / sqrt, correctly rounded,
+    where the GPU's rsqrtf may differ: the CUDA tests compare with MLX's kernel), and each value
+    ``T(w * T(x * r))``. Returns an array of x's dtype."""
+    dt = x.dtype
+    xs = _f32(x).reshape(-1, x.shape[-1])
+    rows, K = xs.shape
+
+    def r(a):
+        return np.array(mx.array(np.asarray(a, np.float32)).astype(dt).astype(mx.float32))
+
+    def tree(s):
+        for half in (16, 8, 4, 2, 1):
+            s = (s[:, :half] + s[:, half : 2 * half]).astype(np.float32)
+        return s[:, 0]
+
+    threads = -(-K // 256) * 32
+    lanes = np.zeros((rows, threads), dtype=np.float32)
+    for i in range(K // 8):
+        acc = np.zeros(rows, dtype=np.float32)
+        for j in range(8):
+            t = xs[:, 8 * i + j].astype(np.longdouble)
+            acc = (t * t + acc.astype(np.longdouble)).astype(np.float32)
+        lanes[:, i] = acc
+    warps = np.zeros((rows, 32), dtype=np.float32)
+    for k in range(threads // 32):
+        warps[:, k] = tree(lanes[:, 32 * k : 32 * k + 32])
+    total = tree(warps)
+    rs = (np.float32(1) / np.sqrt(total / np.float32(K) + np.float32(eps))).astype(np.float32)
+    out = r(_f32(w)[None, :] * r(xs * rs[:, None]))
+    return mx.array(out).astype(dt).reshape(x.shape)
+
+
+def _inputs(rows, K, widths, dtype, seed):
+    mx.random.seed(seed)
+    x = (mx.random.normal((rows, K)) * 3).astype(dtype)
+    nw = (1 + 0.2 * mx.random.normal((K,))).astype(dtype)
+    ws = [(mx.random.normal((n, K)) * K**-0.5).astype(dtype) for n in widths]
+    return x, nw, ws
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("K", [64, 256, 640, 2560, 8192])
+def test_model_is_mlx_rms_norm(K, dtype):
+    # The model computes mlx's function (the CPU sums in another order: x * r may round the
+    # other way, and then the weight's product too: two roundings apart at most, in few values).
+    x, nw, _ = _inputs(5, K, [], dtype, K)
+    want = _f32(mx.fast.rms_norm(x, nw, 1e-6))
+    got = _f32(rms_model(x, nw, 1e-6))
+    ulp = 2.0**-6 if dtype == mx.bfloat16 else 2.0**-9
+    assert np.all(np.abs(got - want) <= ulp * np.abs(want) + 1e-6)
+    assert np.mean(got == want) > 0.95
+
+
+@pytest.mark.parametrize(
+    "rows,K,N,dtype",
+    [
+        (1, 2560, 64, mx.bfloat16),  # the 4B's hidden size: ten of MLX's warps, sixteen a block
+        (16, 640, 96, mx.bfloat16),  # a verify's block, three warps of the row
+        (3, 256, 32, mx.float16),  # one warp
+        (7, 128, 48, mx.bfloat16),  # MLX's 16-thread group: the same sum (zeros added)
+        (20, 512, 64, mx.bfloat16),  # two m-tiles
+    ],
+)
+def test_emulated_normed_launch_has_the_bits_of_the_norm_then_the_product(
+    rows, K, N, dtype, emulated
+):
+    x, nw, (w,) = _inputs(rows, K, [N], dtype, rows + K)
+    y = cm.small_matmul_cuda(x, w, norm=(nw, 1e-6))
+    assert y.shape == (rows, N) and y.dtype == dtype
+    assert mx.array_equal(y, cm.small_matmul_cuda(rms_model(x, nw, 1e-6), w))
+
+
+def test_emulated_normed_launch_reads_its_eps(emulated):
+    # A large eps changes the norm: the launch's constant is the one asked for.
+    x, nw, (w,) = _inputs(4, 256, [32], mx.bfloat16, 9)
+    x = x * 0.01
+    for eps in (1e-6, 1e-2):
+        want = cm.small_matmul_cuda(rms_model(x, nw, eps), w)
+        assert mx.array_equal(cm.small_matmul_cuda(x, w, norm=(nw, eps)), want)
+    assert not mx.array_equal(
+        cm.small_matmul_cuda(x, w, norm=(nw, 1e-6)), cm.small_matmul_cuda(x, w, norm=(nw, 1e-2))
+    )
+
+
+@pytest.mark.parametrize("rows,widths", [(1, (64, 32, 16, 8)), (16, (96, 32)), (5, (64, 64, 32))])
+def test_emulated_normed_grouped_launch_has_each_products_bits(rows, widths, emulated):
+    x, nw, ws = _inputs(rows, 512, widths, mx.bfloat16, rows)
+    ys = cm.grouped_matmul_cuda(x, ws, norm=(nw, 1e-6))
+    xn = rms_model(x, nw, 1e-6)
+    for y, want in zip(ys, cm.grouped_matmul_cuda(xn, ws), strict=True):
+        assert mx.array_equal(y, want)
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_emulated_normed_swiglu_launch_has_the_swiglu_launchs_bits(rows, emulated):
+    x, nw, (wg, wu) = _inputs(rows, 512, [64, 64], mx.bfloat16, 3 + rows)
+    y = cm.swiglu_matmul_cuda(x, wg, wu, norm=(nw, 1e-5))
+    assert mx.array_equal(y, cm.swiglu_matmul_cuda(rms_model(x, nw, 1e-5), wg, wu))
+
+
+def test_norm_supported_names_what_the_launch_cannot_take():
+    x, nw, _ = _inputs(2, 256, [], mx.bfloat16, 1)
+    assert cm.norm_supported(x, nw) is None
+    assert "float32" in cm.norm_supported(x, nw.astype(mx.float32))
+    assert "(128,)" in cm.norm_supported(x, nw[:128])
+    big = mx.zeros((1, 2 * cm.NORM_MAX_K), dtype=mx.bfloat16)
+    assert "another order" in cm.norm_supported(big, mx.ones((2 * cm.NORM_MAX_K,), mx.bfloat16))
+    w = mx.zeros((32, 256), dtype=mx.bfloat16)
+    with pytest.raises(ValueError, match="cannot norm"):
+        cm.small_matmul_cuda(x, w, norm=(nw[:128], 1e-6))
+    with pytest.raises(ValueError, match="no addend"):
+        cm.small_matmul_cuda(x, w, norm=(nw, 1e-6), add=mx.zeros((2, 32), dtype=mx.bfloat16))
+    with pytest.raises(ValueError, match="column split"):
+        cm.grouped_source(2, columns=True, norm=True)
+
+
+@cuda_only
+@pytest.mark.parametrize("rows", [1, 16, 64])
+def test_cuda_normed_launches_equal_mlx_norm_then_the_product(rows):
+    # The 4B's shapes: hidden 2560 into the Gated-DeltaNet input projections' widths, the MLP's
+    # gate/up (9216) and one product.
+    x, nw, ws = _inputs(rows, 2560, [8192, 4096, 32, 32], mx.bfloat16, rows)
+    xn = mx.fast.rms_norm(x, nw, 1e-6)
+    for y, want in zip(
+        cm.grouped_matmul_cuda(x, ws, norm=(nw, 1e-6)), cm.grouped_matmul_cuda(xn, ws)
+    ):
+        assert mx.array_equal(y, want)
+    assert mx.array_equal(
+        cm.small_matmul_cuda(x, ws[1], norm=(nw, 1e-6)), cm.small_matmul_cuda(xn, ws[1])
+    )
+    _, _, (wg, wu) = _inputs(1, 2560, [9216, 9216], mx.bfloat16, 7)
+    assert mx.array_equal(
+        cm.swiglu_matmul_cuda(x, wg, wu, norm=(nw, 1e-6)), cm.swiglu_matmul_cuda(xn, wg, wu)
+    )
+
+
+def test_linear_paths_norm_in_the_launch_only_with_the_switch(emulated, monkeypatch):
+    import mlx.nn as nn
+    from mlx_lm.models.qwen3 import MLP
+
+    from hf2q.errors import UsageError
+    from hf2q.kernels import linear as lin
+    from hf2q.kernels import select
+
+    monkeypatch.setattr(select, "small_mm_enabled", lambda: True)  # (CPU: the kernels emulated)
+    mx.random.seed(2)
+    norm = nn.RMSNorm(128, eps=1e-6)
+    norm.weight = (1 + 0.2 * mx.random.normal((128,))).astype(mx.bfloat16)
+    mlp = MLP(128, 64)
+    mlp.set_dtype(mx.bfloat16)
+    x = (mx.random.normal((5, 128)) * 2).astype(mx.bfloat16)
+    xn = rms_model(x, norm.weight, 1e-6)
+    gp, up = mlp.gate_proj, mlp.up_proj
+
+    monkeypatch.delenv(select.NORM_MM_ENV, raising=False)
+    key = select.mm_key()
+    assert lin.normed(norm, x, True) is not None and not select.norm_mm_enabled()
+    assert isinstance(lin.normed(norm, x, True), mx.array)  # off by default
+    monkeypatch.setenv(select.NORM_MM_ENV, "1")
+    assert (
+        select.mm_key() != key
+        and "norms in their products' launches" in select.describe()["small_mm"]
+    )
+    h = lin.normed(norm, x, True)
+    assert isinstance(h, lin.Normed) and h.shape == x.shape and h.dtype == x.dtype
+    # the grouped launch, one product, the SwiGLU launch: each the bits of the norm, then it
+    for got, want in zip(
+        lin.linears([gp, up], h, True), cm.grouped_matmul_cuda(xn, [gp.weight, up.weight])
+    ):
+        assert mx.array_equal(got, want)
+    assert mx.array_equal(lin.linear(gp, h, True), cm.small_matmul_cuda(xn, gp.weight))
+    monkeypatch.setenv(select.MM_SWIGLU_ENV, "1")
+    r = mx.random.normal((5, 128)).astype(mx.bfloat16)
+    want = lin.linear(mlp.down_proj, cm.swiglu_matmul_cuda(xn, gp.weight, up.weight), True, add=r)
+    assert mx.array_equal(lin.swiglu_mlp(mlp, h, True, add=r), want)
+    # Where the launch cannot take it, the norm runs first (MLX's), and the products as before.
+    assert mx.array_equal(lin.value(h), norm(x)) and lin.value(x) is x
+    r64 = r[:, :64]
+    assert mx.array_equal(lin.linear(gp, h, True, add=r64), lin.linear(gp, norm(x), True, add=r64))
+    assert mx.array_equal(lin.swiglu_mlp(mlp, h, False), mlp(norm(x)))
+    # Not made: frozen products, more rows than the limit, another norm class, rows too long.
+    assert isinstance(lin.normed(norm, x, lin.FROZEN), mx.array)
+    monkeypatch.setenv(select.NORM_MM_ROWS_ENV, "4")
+    assert isinstance(lin.normed(norm, x, True), mx.array)
+    assert isinstance(lin.normed(norm, x[:4], True), lin.Normed)
+    assert "(up to 4 rows)" in select.describe()["small_mm"]
+    monkeypatch.delenv(select.NORM_MM_ROWS_ENV)
+    assert isinstance(lin.normed(nn.LayerNorm(128), x, True), mx.array)
+    # A bad setting names the fix.
+    monkeypatch.setenv(select.NORM_MM_ENV, "2")
+    with pytest.raises(UsageError, match=f"{select.NORM_MM_ENV}='2' must be 0 or 1"):
+        select.norm_mm_enabled()
+
+
+def test_decode_steps_with_norms_in_the_launches_equal_them_without(emulated, monkeypatch):
+    # A tiny bf16 Qwen3.5 (hidden 64, every product grouped) through the compiled runners with
+    # the products on the (emulated) kernels, MLX's norm computed in the CUDA order (the model):
+    # with HF2Q_NORM_MM=1 every layer's two norms run in the launches, and the logits of a
+    # prefill and of decode steps are equal bit for bit to the runs without.
+    import checkpoints as ck
+    from mlx_lm.models import qwen3_5
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from hf2q.kernels import select
+    from hf2q.kernels.layers import fast_layer_fn
+    from hf2q.runtime.target import TargetModel
+
+    args = qwen3_5.TextModelArgs(**dict(ck.TINY_TEXT_ARGS, linear_num_value_heads=8))
+    mx.random.seed(11)
+    model = qwen3_5.TextModel(args)
+    model.set_dtype(mx.bfloat16)
+    target = TargetModel(model)
+    monkeypatch.setattr(select, "small_mm_enabled", lambda: True)
+    own = mx.fast.rms_norm  # (the CPU's sums in another order: the norm in the CUDA order)
+    monkeypatch.setattr(
+        mx.fast, "rms_norm", lambda x, w, eps: own(x, w, eps) if w is None else rms_model(x, w, eps)
+    )
+    kinds: list[str] = []
+    real = cm._norm_kernel
+    monkeypatch.setattr(cm, "_norm_kernel", lambda kind, eps: kinds.append(kind) or real(kind, eps))
+    tokens = mx.array([[3, 14, 15, 9, 2, 6, 5]])
+    outs = []
+    mx.disable_compile()  # (emulated launches read their inputs)
+    try:
+        for flag in ("0", "1"):
+            monkeypatch.setenv(select.NORM_MM_ENV, flag)
+            cache = make_prompt_cache(target.model)
+            fn = fast_layer_fn(mm=True)
+            steps = [target.forward(tokens[:, :3], cache, layer_fn=fn)[0]]
+            for i in range(3, tokens.shape[1]):
+                steps.append(target.forward(tokens[:, i : i + 1], cache, layer_fn=fn)[0])
+            outs.append(mx.concatenate(steps, axis=1))
+    finally:
+        mx.enable_compile()
+    # two launches a layer a forward (input norm: q/k/v or the four input projections; the
+    # MLP's gate/up), five forwards
+    assert len(kinds) == 2 * len(target.layers) * 5 and set(kinds) == {
+        "grouped2",
+        "grouped3",
+        "grouped4",
+    }
+    assert mx.array_equal(outs[0], outs[1])
+
+
+@cuda_only
+def test_cuda_norms_in_the_launches_keep_the_demo_targets_logits(monkeypatch):
+    from conftest import assert_switch_keeps_demo_logits
+
+    from hf2q.kernels import select
+
+    assert_switch_keeps_demo_logits(monkeypatch, select.NORM_MM_ENV)
