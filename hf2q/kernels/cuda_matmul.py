@@ -167,22 +167,25 @@ _BODY_LOOP = r"""
 # (N_READS 8: thread i of its block squares and adds values 8i .. 8i + 7 in turn with fused
 # multiply-adds, each warp of 32 such threads adds by the tree lane + 16, + 8, + 4, + 2, + 1,
 # and the warps' sums, at lanes 0 .. of one warp with zeros past them, by the same tree; rows
-# of up to 256 values are one warp: the second tree adds zeros). Here warp ``w`` of the block
-# takes rows w, w + WARPS, ... and walks MLX's warps of the row in turn, lane j keeping warp
-# j's sum. Then r = rsqrt(sum / K + eps), and each x value the products load is replaced by
+# of up to 256 values are one warp: the second tree adds zeros). Here the block's warps take
+# the (row, MLX warp) pairs in turn, each pair's sum kept in shared memory (independent loads,
+# so in flight together), then a warp a row adds them by the second tree.
+# Then r = rsqrt(sum / K + eps), and each x value the products load is replaced by
 # ``T(w * T(x * r))``, MLX's output of the norm: the products multiply the very values
 # ``mx.fast.rms_norm`` would have written. The whole row is read once more a thread block, so
 # this suits launches of few rows (the callers' row limit).
 _NORM_PRE = r"""
   __shared__ float hf2q_rinv[MT * 16];
-  for (int row = warp; row < MT * 16 && row < M; row += WARPS) {
-    const T* xr = x + (size_t)row * K;
-    float mine = 0.0f;
-    for (int mw = 0; mw * 256 < K; ++mw) {
-      const int base = mw * 256 + lane * 8;
+  __shared__ float hf2q_part[MT * 16][32];
+  {
+    const int rows = M < MT * 16 ? M : MT * 16;
+    const int mws = (K + 255) / 256;
+    for (int p = warp; p < rows * mws; p += WARPS) {
+      const int row = p / mws;
+      const int base = (p % mws) * 256 + lane * 8;
       float acc = 0.0f;
       if (base < K) {
-        const uint4 v = *reinterpret_cast<const uint4*>(xr + base);
+        const uint4 v = *reinterpret_cast<const uint4*>(x + (size_t)row * K + base);
         T vs[8];
         memcpy(vs, &v, 16);
 #pragma unroll
@@ -196,16 +199,20 @@ _NORM_PRE = r"""
       acc += __shfl_xor_sync(0xffffffffu, acc, 4);
       acc += __shfl_xor_sync(0xffffffffu, acc, 2);
       acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-      if (lane == mw) mine = acc;
+      if (lane == 0) hf2q_part[row][p % mws] = acc;
     }
-    mine += __shfl_xor_sync(0xffffffffu, mine, 16);
-    mine += __shfl_xor_sync(0xffffffffu, mine, 8);
-    mine += __shfl_xor_sync(0xffffffffu, mine, 4);
-    mine += __shfl_xor_sync(0xffffffffu, mine, 2);
-    mine += __shfl_xor_sync(0xffffffffu, mine, 1);
-    if (lane == 0) hf2q_rinv[row] = rsqrtf(mine / K + EPS);
+    __syncthreads();
+    for (int row = warp; row < rows; row += WARPS) {
+      float s = lane < mws ? hf2q_part[row][lane] : 0.0f;
+      s += __shfl_xor_sync(0xffffffffu, s, 16);
+      s += __shfl_xor_sync(0xffffffffu, s, 8);
+      s += __shfl_xor_sync(0xffffffffu, s, 4);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      if (lane == 0) hf2q_rinv[row] = rsqrtf(s / K + EPS);
+    }
+    __syncthreads();
   }
-  __syncthreads();
 """
 _NORM_W = r"""
     const uint4* nwp = reinterpret_cast<const uint4*>(nw + kb);
