@@ -347,3 +347,26 @@ def test_cuda_norm_rope_has_the_bits_of_mlx_norm_then_rope(
 @cuda_only
 def test_cuda_runners_give_the_same_logits_with_norm_and_rope_in_one_launch(monkeypatch):
     assert_switch_keeps_demo_logits(monkeypatch, select.NORM_ROPE_ENV, rows=True)
+
+
+def test_kernel_names_carry_the_sources_constants(monkeypatch):
+    # MLX 0.32 keeps a process's compiled custom kernels by name: two norms of different eps
+    # under one name would both run the first one compiled. Every launch whose source holds
+    # constants names them.
+    from hf2q.kernels import cuda_matmul as cm
+
+    assert cn.kernel_name("k", 1e-6) != cn.kernel_name("k", 1e-5)
+    assert cn.kernel_name("k", 1e-6) == cn.kernel_name("k", float(np.float32(1e-6)))
+    assert cn.kernel_name("k", 1e-6, 1e4, 1.0) != cn.kernel_name("k", 1e-6, 1e6, 1.0)
+    names = []
+    monkeypatch.setattr(mx.fast, "cuda_kernel", lambda **kw: names.append(kw["name"]))
+    for fn in (cn._kernel, cn._rope_kernel, cm._norm_kernel):
+        fn.cache_clear()  # (made again, by the spy; cleared after it too)
+    try:
+        cn._kernel(1e-6), cn._kernel(1e-5)
+        cn._rope_kernel(1e-6, 1e4, 1.0), cn._rope_kernel(1e-6, 1e7, 1.0)
+        cm._norm_kernel("single", 1e-6), cm._norm_kernel("single", 1e-5)
+    finally:
+        for fn in (cn._kernel, cn._rope_kernel, cm._norm_kernel):
+            fn.cache_clear()
+    assert len(names) == 6 and len(set(names)) == 6

@@ -700,8 +700,10 @@ def _norm_kernel(kind: str, eps: float) -> Any:
         n = int(kind.removeprefix("grouped"))
         names = ["x", *(f"w{i}" for i in range(n))]
         outs, source = [f"y{i}" for i in range(n)], grouped_source(n, norm=True)
+    from hf2q.kernels.cuda_norm import kernel_name
+
     return mx.fast.cuda_kernel(
-        name=f"hf2q_norm_{kind}_mm",
+        name=kernel_name(f"hf2q_norm_{kind}_mm", eps),
         input_names=[*names, "nw"],
         output_names=outs,
         source=norm_source(source, eps),

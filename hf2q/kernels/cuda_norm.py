@@ -106,6 +106,14 @@ def _float_literal(value: float) -> str:
     return float(np.float32(value)).hex() + "f"
 
 
+def kernel_name(base: str, *constants: float) -> str:
+    """``base`` with the float32 bits of the source's ``constants`` appended: MLX 0.32 keeps a
+    process's compiled custom kernels by name (and template arguments) only, so two sources
+    under one name would run whichever was compiled first (e.g. a target's and a drafter's norm
+    of different eps)."""
+    return base + "".join(f"_{int(np.float32(c).view(np.uint32)):08x}" for c in constants)
+
+
 def source(eps: float) -> str:
     """The kernel body for one ``eps`` (a constant of the source)."""
     return (
@@ -117,7 +125,7 @@ def source(eps: float) -> str:
 @cache
 def _kernel(eps: float) -> Any:
     return mx.fast.cuda_kernel(
-        name="hf2q_gated_norm",
+        name=kernel_name("hf2q_gated_norm", eps),
         input_names=["y", "z", "w"],
         output_names=["out"],
         source=source(eps),
@@ -240,7 +248,7 @@ def rope_source(eps: float, base: float, scale: float) -> str:
 @cache
 def _rope_kernel(eps: float, base: float, scale: float) -> Any:
     return mx.fast.cuda_kernel(
-        name="hf2q_norm_rope",
+        name=kernel_name("hf2q_norm_rope", eps, base, scale),
         input_names=["x", "w", "off"],
         output_names=["out"],
         source=rope_source(eps, base, scale),
