@@ -10,6 +10,8 @@ the CUDA tests compare with MLX's own norm kernel followed by the plain launch.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import cuda_emu
 import mlx.core as mx
 import numpy as np
@@ -80,16 +82,31 @@ def _f32(a: mx.array) -> np.ndarray:
     return np.array(a.astype(mx.float32))
 
 
+def norm_shape(K: int) -> tuple[int, int]:
+    """(threads a row, vectors of 8 values a thread) of MLX 0.32.4's CUDA ``rms_norm_small`` for
+    16-bit rows of K values (up to 8192; its dispatch on K)."""
+    nvec = -(-K // 8)
+    if K <= 512:
+        return 64, 1
+    if nvec % 128 == 0 and nvec // 128 <= 8:
+        return 128, nvec // 128
+    if nvec % 64 == 0 and nvec // 64 <= 8:
+        return 64, nvec // 64
+    return 128, -(-nvec // 128)
+
+
 def rms_model(x: mx.array, w: mx.array, eps: float) -> mx.array:
-    """MLX 0.32's CUDA ``rms_norm_small`` of 16-bit rows of up to 8192 values, in numpy: thread
-    i squares and adds values 8i .. 8i + 7 in turn (fused multiply-adds), each warp of 32 threads
-    adds by the tree lane + 16, + 8, + 4, + 2, + 1, then the warps' sums (at lanes 0 .., zeros
-    past them) by the same tree; r = rsqrt(sum / K + eps) (here 1 / sqrt, correctly rounded,
-    where the GPU's rsqrtf may differ: the CUDA tests compare with MLX's kernel), and each value
-    ``T(w * T(x * r))``. Returns an array of x's dtype."""
+    """MLX 0.32.4's CUDA ``rms_norm_small`` of 16-bit rows of up to 8192 values, in numpy: a
+    block of BS threads a row (:func:`norm_shape`), thread t squaring and adding in turn (fused
+    multiply-adds) the 8 values of its vectors t, BS + t, ... (zeros past the row), each warp
+    adding its threads' sums by the tree lane + 16, + 8, + 4, + 2, + 1, then the warps' sums (at
+    lanes 0 .., zeros past them) by the same tree; r = rsqrt(sum / K + eps) (here 1 / sqrt,
+    correctly rounded, where the GPU's rsqrtf may differ: the CUDA tests compare with MLX's
+    kernel), and each value ``T(w * T(x * r))``. Returns an array of x's dtype."""
     dt = x.dtype
     xs = _f32(x).reshape(-1, x.shape[-1])
     rows, K = xs.shape
+    bs, ch = norm_shape(K)
 
     def r(a):
         return np.array(mx.array(np.asarray(a, np.float32)).astype(dt).astype(mx.float32))
@@ -99,21 +116,35 @@ def rms_model(x: mx.array, w: mx.array, eps: float) -> mx.array:
             s = (s[:, :half] + s[:, half : 2 * half]).astype(np.float32)
         return s[:, 0]
 
-    threads = -(-K // 256) * 32
-    lanes = np.zeros((rows, threads), dtype=np.float32)
-    for i in range(K // 8):
-        acc = np.zeros(rows, dtype=np.float32)
+    padded = np.zeros((rows, bs * ch * 8), dtype=np.float32)
+    padded[:, :K] = xs
+    vec = padded.reshape(rows, ch, bs, 8)  # [row, chunk i, thread t, value j]: vector i bs + t
+    threads = np.zeros((rows, bs), dtype=np.float32)
+    for i in range(ch):
         for j in range(8):
-            t = xs[:, 8 * i + j].astype(np.longdouble)
-            acc = (t * t + acc.astype(np.longdouble)).astype(np.float32)
-        lanes[:, i] = acc
+            t = vec[:, i, :, j].astype(np.longdouble)
+            threads = (t * t + threads.astype(np.longdouble)).astype(np.float32)
     warps = np.zeros((rows, 32), dtype=np.float32)
-    for k in range(threads // 32):
-        warps[:, k] = tree(lanes[:, 32 * k : 32 * k + 32])
+    for k in range(bs // 32):
+        warps[:, k] = tree(threads[:, 32 * k : 32 * k + 32])
     total = tree(warps)
     rs = (np.float32(1) / np.sqrt(total / np.float32(K) + np.float32(eps))).astype(np.float32)
     out = r(_f32(w)[None, :] * r(xs * rs[:, None]))
     return mx.array(out).astype(dt).reshape(x.shape)
+
+
+def test_model_has_the_bits_mlx_gave_on_an_h100():
+    # A 4B-shaped target's row (2560 values, weight 1) whose norm MLX 0.32.4 computed on an H100
+    # (session 60, benchmarks/norm_mm_check.py): a model summing in another order (each thread
+    # eight consecutive values, ten warps) put r one float32 step lower there, and 12 of the
+    # row's values a rounding apart.
+    data = np.load(Path(__file__).parent / "fixtures" / "norm_row_h100.npz")
+    x = mx.array(data["x"]).astype(mx.bfloat16)
+    got = _f32(rms_model(x, mx.ones((2560,), dtype=mx.bfloat16), 1e-6))
+    assert np.array_equal(got, data["mlx"])
+    assert (
+        norm_shape(2560) == (64, 5) and norm_shape(256) == (64, 1) and norm_shape(4096) == (128, 4)
+    )
 
 
 def _inputs(rows, K, widths, dtype, seed):
@@ -145,6 +176,8 @@ def test_model_is_mlx_rms_norm(K, dtype):
         (3, 256, 32, mx.float16),  # one warp
         (7, 128, 48, mx.bfloat16),  # MLX's 16-thread group: the same sum (zeros added)
         (20, 512, 64, mx.bfloat16),  # two m-tiles
+        (2, 4096, 32, mx.bfloat16),  # 128 threads of four vectors
+        (3, 1536, 32, mx.float16),  # 64 threads of three vectors
     ],
 )
 def test_emulated_normed_launch_has_the_bits_of_the_norm_then_the_product(
@@ -326,6 +359,23 @@ def test_decode_steps_with_norms_in_the_launches_equal_them_without(emulated, mo
         "grouped4",
     }
     assert mx.array_equal(outs[0], outs[1])
+
+
+@cuda_only
+@pytest.mark.parametrize("K", [256, 640, 1024, 1536, 2560, 3072, 4096, 5120])
+def test_cuda_normed_rows_are_mlx_norm_kernels_over_many_rows(K):
+    # The norm alone (the launch's product with an identity weight: each output is one normed
+    # value, exact) against MLX's kernel over 512 rows of each of MLX's dispatch shapes: an order
+    # of summation not MLX's puts r a float32 step off in some rows and a value a rounding
+    # apart in a few percent of those (session 60: 81 rows missed it, a 4B target's decoding
+    # found it).
+    mx.random.seed(K)
+    eye = mx.eye(K, dtype=mx.bfloat16)
+    nw = (1 + 0.2 * mx.random.normal((K,))).astype(mx.bfloat16)
+    for _ in range(4):
+        x = (mx.random.normal((128, K)) * mx.random.uniform(0.1, 4, (128, 1))).astype(mx.bfloat16)
+        got = cm.small_matmul_cuda(x, eye, norm=(nw, 1e-6))
+        assert mx.array_equal(got, mx.fast.rms_norm(x, nw, 1e-6))
 
 
 @cuda_only

@@ -163,35 +163,57 @@ _BODY_LOOP = r"""
 """
 # The x rows normed in the launch (:func:`small_matmul_cuda`'s ``norm``): ``nw`` the norm's weight
 # (K,), EPS a constant of the source. Before the products, each row's 1 / rms in shared memory,
-# summed in the order MLX 0.32's ``rms_norm_small`` sums a row of up to 8192 16-bit values
-# (N_READS 8: thread i of its block squares and adds values 8i .. 8i + 7 in turn with fused
-# multiply-adds, each warp of 32 such threads adds by the tree lane + 16, + 8, + 4, + 2, + 1,
-# and the warps' sums, at lanes 0 .. of one warp with zeros past them, by the same tree; rows
-# of up to 256 values are one warp: the second tree adds zeros). Here the block's warps take
-# the (row, MLX warp) pairs in turn, each pair's sum kept in shared memory (independent loads,
-# so in flight together), then a warp a row adds them by the second tree.
-# Then r = rsqrt(sum / K + eps), and each x value the products load is replaced by
+# summed in the order MLX 0.32.4's ``rms_norm_small`` sums a row of up to 8192 16-bit values: a
+# block of BS threads (64 or 128) a row, thread t squaring and adding (fused multiply-adds, in
+# turn) the 8 values of each of its CH vectors t, BS + t, ..., (CH - 1) BS + t (vectors of 8
+# values; those past the row are zeros), each warp adding its threads' sums by the tree
+# lane + 16, + 8, + 4, + 2, + 1, and the warps' sums, at lanes 0 .. of one warp with zeros past
+# them, by the same tree. BS and CH follow MLX's dispatch on K (:data:`_NORM_SHAPE`). Here the
+# block's warps take the (row, MLX warp) pairs in turn (independent loads, in flight together),
+# each pair's sum kept in shared memory, then a warp a row adds them by the second tree. Then
+# r = rsqrt(sum / K + eps), and each x value the products load is replaced by
 # ``T(w * T(x * r))``, MLX's output of the norm: the products multiply the very values
 # ``mx.fast.rms_norm`` would have written. The whole row is read once more a thread block, so
 # this suits launches of few rows (the callers' row limit).
-_NORM_PRE = r"""
+_NORM_SHAPE = r"""
+    const int nvec = K / 8;
+    int bs = 128;
+    int ch = (nvec + 127) / 128;
+    if (K <= 512) {
+      bs = 64;
+      ch = 1;
+    } else if (nvec % 128 == 0 && nvec / 128 <= 8) {
+      ch = nvec / 128;
+    } else if (nvec % 64 == 0 && nvec / 64 <= 8) {
+      bs = 64;
+      ch = nvec / 64;
+    }
+    const int mws = bs / 32;
+"""
+_NORM_PRE = (
+    r"""
   __shared__ float hf2q_rinv[MT * 16];
-  __shared__ float hf2q_part[MT * 16][32];
+  __shared__ float hf2q_part[MT * 16][4];
   {
     const int rows = M < MT * 16 ? M : MT * 16;
-    const int mws = (K + 255) / 256;
+"""
+    + _NORM_SHAPE
+    + r"""
     for (int p = warp; p < rows * mws; p += WARPS) {
       const int row = p / mws;
-      const int base = (p % mws) * 256 + lane * 8;
+      const int tid = (p % mws) * 32 + lane;
       float acc = 0.0f;
-      if (base < K) {
-        const uint4 v = *reinterpret_cast<const uint4*>(x + (size_t)row * K + base);
-        T vs[8];
-        memcpy(vs, &v, 16);
+      for (int i = 0; i < ch; ++i) {
+        const int base = (bs * i + tid) * 8;
+        if (base < K) {
+          const uint4 v = *reinterpret_cast<const uint4*>(x + (size_t)row * K + base);
+          T vs[8];
+          memcpy(vs, &v, 16);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float f = hf2q_f(vs[j]);
-          acc = fmaf(f, f, acc);
+          for (int j = 0; j < 8; ++j) {
+            const float f = hf2q_f(vs[j]);
+            acc = fmaf(f, f, acc);
+          }
         }
       }
       acc += __shfl_xor_sync(0xffffffffu, acc, 16);
@@ -214,6 +236,7 @@ _NORM_PRE = r"""
     __syncthreads();
   }
 """
+)
 _NORM_W = r"""
     const uint4* nwp = reinterpret_cast<const uint4*>(nw + kb);
     const uint4 nw_lo = nwp[0];
@@ -669,8 +692,8 @@ def _swiglu_source(norm: bool) -> str:
 
 _SOURCE_SWIGLU = _swiglu_source(False)
 _SOURCE_NORMED = _ROWS + _SINGLE + _STORE + _BODY_NORMED
-#: Most values a row normed in the launch may have: MLX 0.32's ``rms_norm_small`` (one block a
-#: row, at most 32 warps of 8 values a thread) takes 16-bit rows up to here; longer rows are
+#: Most values a row normed in the launch may have: MLX 0.32.4's ``rms_norm_small`` (one block
+#: a row, at most 8 vectors of 8 values a thread) takes 16-bit rows up to here; longer rows are
 #: summed by another kernel in another order.
 NORM_MAX_K = 8192
 
