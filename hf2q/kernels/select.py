@@ -103,7 +103,10 @@ NORM_MM_ENV = "HF2Q_NORM_MM"
 
 #: HF2Q_NORM_MM_ROWS=N: under ``HF2Q_NORM_MM=1``, only products of up to N rows (default 16: one
 #: m-tile, a 1-slot verify, a plain step, a 1-slot draft); every thread block reads its rows
-#: once more to sum their squares, which costs more with more rows.
+#: once more to sum their squares, which costs more with more rows. Where a verify has more
+#: rows than N and its plain steps fewer (four slots: 64 and 4), the two take MLX's norm and the
+#: launch's: the same bits only while the launch sums in MLX's order, which MLX 0.32.1 changed
+#: (the CUDA tests compare them on the MLX installed).
 NORM_MM_ROWS_ENV = "HF2Q_NORM_MM_ROWS"
 
 #: HF2Q_SMALL_MM_ROWS=N: products of up to N rows run the small-M kernel whatever the weight's size;
