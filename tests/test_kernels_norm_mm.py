@@ -171,11 +171,11 @@ def test_model_is_mlx_rms_norm(K, dtype):
 @pytest.mark.parametrize(
     "rows,K,N,dtype",
     [
-        (1, 2560, 64, mx.bfloat16),  # the 4B's hidden size: ten of MLX's warps, sixteen a block
-        (16, 640, 96, mx.bfloat16),  # a verify's block, three warps of the row
-        (3, 256, 32, mx.float16),  # one warp
-        (7, 128, 48, mx.bfloat16),  # MLX's 16-thread group: the same sum (zeros added)
-        (20, 512, 64, mx.bfloat16),  # two m-tiles
+        (1, 2560, 64, mx.bfloat16),  # the 4B's hidden size: 64 threads of five vectors
+        (16, 640, 96, mx.bfloat16),  # a verify's block; 128 threads, the last 48 on zeros
+        (3, 256, 32, mx.float16),  # 64 threads, one warp on zeros
+        (7, 128, 48, mx.bfloat16),  # 16 threads with values
+        (20, 512, 64, mx.bfloat16),  # two m-tiles; 64 threads of one vector
         (2, 4096, 32, mx.bfloat16),  # 128 threads of four vectors
         (3, 1536, 32, mx.float16),  # 64 threads of three vectors
     ],

@@ -277,8 +277,8 @@ def _normed(body: str, norm: bool) -> str:
     return body
 
 
-_BODY_LOOP_NORMED = _BODY_LOOP
-_BODY_LOOP = _normed(_BODY_LOOP_NORMED, False)
+_BODY_LOOP_MARKED = _BODY_LOOP
+_BODY_LOOP = _normed(_BODY_LOOP_MARKED, False)
 
 # The warps' partial sums staged in shared memory for their sum (K-split, WARPS > 1).
 _STAGE_PARTIALS = r"""
@@ -339,7 +339,7 @@ _LOAD_W_ROWS = r"""
 _LOAD_W = _LOAD_W_ROWS.replace("@W_ROW@", "w + (size_t)(n0 + nb * 8 + g) * K")
 _BODY = _BODY_TEMPLATE.replace("@LOAD_W@\n", _LOAD_W[1:])
 _BODY_NORMED = (
-    _normed(_BODY_LOOP_NORMED, True) + _BODY_ONE_WARP[1:] + _STAGE_PARTIALS[1:] + _BODY_SUM[1:]
+    _normed(_BODY_LOOP_MARKED, True) + _BODY_ONE_WARP[1:] + _STAGE_PARTIALS[1:] + _BODY_SUM[1:]
 ).replace("@LOAD_W@\n", _LOAD_W[1:])
 
 
@@ -683,7 +683,7 @@ def _swiglu_source(norm: bool) -> str:
   const int N = wg_shape[0];
   const int n0 = blockIdx.x * (4 * NB);
 """
-        + _normed(_BODY_LOOP_NORMED, norm).replace("@LOAD_W@\n", _LOAD_W_SWIGLU[1:])
+        + _normed(_BODY_LOOP_MARKED, norm).replace("@LOAD_W@\n", _LOAD_W_SWIGLU[1:])
         + _SWIGLU_STORE
         + _STAGE_PARTIALS[1:]
         + _SWIGLU_SUM[1:]
