@@ -7,6 +7,16 @@ el() { echo "[$(( $(date +%s) - S ))s]"; }
 # left: the seconds of ${BUDGET:-560} still free, less 5 for what follows a run.
 left() { echo $(( ${BUDGET:-560} - ($(date +%s) - S) - 5 )); }
 
+# The graph-node cuts' settings, as plain_ab.py --values spells them (NAME=V joined by +): V the
+# draft vocabulary the goals' sweeps use, NR the q/k norm + RoPE launch, NM the layers' norms in
+# their products' launches, ALL session 59's three opt-in cuts (the gated norm is the default),
+# SW the SwiGLU launch at one m-tile.
+V=HF2Q_DRAFT_VOCAB=32768
+NR=HF2Q_NORM_ROPE=1
+NM=HF2Q_NORM_MM=1
+ALL=HF2Q_ATTN_GATE=1+HF2Q_NORM_ROPE=1+HF2Q_ACCEPT_KERNEL=1
+SW=HF2Q_MM_SWIGLU=1+HF2Q_MM_SWIGLU_ROWS=16
+
 # host_speed: how fast this machine's host runs Python (a loop of 1e7 adds; 0.7-1.4 s on the
 # H200 machines lent so far), printed first: host-bound rounds follow it.
 host_speed() {

@@ -19,11 +19,6 @@ host_speed
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 gpu_pytest cut_bits 150 tests/test_kernels_norm_mm.py tests/test_kernels_row_attention.py \
   tests/test_kernels_forward.py tests/test_kernels_gated_norm.py -k "cuda or demo_target"
-V=HF2Q_DRAFT_VOCAB=32768
-NR=HF2Q_NORM_ROPE=1
-NM=HF2Q_NORM_MM=1
-ALL=HF2Q_ATTN_GATE=1+HF2Q_NORM_ROPE=1+HF2Q_ACCEPT_KERNEL=1  # (the gated norm is the default)
-SW=HF2Q_MM_SWIGLU=1+HF2Q_MM_SWIGLU_ROWS=16
 t=$(left); [ "$t" -gt 170 ] && t=170
 ab_run cut_1 "$t" --synthetic 4b --slots 1 --modes plain,dflash --tokens 32 --prompt-tokens 64 \
   --runs 3 --values "$V,$V+$NM,$V+$ALL+$SW,$V+$ALL+$SW+$NM,$V+$NR"

@@ -23,10 +23,6 @@ gpu_pytest nm_bits 110 tests/test_kernels_norm_mm.py -k cuda
 gpu_pytest step_bits 80 tests/test_kernels_forward.py -k "cuda and not emulated"
 timeout 100 python3 benchmarks/norm_mm_check.py --no-eager --out "$OUT/nmc" > "$OUT/nmc.log" 2>&1
 echo "nmc exit $? $(el)"; tail -n 2 "$OUT/nmc.log" | cut -c1-600
-V=HF2Q_DRAFT_VOCAB=32768
-NM=HF2Q_NORM_MM=1
-ALL=HF2Q_ATTN_GATE=1+HF2Q_NORM_ROPE=1+HF2Q_ACCEPT_KERNEL=1  # (the gated norm is the default)
-SW=HF2Q_MM_SWIGLU=1+HF2Q_MM_SWIGLU_ROWS=16
 t=$(left); [ "$t" -gt 150 ] && t=150
 ab_run cut_1 "$t" --synthetic 4b --slots 1 --modes plain,dflash --tokens 32 --prompt-tokens 64 \
   --runs 3 --values "$V,$V+$NM,$V+$ALL+$SW,$V+$ALL+$SW+$NM"

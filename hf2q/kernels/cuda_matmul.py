@@ -1042,24 +1042,21 @@ def small_matmul_cuda(
         if add is not None or tune is not None:
             raise ValueError("a normed launch takes no addend and no tune")
         nw, eps = _norm_inputs(x, norm)
-        mt, nb, warps, unroll, _, _ = _layout(rows, K, N, None, False)
-        (y,) = _norm_kernel("single", eps)(
-            inputs=[x, w, nw],
-            template=_template(x.dtype, mt, nb, warps, unroll),
-            grid=((N // (8 * nb)) * 32 * warps, 1, 1),
-            threadgroup=(32 * warps, 1, 1),
-            output_shapes=[(*x.shape[:-1], N)],
-            output_dtypes=[x.dtype],
-        )
-        return y
+        columns = False
     mt, nb, warps, unroll, cw, depth = _layout(rows, K, N, tune, columns)
     if add is not None and (add.shape != (*x.shape[:-1], N) or add.dtype != x.dtype):
         raise ValueError(
             f"addend {add.shape} {add.dtype} is not the output's {x.shape[:-1]}+({N},)"
         )
     split = cw > 1
-    (y,) = (_kernel(split) if add is None else _add_kernel(split))(
-        inputs=[x, w] if add is None else [x, w, add],
+    if norm is not None:
+        kernel, inputs = _norm_kernel("single", eps), [x, w, nw]
+    elif add is None:
+        kernel, inputs = _kernel(split), [x, w]
+    else:
+        kernel, inputs = _add_kernel(split), [x, w, add]
+    (y,) = kernel(
+        inputs=inputs,
         template=_template(x.dtype, mt, nb, warps, unroll, cw, depth),
         grid=((N // (8 * nb * cw)) * 32 * (cw if split else warps), 1, 1),
         threadgroup=(32 * (cw if split else warps), 1, 1),
