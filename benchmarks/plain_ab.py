@@ -4,8 +4,10 @@ in one process.
 Why: on the lent GPU machines the same code's step time varied 4.8-7.3 ms between processes
 (docs/BENCHMARKS.md, "H200, session 15"), so a switch is judged here by alternating its values
 within one process, run after run, and comparing medians. Default: ``HF2Q_COMPILE_FORWARD`` (a
-whole decode step as one compiled graph) on the random Qwen3.5-4B-shaped target; every run's
-tokens are checked against the first value's. A value with ``=`` is a whole setting,
+whole decode step as one compiled graph) on the random Qwen3.5-4B-shaped target; each value's
+first run's tokens are checked against the first value's (``tokens_equal``: the same numerics),
+and every run of every mode against that value's first (``tokens_within_value``: lossless
+under that setting). A value with ``=`` is a whole setting,
 ``NAME=V+NAME2=V2`` (names of other values' settings are unset for it). ``--modes plain,dflash``
 also times DFlash with the random drafter (about one token a round): its round time and
 E = plain step / round per value, both from the same alternation.
@@ -107,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = args.modes.split(",")
     ms: dict[str, dict[str, list[float]]] = {m: {v: [] for v in values} for m in modes}
     tokens: dict[str, dict[str, list[int]]] = {m: {} for m in modes}
+    every: dict[str, dict[str, list[list[int]]]] = {m: {} for m in modes}  # every run's tokens
     per_token: dict[str, list[float]] = {v: [] for v in values}
     tps: dict[str, dict[str, list[float]]] = {m: {v: [] for v in values} for m in modes}
     for r in range(args.runs + 1):  # run 0 compiles
@@ -134,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                         per_token[v].append(s.decode_time / max(s.generation_tokens - 1, 1) * 1e3)
                 got = [t for q in s.requests for t in q.tokens] if args.slots else s.tokens
                 tokens[mode].setdefault(v, got)
+                every[mode].setdefault(v, []).append(got)
     report = {
         "model": "demo pair"
         if args.demo
@@ -155,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "tokens_equal": {
             f"{m} {v}": tokens[m][v] == tokens[modes[0]][values[0]] for m in modes for v in values
+        },
+        # Per value, every run of every mode the same tokens as its first plain (or first) run:
+        # lossless decoding under that setting, whatever another setting's numerics give.
+        "tokens_within_value": {
+            v: all(t == every[modes[0]][v][0] for m in modes for t in every[m][v]) for v in values
         },
         "tokens_per_s": {
             f"{m} {v}": round(statistics.median(tps[m][v]), 2) for m in modes for v in values
