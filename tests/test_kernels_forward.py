@@ -188,13 +188,16 @@ def test_compiled_steps_with_the_cuda_kernels_equal_the_runners(fitted_pairs):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="MLX's CUDA backend is not available")
-@pytest.mark.parametrize("cuts", ["", "ATTN_GATE", "NORM_ROPE", "ATTN_GATE,NORM_ROPE"])
+@pytest.mark.parametrize(
+    "cuts", ["", "ATTN_GATE", "NORM_ROPE", "ATTN_GATE,NORM_ROPE", "NORM_MM", "ATTN_GATE,NORM_MM"]
+)
 def test_compiled_steps_of_the_demo_target_have_the_layer_paths_bits(cuts, monkeypatch):
     # Where plain decoding takes the compiled step by default (CompiledDecode.exact: bf16, the
     # row-invariant attention kernel), each step's logits are the layer path's bit for bit, so
     # DFlash's verify (the layer path) keeps plain decoding's tokens; across a buffer growth;
-    # with the attention's output gate in its launch (HF2Q_ATTN_GATE) and the q/k norms and
-    # RoPE in one launch each (HF2Q_NORM_ROPE), in both paths.
+    # with the attention's output gate in its launch (HF2Q_ATTN_GATE), the q/k norms and RoPE
+    # in one launch each (HF2Q_NORM_ROPE) and the layers' norms in their products' launches
+    # (HF2Q_NORM_MM), in both paths.
     from hf2q.runtime.pair import load_pair
 
     for name in filter(None, cuts.split(",")):

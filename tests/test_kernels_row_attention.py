@@ -601,13 +601,16 @@ def test_draft_graph_with_norm_and_rope_in_one_launch_drafts_alike(emulated_norm
 
 
 @cuda_only
-def test_cuda_draft_graph_drafts_the_same_bits_with_norm_and_rope_in_one_launch(monkeypatch):
+@pytest.mark.parametrize("env", ["NORM_ROPE_ENV", "NORM_MM_ENV"])
+def test_cuda_draft_graph_drafts_the_same_bits_with_the_launch_and_without(monkeypatch, env):
+    # HF2Q_NORM_ROPE (q/k norm + RoPE in one launch each) and HF2Q_NORM_MM (the MLP's norm in
+    # its gate/up launch): the same draft logits bit for bit.
     monkeypatch.setenv(select.COMPILE_DRAFT_ENV, "1")
     drafter = _drafter()
     F = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
     outs = []
     for flag in ("0", "1"):
-        monkeypatch.setenv(select.NORM_ROPE_ENV, flag)
+        monkeypatch.setenv(getattr(select, env), flag)
         made = drafter.make_cache()
         feats = (mx.random.normal((1, 4, F), key=mx.random.key(2)) * 0.5).astype(mx.bfloat16)
         drafter.add_context(feats, made)
