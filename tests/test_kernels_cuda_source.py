@@ -194,7 +194,8 @@ def test_small_mm_kernels_compile_for_sm90_without_spills(tmp_path: Path):
 
 
 def test_normed_mm_kernels_compile_for_sm90_without_spills(tmp_path: Path):
-    # The launches that norm their rows (every default launch: HF2Q_NORM_MM_ROWS may allow them).
+    # The launches that norm their rows (every default launch: HF2Q_NORM_MM_ROWS may allow them),
+    # and the joined one (a drafter layer's context then normed block rows).
     import cuda_emu
 
     from hf2q.kernels import cuda_matmul as cm
@@ -203,11 +204,17 @@ def test_normed_mm_kernels_compile_for_sm90_without_spills(tmp_path: Path):
     kernels = []
     for i, (kind, (mt, nb, warps, unroll)) in enumerate(
         (k, launch)
-        for k in ("single", "grouped2", "grouped3", "grouped4", "swiglu")
+        for k in ("single", "grouped2", "grouped3", "grouped4", "swiglu", "joined2")
         for launch in _LAUNCHES
     ):
         if kind == "swiglu":
             source, ins, outs = cm._swiglu_source(True), ["x", "wg", "wu"], ["y"]
+        elif kind == "joined2":
+            source, ins, outs = (
+                cm.grouped_source(2, norm=True, joined=True),
+                ["x", "c", "w0", "w1"],
+                ["y0", "y1"],
+            )
         elif kind.startswith("grouped"):
             g = int(kind[-1])
             ins, outs = ["x", *(f"w{j}" for j in range(g))], [f"y{j}" for j in range(g)]
@@ -217,6 +224,8 @@ def test_normed_mm_kernels_compile_for_sm90_without_spills(tmp_path: Path):
         name = f"hf2q_norm_mm_{kind}_{i}"
         label = f"normed {kind} m-tiles {mt}, column blocks {nb}, warps {warps}, unroll {unroll}"
         ins = [*ins, "nw"]
+        if kind == "joined2":  # (cuda_matmul.joined_matmul_cuda: never unrolled)
+            unroll = 1
         template = cm._template(dt, mt, nb, warps, unroll)
         template = template[:5] if kind == "swiglu" else template
         kernel = cuda_emu.mlx_cuda_kernel(

@@ -59,6 +59,11 @@ def emulated(monkeypatch, tmp_path):
                 ins, outs, src = ["x", "w"], ["y"], cm._SOURCE_NORMED
             elif kind == "swiglu":
                 ins, outs, src = ["x", "wg", "wu"], ["y"], cm._swiglu_source(True)
+            elif kind.startswith("joined"):
+                n = int(kind.removeprefix("joined"))
+                ins = ["x", "c", *(f"w{i}" for i in range(n))]
+                outs = [f"y{i}" for i in range(n)]
+                src = cm.grouped_source(n, norm=True, joined=True)
             else:
                 n = int(kind.removeprefix("grouped"))
                 ins = ["x", *(f"w{i}" for i in range(n))]
@@ -210,6 +215,38 @@ def test_emulated_normed_grouped_launch_has_each_products_bits(rows, widths, emu
         assert mx.array_equal(y, want)
 
 
+@pytest.mark.parametrize("B,P,L", [(1, 16, 16), (2, 16, 8), (1, 3, 5)])
+def test_emulated_joined_launch_has_the_bits_of_the_concatenated_rows(B, P, L, emulated):
+    # A drafter layer's k and v products: context rows as they come, then the block's rows
+    # through the input norm, without the concatenation: each output row the grouped launch's
+    # of the joined (normed) rows.
+    mx.random.seed(B + P + L)
+    c = (mx.random.normal((B, P, 256)) * 2).astype(mx.bfloat16)
+    x, nw, ws = _inputs(B * L, 256, [64, 32], mx.bfloat16, P)
+    x = x.reshape(B, L, 256)
+    assert cm.joined_supported(c, x, ws) is None
+    got = cm.joined_matmul_cuda(c, x, ws, norm=(nw, 1e-6))
+    rows = mx.concatenate([c, rms_model(x, nw, 1e-6)], axis=1)
+    for y, want in zip(got, cm.grouped_matmul_cuda(rows, ws), strict=True):
+        assert y.shape == (B, P + L, want.shape[-1]) and mx.array_equal(y, want)
+
+
+def test_joined_supported_names_what_the_launch_cannot_take():
+    c = mx.zeros((1, 16, 256), dtype=mx.bfloat16)
+    x = mx.zeros((1, 16, 256), dtype=mx.bfloat16)
+    ws = [mx.zeros((64, 256), dtype=mx.bfloat16)] * 2
+    assert cm.joined_supported(c, x, ws) is None
+    assert "(B, P, K)" in cm.joined_supported(c[0], x, ws)
+    assert "(B, P, K)" in cm.joined_supported(mx.zeros((2, 16, 256), dtype=mx.bfloat16), x, ws)
+    assert "float16" in cm.joined_supported(c.astype(mx.float16), x, ws)
+    assert "no context rows" in cm.joined_supported(c[:, :0], x, ws)
+    assert "1 to 128" in cm.joined_supported(mx.zeros((1, 120, 256), dtype=mx.bfloat16), x, ws)
+    with pytest.raises(ValueError, match="joined launch cannot take"):
+        cm.joined_matmul_cuda(c[0], x, ws, norm=(mx.ones((256,), dtype=mx.bfloat16), 1e-6))
+    with pytest.raises(ValueError, match="column split"):
+        cm.grouped_source(2, columns=True, joined=True)
+
+
 @pytest.mark.parametrize("rows", [1, 16])
 def test_emulated_normed_swiglu_launch_has_the_swiglu_launchs_bits(rows, emulated):
     x, nw, (wg, wu) = _inputs(rows, 512, [64, 64], mx.bfloat16, 3 + rows)
@@ -309,6 +346,40 @@ def test_linear_paths_norm_in_the_launch_only_with_the_switch(emulated, monkeypa
     monkeypatch.setenv(select.NORM_MM_ENV, "2")
     with pytest.raises(UsageError, match=f"{select.NORM_MM_ENV}='2' must be 0 or 1"):
         select.norm_mm_enabled()
+
+
+def test_joined_linears_take_the_joined_launch_for_normed_rows(emulated, monkeypatch):
+    import mlx.nn as nn
+
+    from hf2q.kernels import linear as lin
+    from hf2q.kernels import select
+
+    monkeypatch.setattr(select, "small_mm_enabled", lambda: True)  # (CPU: the kernels emulated)
+    monkeypatch.setenv(select.NORM_MM_ENV, "1")
+    mx.random.seed(6)
+    norm = nn.RMSNorm(128, eps=1e-6)
+    norm.weight = (1 + 0.2 * mx.random.normal((128,))).astype(mx.bfloat16)
+    kp, vp = nn.Linear(128, 64, bias=False), nn.Linear(128, 64, bias=False)
+    kp.set_dtype(mx.bfloat16)
+    vp.set_dtype(mx.bfloat16)
+    ctx = mx.random.normal((1, 16, 128)).astype(mx.bfloat16)
+    x = (mx.random.normal((1, 16, 128)) * 2).astype(mx.bfloat16)
+    kinds: list[str] = []
+    real = cm._norm_kernel
+    monkeypatch.setattr(cm, "_norm_kernel", lambda kind, eps: kinds.append(kind) or real(kind, eps))
+    h = lin.normed(norm, x, True)
+    got = lin.joined_linears([kp, vp], ctx, h, True)
+    rows = mx.concatenate([ctx, rms_model(x, norm.weight, 1e-6)], axis=1)
+    want = cm.grouped_matmul_cuda(rows, [kp.weight, vp.weight])
+    assert kinds == ["joined2"] and all(mx.array_equal(a, b) for a, b in zip(got, want))
+    # Rows MLX normed already, or a layer with a bias: the concatenation and the products.
+    plain = lin.joined_linears([kp, vp], ctx, norm(x), True)
+    want = lin.linears([kp, vp], mx.concatenate([ctx, norm(x)], axis=1), True)
+    assert all(mx.array_equal(a, b) for a, b in zip(plain, want)) and kinds == ["joined2"]
+    biased = nn.Linear(128, 64)
+    biased.set_dtype(mx.bfloat16)
+    lin.joined_linears([kp, biased], ctx, h, True)
+    assert kinds == ["joined2"]
 
 
 def test_decode_steps_with_norms_in_the_launches_equal_them_without(emulated, monkeypatch):

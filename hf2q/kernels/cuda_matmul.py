@@ -138,12 +138,12 @@ _BODY_LOOP = r"""
       const int r1 = r0 + 8;
       uint4 a_lo = zero, a_hi = zero, b_lo = zero, b_hi = zero;
       if (r0 < M) {
-        const uint4* xp = reinterpret_cast<const uint4*>(x + (size_t)r0 * K + kb);
+        const uint4* xp = reinterpret_cast<const uint4*>(@XROW(r0)@ + kb);
         a_lo = xp[0];
         a_hi = xp[1];
       }
       if (r1 < M) {
-        const uint4* xp = reinterpret_cast<const uint4*>(x + (size_t)r1 * K + kb);
+        const uint4* xp = reinterpret_cast<const uint4*>(@XROW(r1)@ + kb);
         b_lo = xp[0];
         b_hi = xp[1];
       }
@@ -201,12 +201,13 @@ _NORM_PRE = (
     + r"""
     for (int p = warp; p < rows * mws; p += WARPS) {
       const int row = p / mws;
+      if (!(@NORMED(row)@)) continue;
       const int tid = (p % mws) * 32 + lane;
       float acc = 0.0f;
       for (int i = 0; i < ch; ++i) {
         const int base = (bs * i + tid) * 8;
         if (base < K) {
-          const uint4 v = *reinterpret_cast<const uint4*>(x + (size_t)row * K + base);
+          const uint4 v = *reinterpret_cast<const uint4*>(@XROW(row)@ + base);
           T vs[8];
           memcpy(vs, &v, 16);
 #pragma unroll
@@ -243,11 +244,11 @@ _NORM_W = r"""
     const uint4 nw_hi = nwp[1];
 """
 _NORM_X = r"""
-      if (r0 < M) {
+      if (r0 < M && @NORMED(r0)@) {
         a_lo = hf2q_norm8<T>(a_lo, nw_lo, hf2q_rinv[r0]);
         a_hi = hf2q_norm8<T>(a_hi, nw_hi, hf2q_rinv[r0]);
       }
-      if (r1 < M) {
+      if (r1 < M && @NORMED(r1)@) {
         b_lo = hf2q_norm8<T>(b_lo, nw_lo, hf2q_rinv[r1]);
         b_hi = hf2q_norm8<T>(b_hi, nw_hi, hf2q_rinv[r1]);
       }
@@ -269,11 +270,15 @@ __device__ __forceinline__ uint4 hf2q_norm8(uint4 xv, uint4 wv, float r) {
 """
 
 
-def _normed(body: str, norm: bool) -> str:
-    """``body`` with the norm's pieces (:data:`_NORM_PRE`) where ``norm``, else without them."""
+def _normed(body: str, norm: bool, joined: bool = False) -> str:
+    """``body`` with the norm's pieces (:data:`_NORM_PRE`) where ``norm``, else without them;
+    ``joined``: x's rows are a context's then x's (:data:`_JOINED_ROWS`), only x's normed."""
     pieces = {"@NORM_PRE@\n": _NORM_PRE[1:], "@NORM_W@\n": _NORM_W[1:], "@NORM_X@\n": _NORM_X[1:]}
     for mark, piece in pieces.items():
         body = body.replace(mark, piece if norm else "")
+    for r in ("r0", "r1", "row"):
+        body = body.replace(f"@XROW({r})@", f"hf2q_xrow({r})" if joined else f"x + (size_t){r} * K")
+        body = body.replace(f"@NORMED({r})@", f"hf2q_normed_row({r})" if joined else "true")
     return body
 
 
@@ -591,14 +596,35 @@ _SOURCE_ADD = _ROWS + _SINGLE + _STORE_ADD + _BODY
 _SOURCE_ADD_COLUMNS = _ROWS + _SINGLE + _STORE_ADD + _BODY_COLUMNS
 
 
-def grouped_source(groups: int, columns: bool = False, norm: bool = False) -> str:
+# A grouped launch whose rows are a context's then x's, as ``concatenate([c, x], axis=-2)``
+# would give them (c (..., PJ, K), x (..., LJ, K), the same leading axes), without that copy:
+# row r of the launch is row j = r % (PJ + LJ) of batch b = r / (PJ + LJ), c's where j < PJ.
+# Only x's rows are normed (a drafter layer's block rows through its input norm, its context
+# rows as they come: the k and v products of a DFlash drafter layer).
+_JOINED_ROWS = r"""
+  const int PJ = c_shape[c_ndim - 2];
+  const int LJ = x_shape[x_ndim - 2];
+  const int TJ = PJ + LJ;
+  M = M / LJ * TJ;
+  auto hf2q_xrow = [&](int r) -> const T* {
+    const int b = r / TJ;
+    const int j = r - b * TJ;
+    return j < PJ ? c + ((size_t)b * PJ + j) * K : x + ((size_t)b * LJ + (j - PJ)) * K;
+  };
+  auto hf2q_normed_row = [&](int r) -> bool { return r % TJ >= PJ; };
+"""
+
+
+def grouped_source(
+    groups: int, columns: bool = False, norm: bool = False, joined: bool = False
+) -> str:
     """The kernel body computing ``x @ w{i}.T`` into ``y{i}`` for ``groups`` weights of one K in one
     launch: the thread blocks are laid out weight after weight, and each block runs
     :data:`_BODY` (:data:`_BODY_COLUMNS` with ``columns``, the normed body with ``norm``) on its
     own weight's columns, so every output element is computed exactly as the single-weight
     kernel computes it (same chunks, lanes and sum order: same bits)."""
-    if columns and norm:
-        raise ValueError("the column split does not norm its rows")
+    if columns and (norm or joined):
+        raise ValueError("the column split does not norm or join its rows")
     lines = [
         "  const T* w = nullptr;",
         "  T* y = nullptr;",
@@ -612,6 +638,14 @@ def grouped_source(groups: int, columns: bool = False, norm: bool = False) -> st
         lines.append(f"    else blk -= nb{i};")
         lines.append("  }")
     lines.append("  const int n0 = blk * (8 * NB * CW);")
+    if joined:
+        body = (
+            _normed(_BODY_LOOP_MARKED, norm, joined=True)
+            + _BODY_ONE_WARP[1:]
+            + _STAGE_PARTIALS[1:]
+            + _BODY_SUM[1:]
+        ).replace("@LOAD_W@\n", _LOAD_W[1:])
+        return _ROWS + _JOINED_ROWS + "\n".join(lines) + "\n" + _STORE + body
     body = _BODY_COLUMNS if columns else _BODY_NORMED if norm else _BODY
     return _ROWS + "\n".join(lines) + "\n" + _STORE + body
 
@@ -714,11 +748,16 @@ def norm_header() -> str:
 
 @cache
 def _norm_kernel(kind: str, eps: float) -> Any:
-    """The normed launch of ``kind``: ``"single"``, ``"swiglu"`` or ``"grouped<n>"``."""
+    """The normed launch of ``kind``: ``"single"``, ``"swiglu"``, ``"grouped<n>"`` or
+    ``"joined<n>"`` (:func:`joined_matmul_cuda`)."""
     if kind == "single":
         names, outs, source = ["x", "w"], ["y"], _SOURCE_NORMED
     elif kind == "swiglu":
         names, outs, source = ["x", "wg", "wu"], ["y"], _swiglu_source(True)
+    elif kind.startswith("joined"):
+        n = int(kind.removeprefix("joined"))
+        names = ["x", "c", *(f"w{i}" for i in range(n))]
+        outs, source = [f"y{i}" for i in range(n)], grouped_source(n, norm=True, joined=True)
     else:
         n = int(kind.removeprefix("grouped"))
         names = ["x", *(f"w{i}" for i in range(n))]
@@ -1294,6 +1333,50 @@ def grouped_matmul_cuda(
         grid=(blocks * 32 * (cw if split else warps), 1, 1),
         threadgroup=(32 * (cw if split else warps), 1, 1),
         output_shapes=[(*x.shape[:-1], w.shape[0]) for w in ws],
+        output_dtypes=[x.dtype] * len(ws),
+    )
+
+
+def joined_supported(c: mx.array, x: mx.array, ws: list[mx.array]) -> str | None:
+    """Why :func:`joined_matmul_cuda` cannot compute ``c`` then ``x``'s rows times each weight
+    (None when it can)."""
+    if c.ndim != 3 or x.ndim != 3 or c.shape[0] != x.shape[0] or c.shape[2] != x.shape[2]:
+        return f"context {c.shape} and rows {x.shape} are not (B, P, K) and (B, L, K)"
+    if c.dtype != x.dtype:
+        return f"context {c.dtype} and rows {x.dtype}"
+    if c.shape[1] == 0:
+        return "no context rows"
+    why = grouped_supported(x, ws)  # (dtypes, shapes, widths; the rows are checked next)
+    if why is not None:
+        return why
+    rows = c.shape[0] * (c.shape[1] + x.shape[1])
+    return None if rows <= MAX_ROWS else f"{rows} rows (1 to {MAX_ROWS})"
+
+
+def joined_matmul_cuda(
+    c: mx.array, x: mx.array, ws: list[mx.array], *, norm: tuple[mx.array, float]
+) -> list[mx.array]:
+    """``[concatenate([c, rms_norm(x)], axis=1) @ w.T for w in ws]`` in one launch, without the
+    copy and without the norm's node: the grouped launch's products of each row (same bits as
+    :func:`grouped_matmul_cuda` of the joined rows), x's rows normed in the launch as
+    :func:`small_matmul_cuda`'s ``norm`` does. ``c`` (B, P, K), ``x`` (B, L, K); outputs
+    (B, P + L, N) (:func:`joined_supported` says what it takes)."""
+    why = joined_supported(c, x, ws)
+    if why is not None:
+        raise ValueError(f"the joined launch cannot take {why}")
+    nw, eps = _norm_inputs(x, norm)
+    B, P, K = c.shape
+    T = P + x.shape[1]
+    rows = B * T
+    mt, nb, warps, _ = min((launch_shape(rows, K, w.shape[0]) for w in ws), key=lambda s: s[1])
+    unroll = 1  # (the row lookups' registers: at two m-tiles, unrolled 4 times, nvcc spills)
+    blocks = sum(w.shape[0] // (8 * nb) for w in ws)
+    return _norm_kernel(f"joined{len(ws)}", eps)(
+        inputs=[x, c, *ws, nw],
+        template=_template(x.dtype, mt, nb, warps, unroll),
+        grid=(blocks * 32 * warps, 1, 1),
+        threadgroup=(32 * warps, 1, 1),
+        output_shapes=[(B, T, w.shape[0]) for w in ws],
         output_dtypes=[x.dtype] * len(ws),
     )
 

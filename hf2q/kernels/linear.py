@@ -130,7 +130,12 @@ def fits(x: mx.array, w: mx.array) -> bool:
 
 def _rows_fit(x: mx.array, w: mx.array) -> bool:
     """The rows rule of :func:`fits` for a product the kernel supports."""
-    return w.size <= SMALL_WEIGHT or x.size // x.shape[-1] <= _select().small_mm_rows()
+    return _rows_count_fit(x.size // x.shape[-1], w)
+
+
+def _rows_count_fit(rows: int, w: mx.array) -> bool:
+    """:func:`_rows_fit` for ``rows`` rows."""
+    return w.size <= SMALL_WEIGHT or rows <= _select().small_mm_rows()
 
 
 def _select():
@@ -331,6 +336,22 @@ def linears(mods: list[nn.Module], x: mx.array | Normed, on: bool | Frozen) -> l
     if isinstance(x, Normed) and len(mods) > 1:
         x = value(x)  # (one norm for the several launches)
     return [linear(m, x, on) for m in mods]
+
+
+def joined_linears(
+    mods: list[nn.Module], ctx: mx.array, x: mx.array | Normed, on: bool | Frozen
+) -> list[mx.array]:
+    """``linears(mods, concatenate([ctx, x], axis=1), on)``: with a :class:`Normed` ``x``, one
+    launch of the joined kernel where it takes them (the context's rows as they come, x's normed
+    in the launch: neither the copy nor the norm is a node), else the concatenation first."""
+    if isinstance(x, Normed) and on and _bare(mods) and _grouping():
+        ws = [m.weight for m in mods]
+        rows = ctx.shape[0] * (ctx.shape[1] + x.shape[1])
+        if cuda_matmul.joined_supported(ctx, x.x, ws) is None and all(
+            _rows_count_fit(rows, w) for w in ws
+        ):
+            return cuda_matmul.joined_matmul_cuda(ctx, x.x, ws, norm=x.args())
+    return linears(mods, mx.concatenate([ctx, value(x)], axis=1), on)
 
 
 def swiglu_mlp(

@@ -46,7 +46,16 @@ from mlx_lm.models.cache import KVCache
 
 from hf2q.kernels import cuda_attention, cuda_norm, select
 from hf2q.kernels.forward import graph_capacity, held_position
-from hf2q.kernels.linear import FROZEN, Frozen, linear, linears, normed, swiglu_mlp
+from hf2q.kernels.linear import (
+    FROZEN,
+    Frozen,
+    joined_linears,
+    linear,
+    linears,
+    normed,
+    swiglu_mlp,
+    value,
+)
 from hf2q.runtime.slot_cache import SlotKVCache
 
 #: The most new context rows a graph takes, in blocks (padded to a multiple of the block, a trace
@@ -111,14 +120,15 @@ def _layer(lay: Any, x: mx.array, ctx: mx.array, where: tuple, K, V, mm, rows: b
     a = lay.self_attn
     R, L, _ = x.shape
     off, first, order, at, joined = where
-    h = lay.input_layernorm(x)
+    h = normed(lay.input_layernorm, x, mm)  # (in the products' launches where it can)
     D = a.head_dim
     if joined is not None:
         # Context and block rows as they come, through the k and v products (one grouped launch
-        # on CUDA; rows are independent), each norm and its RoPE in one launch (the same bits)
-        # at each row's own position, written there by one scatter each: the same buffers as
-        # the rows put in order below (no gather).
-        k, v = linears([a.k_proj, a.v_proj], mx.concatenate([ctx, h], axis=1), mm)
+        # on CUDA; rows are independent; with HF2Q_NORM_MM the block rows normed in it and no
+        # copy joining them), each norm and its RoPE in one launch (the same bits) at each
+        # row's own position, written there by one scatter each: the same buffers as the rows
+        # put in order below (no gather).
+        k, v = joined_linears([a.k_proj, a.v_proj], ctx, h, mm)
         k = cuda_norm.norm_rope_cuda(k, a.k_norm, a.rope, a.n_kv_heads, D, joined)
         q = cuda_norm.norm_rope_cuda(linear(a.q_proj, h, mm), a.q_norm, a.rope, a.n_heads, D, first)
         at = joined.reshape(R, 1, -1, 1)
@@ -126,6 +136,7 @@ def _layer(lay: Any, x: mx.array, ctx: mx.array, where: tuple, K, V, mm, rows: b
         # Context and block rows in the order of their positions (a gather), through the k and
         # v products, rotated from the row's offset, written by one scatter each: contiguous
         # positions per row, the padding's past the block's end.
+        h = value(h)
         rows_in_order = mx.take_along_axis(
             mx.concatenate([ctx, h], axis=1), order[..., None], axis=1
         )
