@@ -98,7 +98,9 @@ MM_SWIGLU_ROWS_ENV = "HF2Q_MM_SWIGLU_ROWS"
 #: decoder layer's ``input_layernorm`` and ``post_attention_layernorm`` (``nn.RMSNorm``) are
 #: computed in the launches of the products that read them (``norm=`` of
 #: :mod:`hf2q.kernels.cuda_matmul`: each thread block norms the rows it multiplies, with the bits
-#: of MLX's norm kernel): two graph nodes less a layer. Default off until timed on a GPU.
+#: of MLX's norm kernel): two graph nodes less a layer; in the drafter's graph a layer's k/v
+#: launch also takes its context rows and its normed block rows as they come (no copy joining
+#: them: :func:`hf2q.kernels.cuda_matmul.joined_matmul_cuda`). Default off until timed on a GPU.
 NORM_MM_ENV = "HF2Q_NORM_MM"
 
 #: HF2Q_NORM_MM_ROWS=N: under ``HF2Q_NORM_MM=1``, only products of up to N rows (default 16: one
