@@ -601,11 +601,16 @@ def test_draft_graph_with_norm_and_rope_in_one_launch_drafts_alike(emulated_norm
 
 
 @cuda_only
-@pytest.mark.parametrize("env", ["NORM_ROPE_ENV", "NORM_MM_ENV"])
-def test_cuda_draft_graph_drafts_the_same_bits_with_the_launch_and_without(monkeypatch, env):
+@pytest.mark.parametrize(
+    "fixed,env", [("", "NORM_ROPE_ENV"), ("", "NORM_MM_ENV"), ("NORM_ROPE_ENV", "NORM_MM_ENV")]
+)
+def test_cuda_draft_graph_drafts_the_same_bits_with_the_launch_and_without(monkeypatch, fixed, env):
     # HF2Q_NORM_ROPE (q/k norm + RoPE in one launch each) and HF2Q_NORM_MM (the MLP's norm in
-    # its gate/up launch): the same draft logits bit for bit.
+    # its gate/up launch; with NORM_ROPE, each layer's k/v launch joining its context and normed
+    # block rows): the same draft logits bit for bit.
     monkeypatch.setenv(select.COMPILE_DRAFT_ENV, "1")
+    if fixed:
+        monkeypatch.setenv(getattr(select, fixed), "1")
     drafter = _drafter()
     F = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
     outs = []
