@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import cuda_emu
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -21,66 +20,10 @@ from conftest import cuda_only
 from hf2q.kernels import cuda_matmul as cm
 
 
-def _emulated(name, ins, outs, source, header, tmp_path):
-    return cuda_emu.EmulatedKernel(name, ins, outs, source, header, workdir=tmp_path)
-
-
 @pytest.fixture
-def emulated(monkeypatch, tmp_path):
-    """The plain and the normed launches' own sources, run by the CPU emulator."""
-    if cuda_emu.compiler() is None:
-        pytest.skip("no C++ compiler for the CUDA emulator")
-    plain = _emulated("hf2q_small_mm", ["x", "w"], ["y"], cm._SOURCE, cm._HEADER, tmp_path)
-    monkeypatch.setattr(cm, "_kernel", lambda columns=False: plain)
-    add = _emulated(
-        "hf2q_small_mm_add", ["x", "w", "r"], ["y"], cm._SOURCE_ADD, cm._HEADER, tmp_path
-    )
-    monkeypatch.setattr(cm, "_add_kernel", lambda columns=False: add)
-    grouped: dict = {}
-    normed: dict = {}
-
-    def grouped_kernel(groups, columns=False):
-        if groups not in grouped:
-            ins = ["x", *(f"w{i}" for i in range(groups))]
-            outs = [f"y{i}" for i in range(groups)]
-            src = cm.grouped_source(groups)
-            grouped[groups] = _emulated(
-                f"hf2q_grouped_mm{groups}", ins, outs, src, cm._HEADER, tmp_path
-            )
-        return grouped[groups]
-
-    swiglu = _emulated(
-        "hf2q_swiglu_mm", ["x", "wg", "wu"], ["y"], cm._SOURCE_SWIGLU, cm._swiglu_header(), tmp_path
-    )
-
-    def norm_kernel(kind, eps):
-        if (kind, eps) not in normed:
-            if kind == "single":
-                ins, outs, src = ["x", "w"], ["y"], cm._SOURCE_NORMED
-            elif kind == "swiglu":
-                ins, outs, src = ["x", "wg", "wu"], ["y"], cm._swiglu_source(True)
-            elif kind.startswith("joined"):
-                n = int(kind.removeprefix("joined"))
-                ins = ["x", "c", *(f"w{i}" for i in range(n))]
-                outs = [f"y{i}" for i in range(n)]
-                src = cm.grouped_source(n, norm=True, joined=True)
-            else:
-                n = int(kind.removeprefix("grouped"))
-                ins = ["x", *(f"w{i}" for i in range(n))]
-                outs, src = [f"y{i}" for i in range(n)], cm.grouped_source(n, norm=True)
-            normed[kind, eps] = _emulated(
-                f"hf2q_norm_{kind}_mm",
-                [*ins, "nw"],
-                outs,
-                cm.norm_source(src, eps),
-                cm.norm_header(),
-                tmp_path,
-            )
-        return normed[kind, eps]
-
-    monkeypatch.setattr(cm, "_grouped_kernel", grouped_kernel)
-    monkeypatch.setattr(cm, "_swiglu_kernel", lambda: swiglu)
-    monkeypatch.setattr(cm, "_norm_kernel", norm_kernel)
+def emulated(emulated_products):
+    """The plain and the normed launches' own sources, run by the CPU emulator (conftest)."""
+    return emulated_products
 
 
 def _f32(a: mx.array) -> np.ndarray:

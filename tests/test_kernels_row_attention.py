@@ -600,6 +600,44 @@ def test_draft_graph_with_norm_and_rope_in_one_launch_drafts_alike(emulated_norm
         assert mx.allclose(a.astype(mx.float32), b.astype(mx.float32), rtol=5e-2, atol=5e-2)
 
 
+def test_draft_graph_with_the_layers_norms_in_the_launches_drafts_the_same_bits(
+    emulated_norm_rope, emulated_products, monkeypatch
+):
+    """``HF2Q_NORM_MM=1`` under ``HF2Q_NORM_ROPE=1``, the products on the (emulated) kernels:
+    every layer's k/v launch takes its context rows and its block rows normed in the launch
+    (the joined launch), its q and MLP launches norm theirs, and the draft logits equal those
+    without the switch bit for bit (MLX's norm computed in its CUDA order: the numpy model)."""
+    from test_kernels_norm_mm import rms_model
+
+    from hf2q.kernels import cuda_matmul as cm
+    from hf2q.runtime.drafter import DFlashDraftModel
+
+    monkeypatch.setattr(DFlashDraftModel, "fast_enabled", staticmethod(lambda: True))
+    monkeypatch.setattr(select, "row_attention_enabled", lambda: True)
+    monkeypatch.setattr(select, "small_mm_enabled", lambda: True)
+    monkeypatch.setenv(select.COMPILE_DRAFT_ENV, "1")
+    own = mx.fast.rms_norm  # (the CPU's sums in another order: the norm in the CUDA order)
+    monkeypatch.setattr(
+        mx.fast, "rms_norm", lambda x, w, eps: own(x, w, eps) if w is None else rms_model(x, w, eps)
+    )
+    kinds: list[str] = []
+    real = cm._norm_kernel
+    monkeypatch.setattr(cm, "_norm_kernel", lambda kind, eps: kinds.append(kind) or real(kind, eps))
+    drafter = _drafter()
+    F = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
+    outs = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv(select.NORM_MM_ENV, flag)
+        made = drafter.make_cache()
+        feats = (mx.random.normal((1, 4, F), key=mx.random.key(2)) * 0.5).astype(mx.bfloat16)
+        drafter.add_context(feats, made)
+        outs.append(_draft_rounds(drafter, made, drafter.graph(8), [5, 8, 1, 11]))
+    n = len(drafter.layers)
+    assert kinds.count("joined2") == 4 * n and len(kinds) == 3 * 4 * n  # (q, MLP: single, grouped)
+    for a, b in zip(*outs, strict=True):
+        assert mx.array_equal(a, b)
+
+
 @cuda_only
 @pytest.mark.parametrize(
     "fixed,env", [("", "NORM_ROPE_ENV"), ("", "NORM_MM_ENV"), ("NORM_ROPE_ENV", "NORM_MM_ENV")]
