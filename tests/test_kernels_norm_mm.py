@@ -253,8 +253,8 @@ def test_linear_paths_norm_in_the_launch_only_with_the_switch(emulated, monkeypa
 
     monkeypatch.delenv(select.NORM_MM_ENV, raising=False)
     key = select.mm_key()
-    assert lin.normed(norm, x, True) is not None and not select.norm_mm_enabled()
-    assert isinstance(lin.normed(norm, x, True), mx.array)  # off by default
+    assert not select.norm_mm_enabled()
+    assert isinstance(lin.normed(norm, x, True), mx.array)  # off by default: MLX's norm
     monkeypatch.setenv(select.NORM_MM_ENV, "1")
     assert (
         select.mm_key() != key
@@ -285,6 +285,10 @@ def test_linear_paths_norm_in_the_launch_only_with_the_switch(emulated, monkeypa
     assert "(up to 4 rows)" in select.describe()["small_mm"]
     monkeypatch.delenv(select.NORM_MM_ROWS_ENV)
     assert isinstance(lin.normed(nn.LayerNorm(128), x, True), mx.array)
+    long = nn.RMSNorm(2 * cm.NORM_MAX_K)
+    long.set_dtype(mx.bfloat16)
+    xl = mx.ones((1, 2 * cm.NORM_MAX_K), dtype=mx.bfloat16)
+    assert isinstance(lin.normed(long, xl, True), mx.array)
     # A bad setting names the fix.
     monkeypatch.setenv(select.NORM_MM_ENV, "2")
     with pytest.raises(UsageError, match=f"{select.NORM_MM_ENV}='2' must be 0 or 1"):
