@@ -329,6 +329,23 @@ def test_joined_linears_take_the_joined_launch_for_normed_rows(emulated, monkeyp
     assert kinds == ["joined2"]
 
 
+def products_in_cuda_order(monkeypatch) -> list[str]:
+    """For whole-model tests with the (emulated) launches: the products on the small-M kernel,
+    MLX's weighted RMS norm computed in its CUDA order (:func:`rms_model`: the CPU's own sums
+    in another order), and the kinds of the normed launches made, in the returned list."""
+    from hf2q.kernels import select
+
+    monkeypatch.setattr(select, "small_mm_enabled", lambda: True)
+    own = mx.fast.rms_norm
+    monkeypatch.setattr(
+        mx.fast, "rms_norm", lambda x, w, eps: own(x, w, eps) if w is None else rms_model(x, w, eps)
+    )
+    kinds: list[str] = []
+    real = cm._norm_kernel
+    monkeypatch.setattr(cm, "_norm_kernel", lambda kind, eps: kinds.append(kind) or real(kind, eps))
+    return kinds
+
+
 def test_decode_steps_with_norms_in_the_launches_equal_them_without(emulated, monkeypatch):
     # A tiny bf16 Qwen3.5 (hidden 64, every product grouped) through the compiled runners with
     # the products on the (emulated) kernels, MLX's norm computed in the CUDA order (the model):
@@ -347,14 +364,7 @@ def test_decode_steps_with_norms_in_the_launches_equal_them_without(emulated, mo
     model = qwen3_5.TextModel(args)
     model.set_dtype(mx.bfloat16)
     target = TargetModel(model)
-    monkeypatch.setattr(select, "small_mm_enabled", lambda: True)
-    own = mx.fast.rms_norm  # (the CPU's sums in another order: the norm in the CUDA order)
-    monkeypatch.setattr(
-        mx.fast, "rms_norm", lambda x, w, eps: own(x, w, eps) if w is None else rms_model(x, w, eps)
-    )
-    kinds: list[str] = []
-    real = cm._norm_kernel
-    monkeypatch.setattr(cm, "_norm_kernel", lambda kind, eps: kinds.append(kind) or real(kind, eps))
+    kinds = products_in_cuda_order(monkeypatch)
     tokens = mx.array([[3, 14, 15, 9, 2, 6, 5]])
     outs = []
     mx.disable_compile()  # (emulated launches read their inputs)

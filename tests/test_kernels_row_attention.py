@@ -607,22 +607,14 @@ def test_draft_graph_with_the_layers_norms_in_the_launches_drafts_the_same_bits(
     every layer's k/v launch takes its context rows and its block rows normed in the launch
     (the joined launch), its q and MLP launches norm theirs, and the draft logits equal those
     without the switch bit for bit (MLX's norm computed in its CUDA order: the numpy model)."""
-    from test_kernels_norm_mm import rms_model
+    from test_kernels_norm_mm import products_in_cuda_order
 
-    from hf2q.kernels import cuda_matmul as cm
     from hf2q.runtime.drafter import DFlashDraftModel
 
     monkeypatch.setattr(DFlashDraftModel, "fast_enabled", staticmethod(lambda: True))
     monkeypatch.setattr(select, "row_attention_enabled", lambda: True)
-    monkeypatch.setattr(select, "small_mm_enabled", lambda: True)
     monkeypatch.setenv(select.COMPILE_DRAFT_ENV, "1")
-    own = mx.fast.rms_norm  # (the CPU's sums in another order: the norm in the CUDA order)
-    monkeypatch.setattr(
-        mx.fast, "rms_norm", lambda x, w, eps: own(x, w, eps) if w is None else rms_model(x, w, eps)
-    )
-    kinds: list[str] = []
-    real = cm._norm_kernel
-    monkeypatch.setattr(cm, "_norm_kernel", lambda kind, eps: kinds.append(kind) or real(kind, eps))
+    kinds = products_in_cuda_order(monkeypatch)
     drafter = _drafter()
     F = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
     outs = []
