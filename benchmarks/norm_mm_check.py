@@ -53,6 +53,7 @@ def main() -> int:
 
     for flag in ("0", "1"):
         os.environ[select.NORM_MM_ENV] = flag
+        report[f"enabled {flag}"] = select.norm_mm_enabled()
         report[f"plain {flag}"] = toks("slots-plain")
     report["dflash 1"] = toks("slots-dflash")
     report["plain equal"] = report["plain 0"] == report["plain 1"]

@@ -202,6 +202,7 @@ def test_compiled_steps_of_the_demo_target_have_the_layer_paths_bits(cuts, monke
 
     for name in filter(None, cuts.split(",")):
         monkeypatch.setenv(getattr(select, f"{name}_ENV"), "1")
+    assert "NORM_MM" not in cuts or select.norm_mm_enabled()  # (this MLX's order: not vacuous)
     target = load_pair(None).target
     assert CompiledDecode.exact(target, rows=True)
     prompt = [int(t) for t in mx.random.randint(0, 1000, (250,), key=mx.random.key(3)).tolist()]

@@ -295,6 +295,31 @@ def test_linear_paths_norm_in_the_launch_only_with_the_switch(emulated, monkeypa
         select.norm_mm_enabled()
 
 
+def test_norms_stay_mlxs_under_an_mlx_whose_order_is_not_checked(monkeypatch):
+    # A verify past the row limit takes MLX's norm and its plain steps the launch's: the same
+    # bits only in the order the launch follows, so another MLX keeps MLX's norm everywhere
+    # and --stats says why.
+    import mlx.nn as nn
+
+    from hf2q.kernels import linear as lin
+    from hf2q.kernels import select
+
+    monkeypatch.setattr(select, "small_mm_enabled", lambda: True)
+    monkeypatch.setenv(select.NORM_MM_ENV, "1")
+    norm = nn.RMSNorm(128)
+    norm.set_dtype(mx.bfloat16)
+    x = mx.ones((2, 128), dtype=mx.bfloat16)
+    for version in ("0.32.4", "0.32.1", "0.32.4.dev20261201+abc"):
+        monkeypatch.setattr(mx, "__version__", version)
+        assert cm.norm_order_known() and select.norm_mm_enabled()
+        assert isinstance(lin.normed(norm, x, True), lin.Normed)
+    for version in ("0.32.0", "0.33.0", "0.31.2"):
+        monkeypatch.setattr(mx, "__version__", version)
+        assert not cm.norm_order_known() and not select.norm_mm_enabled()
+        assert isinstance(lin.normed(norm, x, True), mx.array)
+        assert f"MLX {version} may sum them in another order" in select.describe()["small_mm"]
+
+
 def test_joined_linears_take_the_joined_launch_for_normed_rows(emulated, monkeypatch):
     import mlx.nn as nn
 
@@ -413,4 +438,6 @@ def test_cuda_norms_in_the_launches_keep_the_demo_targets_logits(monkeypatch):
 
     from hf2q.kernels import select
 
+    monkeypatch.setenv(select.NORM_MM_ENV, "1")
+    assert select.norm_mm_enabled()  # (this MLX's norm order is the launches': not vacuous)
     assert_switch_keeps_demo_logits(monkeypatch, select.NORM_MM_ENV)

@@ -644,6 +644,8 @@ def test_cuda_draft_graph_drafts_the_same_bits_with_the_launch_and_without(monke
     drafter = _drafter()
     F = len(drafter.config.target_layer_ids) * drafter.config.hidden_size
     outs = []
+    monkeypatch.setenv(getattr(select, env), "1")
+    assert env != "NORM_MM_ENV" or select.norm_mm_enabled()  # (this MLX's order: not vacuous)
     for flag in ("0", "1"):
         monkeypatch.setenv(getattr(select, env), flag)
         made = drafter.make_cache()

@@ -732,6 +732,19 @@ _SOURCE_NORMED = _ROWS + _SINGLE + _STORE + _BODY_NORMED
 NORM_MAX_K = 8192
 
 
+#: The MLX versions whose CUDA ``rms_norm_small`` sums a row in the order the normed launches
+#: follow (0.32.1 rewrote it; 0.32.4 is what the lent GPUs run). Under another version a launch
+#: could round a value differently from MLX's norm, and a verify whose rows take MLX's norm while
+#: its plain steps take the launch's (past ``HF2Q_NORM_MM_ROWS``) would no longer be lossless.
+NORM_ORDER_MLX = ("0.32.1", "0.32.2", "0.32.3", "0.32.4")
+
+
+def norm_order_known() -> bool:
+    """Whether the installed MLX sums its norms in the order the normed launches follow
+    (:data:`NORM_ORDER_MLX`)."""
+    return mx.__version__.split(".dev")[0].split("+")[0] in NORM_ORDER_MLX
+
+
 def norm_source(source: str, eps: float) -> str:
     """A normed launch's body (``source``) for one ``eps``: a float32 constant of the source, as
     MLX passes its norm kernel the module's eps."""

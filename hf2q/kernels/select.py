@@ -353,8 +353,9 @@ def mm_swiglu_rows() -> int:
 
 def norm_mm_enabled() -> bool:
     """Whether decoder layers' RMS norms run in the launches of the products reading them
-    (``HF2Q_NORM_MM``, default off; only where :func:`grouped_mm_enabled`; same bits)."""
-    return grouped_mm_enabled() and _flag(NORM_MM_ENV, "0")
+    (``HF2Q_NORM_MM``, default off; only where :func:`grouped_mm_enabled` and the installed MLX
+    sums its norms in the launches' order, :func:`cuda_matmul.norm_order_known`; same bits)."""
+    return grouped_mm_enabled() and _flag(NORM_MM_ENV, "0") and cuda_matmul.norm_order_known()
 
 
 def norm_mm_rows() -> int:
@@ -903,6 +904,11 @@ def describe(attn: object | None = None) -> dict[str, str]:
     if norm_mm_enabled():
         info["small_mm"] += (
             f", layers' norms in their products' launches (up to {norm_mm_rows()} rows)"
+        )
+    elif grouped_mm_enabled() and _flag(NORM_MM_ENV, "0"):
+        info["small_mm"] += (
+            f", layers' norms not in the launches: MLX {mx.__version__} may sum them in another"
+            f" order (checked: {', '.join(cuda_matmul.NORM_ORDER_MLX)})"
         )
     if mm_columns_enabled():
         info["small_mm"] += ", columns split at 33-64 rows"
