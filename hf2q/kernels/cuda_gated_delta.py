@@ -67,6 +67,13 @@ template <typename T> __device__ __forceinline__ float hf2q_softplus(float x) {
   const float l = hf2q_round<T>(log1pf(hf2q_round<T>(expf(-fabsf(x)))));
   return hf2q_round<T>(fmaxf(x, 0.0f) + l);
 }
+// A float summed over the warp by the tree lane + 16, + 8, + 4, + 2, + 1, every lane getting the
+// sum (cooperative groups' warp reduce, as MLX's norm kernels add a warp's values).
+__device__ __forceinline__ float hf2q_warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
 """
 
 # Shared prologue: indices, shared staging buffers, state load. Needs constexprs InT, Dk, Dv, Hk,
@@ -227,10 +234,7 @@ _GATES_NORM = r"""    if (tid < tc) {
       for (int e = lane; e < Dk; e += 32) {
         ss += x[e] * x[e];
       }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      }
+      ss = hf2q_warp_sum(ss);
       const float inv = rsqrtf(ss / (float)Dk + rms_eps);
       const float scale = (row < tc) ? q_scale : k_scale;
       for (int e = lane; e < Dk; e += 32) {

@@ -217,21 +217,12 @@ _NORM_PRE = (
           }
         }
       }
-      acc += __shfl_xor_sync(0xffffffffu, acc, 16);
-      acc += __shfl_xor_sync(0xffffffffu, acc, 8);
-      acc += __shfl_xor_sync(0xffffffffu, acc, 4);
-      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+      acc = hf2q_warp_sum(acc);
       if (lane == 0) hf2q_part[row][p % mws] = acc;
     }
     __syncthreads();
     for (int row = warp; row < rows; row += WARPS) {
-      float s = lane < mws ? hf2q_part[row][lane] : 0.0f;
-      s += __shfl_xor_sync(0xffffffffu, s, 16);
-      s += __shfl_xor_sync(0xffffffffu, s, 8);
-      s += __shfl_xor_sync(0xffffffffu, s, 4);
-      s += __shfl_xor_sync(0xffffffffu, s, 2);
-      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      const float s = hf2q_warp_sum(lane < mws ? hf2q_part[row][lane] : 0.0f);
       if (lane == 0) hf2q_rinv[row] = rsqrtf(s / K + EPS);
     }
     __syncthreads();

@@ -64,11 +64,7 @@ _NORM = r"""
     v[j] = live ? hf2q_f(X[src + lane * 8 + j]) : 0.0f;
     acc = fmaf(v[j], v[j], acc);
   }
-  acc += __shfl_xor_sync(0xffffffffu, acc, 16);
-  acc += __shfl_xor_sync(0xffffffffu, acc, 8);
-  acc += __shfl_xor_sync(0xffffffffu, acc, 4);
-  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  acc = hf2q_warp_sum(acc);
   const float r = rsqrtf(acc / D + EPS);
   float n[8];
 #pragma unroll
