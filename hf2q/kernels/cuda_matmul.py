@@ -41,6 +41,7 @@ from typing import Any
 import mlx.core as mx
 
 from hf2q.errors import UsageError
+from hf2q.kernels import cuda_gated_delta, cuda_norm
 
 #: Most rows one launch takes (8 m-tiles of 16: eight slots of a 16-token verify).
 MAX_ROWS = 128
@@ -112,7 +113,7 @@ _ROWS = r"""
 # this thread block computes (the single kernel and the grouped one each say which), each value
 # written by ``store(index, float32 sum)``; ``@LOAD_W@`` is where a chunk's weights are loaded
 # into ``wv`` (:data:`_LOAD_W` for unquantized weights, :data:`_LOAD_WQ` for quantized ones).
-_BODY_LOOP = r"""
+_BODY_LOOP_MARKED = r"""
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
@@ -273,9 +274,6 @@ def _normed(body: str, norm: bool, joined: bool = False) -> str:
     return body
 
 
-_BODY_LOOP_MARKED = _BODY_LOOP
-_BODY_LOOP = _normed(_BODY_LOOP_MARKED, False)
-
 # The warps' partial sums staged in shared memory for their sum (K-split, WARPS > 1).
 _STAGE_PARTIALS = r"""
   __shared__ float red[WARPS][SLOTS][32];
@@ -318,7 +316,17 @@ _BODY_SUM = r"""
     store((size_t)row * N + col, sum);
   }
 """
-_BODY_TEMPLATE = _BODY_LOOP + _BODY_ONE_WARP[1:] + _STAGE_PARTIALS[1:] + _BODY_SUM[1:]
+
+
+def _k_split_body(load_w: str, norm: bool = False, joined: bool = False) -> str:
+    """The K-split products' body, a chunk's weights loaded by ``load_w`` (:data:`_LOAD_W`,
+    :data:`_LOAD_WQ`); with ``norm`` the rows normed in the launch, ``joined`` see
+    :func:`_normed`."""
+    loop = _normed(_BODY_LOOP_MARKED, norm, joined)
+    body = loop + _BODY_ONE_WARP[1:] + _STAGE_PARTIALS[1:] + _BODY_SUM[1:]
+    return body.replace("@LOAD_W@\n", load_w[1:])
+
+
 # The unquantized weights' loads: the 16 bf16/fp16 weights of the lane's column in this chunk,
 # column block nb's row of weights starting at @W_ROW@ (:data:`_LOAD_W`: of ``w``).
 _LOAD_W_ROWS = r"""
@@ -333,10 +341,8 @@ _LOAD_W_ROWS = r"""
     }
 """
 _LOAD_W = _LOAD_W_ROWS.replace("@W_ROW@", "w + (size_t)(n0 + nb * 8 + g) * K")
-_BODY = _BODY_TEMPLATE.replace("@LOAD_W@\n", _LOAD_W[1:])
-_BODY_NORMED = (
-    _normed(_BODY_LOOP_MARKED, True) + _BODY_ONE_WARP[1:] + _STAGE_PARTIALS[1:] + _BODY_SUM[1:]
-).replace("@LOAD_W@\n", _LOAD_W[1:])
+_BODY = _k_split_body(_LOAD_W)
+_BODY_NORMED = _k_split_body(_LOAD_W, norm=True)
 
 
 # The same products with the warps splitting the columns instead of K (CW warps, each NB * 8 of
@@ -630,12 +636,7 @@ def grouped_source(
         lines.append("  }")
     lines.append("  const int n0 = blk * (8 * NB * CW);")
     if joined:
-        body = (
-            _normed(_BODY_LOOP_MARKED, norm, joined=True)
-            + _BODY_ONE_WARP[1:]
-            + _STAGE_PARTIALS[1:]
-            + _BODY_SUM[1:]
-        ).replace("@LOAD_W@\n", _LOAD_W[1:])
+        body = _k_split_body(_LOAD_W, norm, joined=True)
         return _ROWS + _JOINED_ROWS + "\n".join(lines) + "\n" + _STORE + body
     body = _BODY_COLUMNS if columns else _BODY_NORMED if norm else _BODY
     return _ROWS + "\n".join(lines) + "\n" + _STORE + body
@@ -739,9 +740,7 @@ def norm_order_known() -> bool:
 def norm_source(source: str, eps: float) -> str:
     """A normed launch's body (``source``) for one ``eps``: a float32 constant of the source, as
     MLX passes its norm kernel the module's eps."""
-    from hf2q.kernels.cuda_norm import _float_literal
-
-    return f"  constexpr float EPS = {_float_literal(eps)};\n" + source
+    return f"  constexpr float EPS = {cuda_norm._float_literal(eps)};\n" + source
 
 
 def norm_header() -> str:
@@ -766,10 +765,8 @@ def _norm_kernel(kind: str, eps: float) -> Any:
         n = int(kind.removeprefix("grouped"))
         names = ["x", *(f"w{i}" for i in range(n))]
         outs, source = [f"y{i}" for i in range(n)], grouped_source(n, norm=True)
-    from hf2q.kernels.cuda_norm import kernel_name
-
     return mx.fast.cuda_kernel(
-        name=kernel_name(f"hf2q_norm_{kind}_mm", eps),
+        name=cuda_norm.kernel_name(f"hf2q_norm_{kind}_mm", eps),
         input_names=[*names, "nw"],
         output_names=outs,
         source=norm_source(source, eps),
@@ -1144,7 +1141,7 @@ _LOAD_WQ = r"""
       }
     }
 """
-_QBODY = _BODY_TEMPLATE.replace("@LOAD_W@\n", _LOAD_WQ[1:])
+_QBODY = _k_split_body(_LOAD_WQ)
 
 _QHEADER = (
     _HEADER
@@ -1300,6 +1297,7 @@ def grouped_matmul_cuda(
     *,
     columns: bool = False,
     norm: tuple[mx.array, float] | None = None,
+    context: mx.array | None = None,
 ) -> list[mx.array]:
     """``[x @ w.T for w in ws]`` in one launch (weights of one K; see :func:`grouped_supported`).
 
@@ -1312,12 +1310,23 @@ def grouped_matmul_cuda(
     Qwen3.5-4B) cost a launch each for almost no work. ``columns``: the column-split layout
     where :func:`column_shape` takes every weight (same bits). ``norm``: (weight, eps) of an RMS
     norm applied to ``x``'s rows in the launch (as in :func:`small_matmul_cuda`; K-split).
+    ``context`` (B, P, K), with ``norm``: each batch row's context rows before its rows of ``x``
+    (B, L, K), as they come (:func:`joined_matmul_cuda`); outputs (B, P + L, N).
     """
     K = ws[0].shape[1]
-    rows = math.prod(x.shape[:-1])
+    if context is None:
+        lead = x.shape[:-1]
+    else:
+        why = joined_supported(context, x, ws)
+        if why is not None or norm is None:
+            raise ValueError(f"the joined launch cannot take {why or 'rows not normed'}")
+        lead = (context.shape[0], context.shape[1] + x.shape[1])
+    rows = math.prod(lead)
     # The narrowest weight's launch (fewest column blocks) sets the width and the unrolling;
     # m-tiles and warps depend on the rows and K only.
     mt, nb, warps, unroll = min((launch_shape(rows, K, w.shape[0]) for w in ws), key=lambda s: s[1])
+    if context is not None:
+        unroll = 1  # (the row lookups' registers: at two m-tiles, unrolled 4 times, nvcc spills)
     cw = depth = 1
     total = sum(w.shape[0] for w in ws)
     split_ok = columns and norm is None
@@ -1326,17 +1335,20 @@ def grouped_matmul_cuda(
         nb, cw, depth = shapes[0]
     split = cw > 1
     blocks = sum(w.shape[0] // (8 * nb * cw) for w in ws)
-    if norm is not None:
-        nw, eps = _norm_inputs(x, norm)
-        kernel, inputs = _norm_kernel(f"grouped{len(ws)}", eps), [x, *ws, nw]
-    else:
+    if norm is None:
         kernel, inputs = _grouped_kernel(len(ws), split), [x, *ws]
+    else:
+        nw, eps = _norm_inputs(x, norm)
+        if context is None:
+            kernel, inputs = _norm_kernel(f"grouped{len(ws)}", eps), [x, *ws, nw]
+        else:
+            kernel, inputs = _norm_kernel(f"joined{len(ws)}", eps), [x, context, *ws, nw]
     return kernel(
         inputs=inputs,
         template=_template(x.dtype, mt, nb, warps, unroll, cw, depth),
         grid=(blocks * 32 * (cw if split else warps), 1, 1),
         threadgroup=(32 * (cw if split else warps), 1, 1),
-        output_shapes=[(*x.shape[:-1], w.shape[0]) for w in ws],
+        output_shapes=[(*lead, w.shape[0]) for w in ws],
         output_dtypes=[x.dtype] * len(ws),
     )
 
@@ -1365,29 +1377,12 @@ def joined_matmul_cuda(
     :func:`grouped_matmul_cuda` of the joined rows), x's rows normed in the launch as
     :func:`small_matmul_cuda`'s ``norm`` does. ``c`` (B, P, K), ``x`` (B, L, K); outputs
     (B, P + L, N) (:func:`joined_supported` says what it takes)."""
-    why = joined_supported(c, x, ws)
-    if why is not None:
-        raise ValueError(f"the joined launch cannot take {why}")
-    nw, eps = _norm_inputs(x, norm)
-    B, P, K = c.shape
-    T = P + x.shape[1]
-    rows = B * T
-    mt, nb, warps, _ = min((launch_shape(rows, K, w.shape[0]) for w in ws), key=lambda s: s[1])
-    unroll = 1  # (the row lookups' registers: at two m-tiles, unrolled 4 times, nvcc spills)
-    blocks = sum(w.shape[0] // (8 * nb) for w in ws)
-    return _norm_kernel(f"joined{len(ws)}", eps)(
-        inputs=[x, c, *ws, nw],
-        template=_template(x.dtype, mt, nb, warps, unroll),
-        grid=(blocks * 32 * warps, 1, 1),
-        threadgroup=(32 * warps, 1, 1),
-        output_shapes=[(B, T, w.shape[0]) for w in ws],
-        output_dtypes=[x.dtype] * len(ws),
-    )
+    return grouped_matmul_cuda(x, ws, norm=norm, context=c)
 
 
 def _swiglu_header() -> str:
-    from hf2q.kernels import cuda_gated_delta  # its sigmoid as MLX's CUDA ops compute it
-
+    """The products' header and the Gated-DeltaNet kernel's (its sigmoid and 16-bit roundings,
+    as MLX's CUDA ops compute them)."""
     return _HEADER + cuda_gated_delta._HEADER
 
 
