@@ -587,6 +587,7 @@ def _dflash_slots(
     # Each row's draft limit as an array, made once per list of limits (the same every lagged
     # round): not a host array and its pieces (``host_ints``) every round.
     limits: dict[tuple[int, ...], mx.array] = {}
+    greedy_launch = sampling.greedy and accept_kernel_enabled()  # (read once a generation)
 
     def accept(
         draft: mx.array, q_rows: list[mx.array | None], vlogits: mx.array, n_row: list[int]
@@ -603,7 +604,7 @@ def _dflash_slots(
                     limits.clear()
                 limits[key] = host_ints(n_row)
             choice = mx.argmax(vlogits, axis=-1)  # (R, bs)
-            if accept_kernel_enabled():
+            if greedy_launch:
                 a, bonus, keep, blocks = accept_greedy_cuda(draft, choice, limits[key], mask_id)
                 return a, bonus, keep, blocks if draft.shape[1] == B - 1 else None
             a, bonus = accept_greedy(draft, choice.astype(mx.int32), limits[key])
