@@ -348,40 +348,86 @@ HAS_CUDA = _has_cuda()
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="MLX's CUDA backend is not available")
 
 
-def _emulated_kernel(name, ins, outs, source, header, tmp_path):
-    return cuda_emu.EmulatedKernel(name, ins, outs, source, header, workdir=tmp_path)
-
-
 @pytest.fixture
-def emulated_products(monkeypatch, tmp_path):
-    """The small-M launches' own sources (plain, with a residual, grouped, SwiGLU, and the
-    normed ones of ``HF2Q_NORM_MM``), run by the CPU emulator in place of MLX's CUDA backend."""
+def emulated_mm(monkeypatch, tmp_path):
+    """The small-M kernel's own source (K-split and column split), run by the CPU emulator in
+    place of MLX's CUDA backend."""
     from hf2q.kernels import cuda_matmul as cm
 
     if cuda_emu.compiler() is None:
         pytest.skip("no C++ compiler for the CUDA emulator")
-    plain = _emulated_kernel("hf2q_small_mm", ["x", "w"], ["y"], cm._SOURCE, cm._HEADER, tmp_path)
-    monkeypatch.setattr(cm, "_kernel", lambda columns=False: plain)
-    add = _emulated_kernel(
-        "hf2q_small_mm_add", ["x", "w", "r"], ["y"], cm._SOURCE_ADD, cm._HEADER, tmp_path
-    )
-    monkeypatch.setattr(cm, "_add_kernel", lambda columns=False: add)
-    grouped: dict = {}
-    normed: dict = {}
+    kerns = {
+        columns: cuda_emu.EmulatedKernel(
+            "hf2q_small_mm", ["x", "w"], ["y"], source, cm._HEADER, workdir=tmp_path
+        )
+        for columns, source in ((False, cm._SOURCE), (True, cm._SOURCE_COLUMNS))
+    }
+    monkeypatch.setattr(cm, "_kernel", lambda columns=False: kerns[columns])
+    return kerns[False]
 
-    def grouped_kernel(groups, columns=False):
-        if groups not in grouped:
-            ins = ["x", *(f"w{i}" for i in range(groups))]
-            outs = [f"y{i}" for i in range(groups)]
-            src = cm.grouped_source(groups)
-            grouped[groups] = _emulated_kernel(
-                f"hf2q_grouped_mm{groups}", ins, outs, src, cm._HEADER, tmp_path
+
+@pytest.fixture
+def emulated_grouped(emulated_mm, monkeypatch, tmp_path):
+    """The grouped kernel's own source, run by the CPU emulator (the single one too)."""
+    from hf2q.kernels import cuda_matmul as cm
+
+    kerns = {}
+
+    def grouped(groups, columns=False):
+        if (groups, columns) not in kerns:
+            kerns[groups, columns] = cuda_emu.EmulatedKernel(
+                f"hf2q_grouped_mm{groups}",
+                ["x", *(f"w{i}" for i in range(groups))],
+                [f"y{i}" for i in range(groups)],
+                cm.grouped_source(groups, columns),
+                cm._HEADER,
+                workdir=tmp_path,
             )
-        return grouped[groups]
+        return kerns[groups, columns]
 
-    swiglu = _emulated_kernel(
-        "hf2q_swiglu_mm", ["x", "wg", "wu"], ["y"], cm._SOURCE_SWIGLU, cm._swiglu_header(), tmp_path
+    monkeypatch.setattr(cm, "_grouped_kernel", grouped)
+    return grouped
+
+
+@pytest.fixture
+def emulated_swiglu(emulated_grouped, emulated_add, monkeypatch, tmp_path):
+    """The gate/up/SwiGLU kernel's own source, run by the CPU emulator (grouped ones too)."""
+    from hf2q.kernels import cuda_matmul as cm
+
+    kern = cuda_emu.EmulatedKernel(
+        "hf2q_swiglu_mm",
+        ["x", "wg", "wu"],
+        ["y"],
+        cm._SOURCE_SWIGLU,
+        cm._swiglu_header(),
+        workdir=tmp_path,
     )
+    monkeypatch.setattr(cm, "_swiglu_kernel", lambda: kern)
+    return kern
+
+
+@pytest.fixture
+def emulated_add(emulated_mm, monkeypatch, tmp_path):
+    """The kernels with the residual in the launch (K-split and column split), emulated too."""
+    from hf2q.kernels import cuda_matmul as cm
+
+    adds = {
+        columns: cuda_emu.EmulatedKernel(
+            "hf2q_small_mm_add", ["x", "w", "r"], ["y"], source, cm._HEADER, workdir=tmp_path
+        )
+        for columns, source in ((False, cm._SOURCE_ADD), (True, cm._SOURCE_ADD_COLUMNS))
+    }
+    monkeypatch.setattr(cm, "_add_kernel", lambda columns=False: adds[columns])
+    return adds
+
+
+@pytest.fixture
+def emulated_products(emulated_swiglu, monkeypatch, tmp_path):
+    """The small-M launches' own sources (plain, with a residual, grouped, SwiGLU, and the
+    normed ones of ``HF2Q_NORM_MM``), run by the CPU emulator in place of MLX's CUDA backend."""
+    from hf2q.kernels import cuda_matmul as cm
+
+    normed: dict = {}
 
     def norm_kernel(kind, eps):
         if (kind, eps) not in normed:
@@ -398,16 +444,14 @@ def emulated_products(monkeypatch, tmp_path):
                 n = int(kind.removeprefix("grouped"))
                 ins = ["x", *(f"w{i}" for i in range(n))]
                 outs, src = [f"y{i}" for i in range(n)], cm.grouped_source(n, norm=True)
-            normed[kind, eps] = _emulated_kernel(
+            normed[kind, eps] = cuda_emu.EmulatedKernel(
                 f"hf2q_norm_{kind}_mm",
                 [*ins, "nw"],
                 outs,
                 cm.norm_source(src, eps),
                 cm.norm_header(),
-                tmp_path,
+                workdir=tmp_path,
             )
         return normed[kind, eps]
 
-    monkeypatch.setattr(cm, "_grouped_kernel", grouped_kernel)
-    monkeypatch.setattr(cm, "_swiglu_kernel", lambda: swiglu)
     monkeypatch.setattr(cm, "_norm_kernel", norm_kernel)

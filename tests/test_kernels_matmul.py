@@ -8,7 +8,6 @@ product. The CUDA tests run the real kernel.
 
 from __future__ import annotations
 
-import cuda_emu
 import graph_ops
 import mlx.core as mx
 import mlx.nn as nn
@@ -24,21 +23,6 @@ from hf2q.kernels import select
 
 HAS_CUDA = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="MLX's CUDA backend is not available")
-
-
-@pytest.fixture
-def emulated(monkeypatch, tmp_path):
-    """The kernel's own source, run by the CPU emulator in place of MLX's CUDA backend."""
-    if cuda_emu.compiler() is None:
-        pytest.skip("no C++ compiler for the CUDA emulator")
-    kerns = {
-        columns: cuda_emu.EmulatedKernel(
-            "hf2q_small_mm", ["x", "w"], ["y"], source, cm._HEADER, workdir=tmp_path
-        )
-        for columns, source in ((False, cm._SOURCE), (True, cm._SOURCE_COLUMNS))
-    }
-    monkeypatch.setattr(cm, "_kernel", lambda columns=False: kerns[columns])
-    return kerns[False]
 
 
 def _inputs(rows, K, N, dtype, seed=0):
@@ -66,7 +50,7 @@ def _assert_rounded_product(y, x, w):
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("rows", [1, 16, 19, 40])
-def test_emulated_kernel_computes_the_product(emulated, rows, dtype):
+def test_emulated_kernel_computes_the_product(emulated_mm, rows, dtype):
     x, w = _inputs(rows, 256, 48, dtype)
     y = cm.small_matmul_cuda(x, w)
     assert y.dtype == dtype and y.shape == (rows, 48)
@@ -74,12 +58,12 @@ def test_emulated_kernel_computes_the_product(emulated, rows, dtype):
 
 
 @pytest.mark.parametrize("tune", [(1, 1, 1), (2, 4, 2), (4, 2, 4), (8, 4, 1)])
-def test_emulated_kernel_every_launch_shape(emulated, tune):
+def test_emulated_kernel_every_launch_shape(emulated_mm, tune):
     x, w = _inputs(17, 512, 64, mx.bfloat16, seed=1)
     _assert_rounded_product(cm.small_matmul_cuda(x, w, tune=tune), x, w)
 
 
-def test_emulated_narrow_one_tile_launch_is_opt_in_and_keeps_the_bits(emulated, monkeypatch):
+def test_emulated_narrow_one_tile_launch_is_opt_in_and_keeps_the_bits(emulated_mm, monkeypatch):
     # HF2Q_MM_NARROW=1: one column block unrolled twice for one m-tile of a narrow output, the
     # same bits as the default launch (two blocks, unrolled once); the traced runners' caches
     # key on the setting.
@@ -102,7 +86,7 @@ def test_emulated_narrow_one_tile_launch_is_opt_in_and_keeps_the_bits(emulated, 
         cm.small_matmul_cuda(x, w)
 
 
-def test_emulated_kernel_many_rows_launch_keeps_each_rows_bits(emulated):
+def test_emulated_kernel_many_rows_launch_keeps_each_rows_bits(emulated_mm):
     # 2 m-tiles take eight column blocks, unrolled (two where N is not a multiple of 64), 3
     # m-tiles eight blocks (four, unrolled, where N is not a multiple of 64), 4
     # m-tiles four blocks and an unrolled chunk loop, 5-8 four blocks unrolled once (two where N
@@ -123,7 +107,7 @@ def test_emulated_kernel_many_rows_launch_keeps_each_rows_bits(emulated):
     assert mx.array_equal(cm.small_matmul_cuda(x, w, tune=(2, 4, 1)), y)
 
 
-def test_emulated_kernel_rejects_a_malformed_tune(emulated):
+def test_emulated_kernel_rejects_a_malformed_tune(emulated_mm):
     x, w = _inputs(4, 128, 16, mx.bfloat16)
     for bad in [(2, 4), (2, 4, 1, 2, 1, 1), (2, 1, 1, 2), (2, 4, 1, 1, 2), (2, 4, 1, 2, 4)]:
         with pytest.raises(ValueError, match="tune"):
@@ -133,14 +117,14 @@ def test_emulated_kernel_rejects_a_malformed_tune(emulated):
         cm.small_matmul_cuda(x, mx.zeros((64, 512), dtype=mx.bfloat16), tune=(8, 8, 1))
 
 
-def test_emulated_kernel_rows_are_independent_of_the_batch(emulated):
+def test_emulated_kernel_rows_are_independent_of_the_batch(emulated_mm):
     x, w = _inputs(16, 256, 32, mx.bfloat16, seed=2)
     batch = cm.small_matmul_cuda(x, w)
     for i in (0, 7, 15):
         assert mx.array_equal(cm.small_matmul_cuda(x[i : i + 1], w)[0], batch[i])
 
 
-def test_emulated_kernel_keeps_leading_axes(emulated):
+def test_emulated_kernel_keeps_leading_axes(emulated_mm):
     x, w = _inputs(6, 128, 16, mx.bfloat16, seed=3)
     y = cm.small_matmul_cuda(x.reshape(2, 3, 128), w)
     assert y.shape == (2, 3, 16)
@@ -148,7 +132,7 @@ def test_emulated_kernel_keeps_leading_axes(emulated):
 
 
 @pytest.mark.parametrize("K", [512, 640])  # K-subsets of two chunks; of three, three, two, two
-def test_emulated_column_split_has_the_k_splits_bits(emulated, K):
+def test_emulated_column_split_has_the_k_splits_bits(emulated_mm, K):
     # The column-split layout (each warp runs every chunk, K-subset by K-subset, x staged once a
     # block) computes every element with the K-split's operations: the same bits, at every row
     # count (partial m-tiles too), column width, unrolling and depth of the loads ahead (2 or 3
@@ -234,27 +218,6 @@ def test_column_split_is_used_where_it_keeps_the_weight_stream_spread():
     assert cm._layout(x.shape[0], 256, 128, None, True)[4] == 1
 
 
-@pytest.fixture
-def emulated_grouped(emulated, monkeypatch, tmp_path):
-    """The grouped kernel's own source, run by the CPU emulator (the single one too)."""
-    kerns = {}
-
-    def grouped(groups, columns=False):
-        if (groups, columns) not in kerns:
-            kerns[groups, columns] = cuda_emu.EmulatedKernel(
-                f"hf2q_grouped_mm{groups}",
-                ["x", *(f"w{i}" for i in range(groups))],
-                [f"y{i}" for i in range(groups)],
-                cm.grouped_source(groups, columns),
-                cm._HEADER,
-                workdir=tmp_path,
-            )
-        return kerns[groups, columns]
-
-    monkeypatch.setattr(cm, "_grouped_kernel", grouped)
-    return grouped
-
-
 @pytest.mark.parametrize(
     "rows,widths",
     [
@@ -289,21 +252,6 @@ def test_emulated_grouped_column_split_gives_the_single_kernels_bits(emulated_gr
     assert all(cm.column_shape(60, 512, w.shape[0]) == (2, 2, 1) for w in ws)
     for y, w in zip(cm.grouped_matmul_cuda(x, ws, columns=True), ws):
         assert mx.array_equal(y, cm.small_matmul_cuda(x, w))
-
-
-@pytest.fixture
-def emulated_swiglu(emulated_grouped, emulated_add, monkeypatch, tmp_path):
-    """The gate/up/SwiGLU kernel's own source, run by the CPU emulator (grouped ones too)."""
-    kern = cuda_emu.EmulatedKernel(
-        "hf2q_swiglu_mm",
-        ["x", "wg", "wu"],
-        ["y"],
-        cm._SOURCE_SWIGLU,
-        cm._swiglu_header(),
-        workdir=tmp_path,
-    )
-    monkeypatch.setattr(cm, "_swiglu_kernel", lambda: kern)
-    return kern
 
 
 def _cuda_swiglu(gate, up):
@@ -378,7 +326,7 @@ def test_swiglu_mlp_takes_the_one_launch_only_with_its_switch(emulated_swiglu, m
     monkeypatch.setattr(
         cm, "swiglu_matmul_cuda", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k)
     )
-    monkeypatch.setattr(select, "small_mm_enabled", lambda: True)  # (CPU: the kernels emulated)
+    monkeypatch.setattr(select, "small_mm_enabled", lambda: True)  # (CPU: the kernels emulated_mm)
     monkeypatch.delenv(select.MM_SWIGLU_ENV, raising=False)
     key = select.mm_key()
     lin.swiglu_mlp(mlp, x, True, add=r)
@@ -411,19 +359,6 @@ def test_swiglu_mlp_takes_the_one_launch_only_with_its_switch(emulated_swiglu, m
     monkeypatch.setenv(select.MM_SWIGLU_ENV, "2")
     with pytest.raises(UsageError, match=f"{select.MM_SWIGLU_ENV}='2' must be 0 or 1"):
         select.mm_swiglu_enabled()
-
-
-@pytest.fixture
-def emulated_add(emulated, monkeypatch, tmp_path):
-    """The kernels with the residual in the launch (K-split and column split), emulated too."""
-    adds = {
-        columns: cuda_emu.EmulatedKernel(
-            "hf2q_small_mm_add", ["x", "w", "r"], ["y"], source, cm._HEADER, workdir=tmp_path
-        )
-        for columns, source in ((False, cm._SOURCE_ADD), (True, cm._SOURCE_ADD_COLUMNS))
-    }
-    monkeypatch.setattr(cm, "_add_kernel", lambda columns=False: adds[columns])
-    return adds
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "fp16"])
@@ -615,7 +550,7 @@ def test_drafter_layers_and_head_follow_their_own_row_counts(monkeypatch):
     assert drafter.kernel_products(32, head=True) and not drafter.kernel_products(65)
 
 
-def test_linear_dispatch(emulated, monkeypatch):
+def test_linear_dispatch(emulated_mm, monkeypatch):
     # Single products only (on CUDA the MLP's gate and up are one grouped launch by default; the
     # grouped tests cover that), so the count is the same on every backend.
     monkeypatch.setenv(select.GROUPED_MM_ENV, "0")
