@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 gpu_pytest nm_bits 110 tests/test_kernels_norm_mm.py -k cuda
 gpu_pytest step_bits 90 tests/test_kernels_forward.py tests/test_kernels_row_attention.py \
   -k "compiled_steps_of_the_demo or draft_graph_drafts_the_same_bits"
-# A short lease (under 170 s left here) runs the A/B of the defaults and every cut only.
+# A short lease (under 150 s left here) runs the A/B of the defaults and every cut only.
 t=$(left); [ "$t" -gt 150 ] && t=150
 values="$V,$V+$NM,$V+$ALL+$SW,$V+$ALL+$SW+$NM"; [ "$t" -lt 150 ] && values="$V,$V+$ALL+$SW+$NM"
 ab_run cut_1 "$t" --synthetic 4b --slots 1 --modes plain,dflash --tokens 32 --prompt-tokens 64 \
