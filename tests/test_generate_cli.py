@@ -100,7 +100,7 @@ def _one_line_error(capsys, *args: str) -> str:
     ("extra", "needle"),
     [
         (["-n", "0"], "--max-tokens must be at least 1"),
-        (["-b", "1"], "--block-size must be at least 2"),
+        (["-b", "1"], "--block-size must be auto or a whole number from 2"),
         (["-b", "17"], "above the drafter's block size 16"),
         (["--temp", "-0.5"], "--temp must be 0 (greedy) or positive"),
         (["--top-p", "0"], "--top-p must be in (0, 1]"),

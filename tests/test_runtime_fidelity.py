@@ -3,7 +3,8 @@
 On transformers-written tiny targets (hybrid Qwen3.5 conditional, 8-layer text-only, MoE, plain
 Qwen3), float32, with drafters fitted to agree with each target (so long acceptances and
 full-block accepts happen) and random ones (so rejections happen), for block sizes 2..16, with
-EOS and max_tokens landing in the middle of a block.
+EOS and max_tokens landing in the middle of a block, and with each round's size chosen by
+``block_size="auto"``.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from hf2q.runtime.target import TargetModel
 
 #: Block sizes per fitted pair; together they cover 2..16.
 FITTED_BLOCKS = {
-    "qwen35": (2, 3, 4, 6, 8, 10, 12, 14, 16),
-    "qwen35_causal": (2, 5, 7, 9, 11, 13, 15, 16),
+    "qwen35": (2, 3, 4, 6, 8, 10, 12, 14, 16, "auto"),
+    "qwen35_causal": (2, 5, 7, 9, 11, 13, 15, 16, "auto"),
 }
 _cache: dict[Path, tuple] = {}
 
@@ -71,6 +72,10 @@ def _check_greedy(lm, target, drafter, prompts, block_sizes, n_max) -> list[Roun
             assert summary.finish_reason == plain.finish_reason
             # Committed tokens are exactly the drafts accepted plus the bonus, in order.
             assert [t for r in rs for t in r.committed] == want[1:]
+            if B == "auto" and len(rs) >= 3:  # the sizes really changed within the generation
+                assert len({r.block_size for r in rs}) >= 2, [r.block_size for r in rs]
+                assert summary.block_sizes is not None
+                assert sum(summary.block_sizes.values()) == len(rs)
             all_rounds += rs
     return all_rounds
 
@@ -96,7 +101,7 @@ def test_greedy_dflash_with_random_drafter_equals_plain_and_mlx_lm(name, layers,
     draft_dir = ck.build_drafter(tmp_path / "d", layers=layers, seed=20 + layers)
     lm, target, drafter = _load(request.getfixturevalue(name), draft_dir)
     prompts = [lm.tokenizer.encode(t) for t in FIT_TEXTS[:2]]
-    _check_greedy(lm, target, drafter, prompts, (2, 9, 16), 24)
+    _check_greedy(lm, target, drafter, prompts, (2, 9, 16, "auto"), 24)
 
 
 @pytest.mark.parametrize("name", ["qwen35", "qwen35_causal"])
@@ -114,7 +119,7 @@ def test_eos_inside_an_accepted_block_stops_exactly_there(name, fitted_pairs):
             want = free.tokens[: free.tokens.index(stop) + 1]
             plain = run(plain_generate(target, prompt, max_tokens=40, eos_token_ids=[stop]))
             assert plain.tokens == want and plain.finish_reason == "stop"
-            for B in (6, 16):
+            for B in (6, 16, "auto"):
                 summary, rs = _dflash(
                     target, drafter, prompt, max_tokens=40, block_size=B, eos_token_ids=[stop]
                 )

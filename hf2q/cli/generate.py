@@ -20,6 +20,7 @@ from hf2q.cli.options import (
     ModelOption,
     check_draft_head_bits,
     check_draft_vocab,
+    parse_block_size,
 )
 from hf2q.errors import UsageError
 
@@ -50,9 +51,13 @@ def generate(
     ] = 0,
     seed: Annotated[int | None, typer.Option("--seed", help="Random seed (T > 0).")] = None,
     block_size: Annotated[
-        int | None,
+        str | None,
         typer.Option(
-            "--block-size", "-b", help="DFlash block size B (2..drafter's; default the drafter's)."
+            "--block-size",
+            "-b",
+            help="DFlash block size B: 2..the drafter's, or auto (each round's size from what "
+            "the rounds so far cost and accepted; greedy, synchronous rounds). Default: auto on "
+            "a CPU (its verify costs about linearly in the tokens), else the drafter's.",
         ),
     ] = None,
     lookup: Annotated[
@@ -104,10 +109,7 @@ def generate(
     # Cheap checks first: nothing is loaded for a bad option.
     if max_tokens < 1:
         raise UsageError(f"--max-tokens must be at least 1, got {max_tokens}")
-    if block_size is not None and block_size < 2:
-        raise UsageError(
-            f"--block-size must be at least 2 (one token plus one draft), got {block_size}"
-        )
+    block_size = parse_block_size(block_size)
     if block_size is not None and not dflash:
         raise UsageError("--block-size applies to DFlash only: drop it or drop --no-dflash")
     check_draft_head_bits(draft_head_bits)
@@ -124,11 +126,13 @@ def generate(
     text = _read_prompt(prompt, prompt_file)
 
     from hf2q.kernels import select
+    from hf2q.runtime.block_size import AUTO
     from hf2q.runtime.dflash import (
         PrefillDone,
         RoundDone,
         StepDone,
         Summary,
+        auto_block_applies,
         dflash_generate,
         plain_generate,
     )
@@ -157,7 +161,7 @@ def generate(
                 "no prompt: pass it as an argument, with --prompt-file, or on standard input"
             )
         text = pair.default_prompt
-    if block_size is not None and block_size > pair.drafter.block_size:
+    if isinstance(block_size, int) and block_size > pair.drafter.block_size:
         raise UsageError(
             f"--block-size {block_size} is above the drafter's block size {pair.drafter.block_size}: "
             f"pass at most {pair.drafter.block_size}"
@@ -171,6 +175,17 @@ def generate(
         warn(note)
     for note in pair.target.draft_head_notes.values() if dflash and not json_out else ():
         warn(note)
+    if dflash and block_size is None and select.backend() == "cpu" and sampling.greedy:
+        block_size = AUTO  # a CPU's verify costs about linearly in its rows: shorter blocks win
+    if (
+        block_size == AUTO
+        and not json_out
+        and not auto_block_applies(sampling, select.lagged_for(lookup))
+    ):
+        warn(
+            f"--block-size auto applies to greedy decoding with synchronous rounds: these rounds "
+            f"keep the drafter's size {pair.drafter.block_size}"
+        )
     if dflash:
         events = dflash_generate(
             pair.target,

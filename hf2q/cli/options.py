@@ -78,6 +78,29 @@ def check_draft_vocab(vocab: int) -> int:
     return vocab
 
 
+def parse_block_size(value: str | None) -> int | str | None:
+    """``--block-size`` checked before anything loads: None (the default), ``"auto"``, or a
+    whole number of at least 2 (the drafter's limit is checked once it is loaded)."""
+    from hf2q.errors import UsageError
+    from hf2q.runtime.block_size import AUTO
+
+    if value is None:
+        return None
+    word = value.strip().lower()
+    if word == AUTO:
+        return AUTO
+    try:
+        size = int(word)
+    except ValueError:
+        size = None
+    if size is None or size < 2:
+        raise UsageError(
+            f"--block-size must be auto or a whole number from 2 (one token plus one draft) to "
+            f"the drafter's block size, got {value!r}"
+        )
+    return size
+
+
 def check_draft_head_bits(bits: int) -> int:
     """``--draft-head-bits`` checked before anything loads (0, 4 or 8)."""
     from hf2q.errors import UsageError

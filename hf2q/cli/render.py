@@ -175,7 +175,7 @@ def summary_rows(summary: Any, extra: dict[str, Any]) -> dict[str, str]:
                     if summary.lookup_rounds is not None
                     else ""
                 ),
-                "block size": str(summary.block_size),
+                "block size": block_size_text(summary),
                 "tau (mean a+1)": f"{summary.tau:.2f}" if summary.tau is not None else "-",
                 "acceptance rate": _pct(summary.acceptance_rate),
                 "draft share": _pct(summary.draft_share),
@@ -193,6 +193,14 @@ def summary_rows(summary: Any, extra: dict[str, Any]) -> dict[str, str]:
     rows["peak memory"] = f"{summary.peak_memory_gb:.3f} GB"
     rows.update({k: str(v) for k, v in extra.items()})
     return rows
+
+
+def block_size_text(summary: Any) -> str:
+    """``16``, or with sizes chosen round by round ``auto (rounds: 4 x 12, 16 x 3)``."""
+    sizes = getattr(summary, "block_sizes", None)
+    if not sizes:
+        return str(summary.block_size)
+    return "auto (rounds: " + ", ".join(f"{b} x {n}" for b, n in sizes.items()) + ")"
 
 
 def _pct(x: float | None) -> str:
@@ -259,6 +267,11 @@ def json_record(summary: Any, text: str, extra: dict[str, Any]) -> dict[str, Any
                 "t_verify": summary.t_verify,
                 "t_rollback": summary.t_rollback,
                 "lookup_rounds": summary.lookup_rounds,
+                "block_sizes": (
+                    {str(b): n for b, n in summary.block_sizes.items()}
+                    if summary.block_sizes
+                    else None
+                ),
             }
         )
     if summary.seed is not None:

@@ -43,6 +43,7 @@ from hf2q.kernels.select import (
     row_attention_enabled,
     small_mm_enabled,
 )
+from hf2q.runtime.block_size import AUTO, BlockChooser
 from hf2q.runtime.cache import TargetCache, make_target_cache, unbucketed
 from hf2q.runtime.drafter import DFlashDraftModel
 from hf2q.runtime.lookup import LookupChooser
@@ -57,6 +58,9 @@ from hf2q.runtime.sampling import (
 )
 from hf2q.runtime.target import TargetModel
 from hf2q.runtime.verify import verify_forward, whole_verify
+
+#: No compiled graphs for a block size (the layer path and the drafter's layers run).
+NO_GRAPHS: tuple[None, None] = (None, None)
 
 #: Prompt positions processed per target forward during prefill (mlx-lm's default).
 PREFILL_STEP_SIZE = 2048
@@ -79,7 +83,7 @@ class RoundDone:
     """One DFlash round: draft, verify, accept, roll back."""
 
     index: int  # 1-based
-    block_size: int  # B of this round (smaller than configured only near max_tokens)
+    block_size: int  # B of this round (smaller than configured near max_tokens; auto: chosen)
     drafted: int  # B - 1
     accepted: int  # a, drafts accepted
     bonus: int  # the target's token after the accepted drafts
@@ -133,6 +137,7 @@ class Summary:
     t_verify: float | None = None
     t_rollback: float | None = None
     lookup_rounds: int | None = None  # rounds drafted by lookup (``lookup=True``), else None
+    block_sizes: dict[int, int] | None = None  # rounds at each size (auto sizes), else None
 
 
 Event = PrefillDone | RoundDone | StepDone | Summary
@@ -241,7 +246,7 @@ def dflash_generate(
     *,
     max_tokens: int = 256,
     sampling: SamplingParams | None = None,
-    block_size: int | None = None,
+    block_size: int | str | None = None,
     eos_token_ids: Iterable[int] = (),
     prefill_step_size: int = PREFILL_STEP_SIZE,
     lookup: bool = False,
@@ -255,7 +260,10 @@ def dflash_generate(
         prompt: prompt token ids (chat template already applied).
         max_tokens: most tokens to generate (>= 1).
         sampling: temperature / top-p / top-k / seed; default greedy.
-        block_size: B, 2..drafter.block_size; default the drafter's.
+        block_size: B, 2..drafter.block_size; default the drafter's. ``"auto"``: each round's
+            size, 2 up to the drafter's, from what earlier rounds cost and accepted
+            (:mod:`hf2q.runtime.block_size`), where rounds are greedy and synchronous
+            (:func:`auto_block_applies`; elsewhere the drafter's size).
         eos_token_ids: tokens that stop generation (included in the output).
         lookup: a round may draft the continuation of the sequence's own last n-gram instead
             of running the drafter, when that has been accepting more
@@ -274,7 +282,8 @@ def dflash_generate(
     """
     sampling = sampling or SamplingParams()
     _check_common(prompt, max_tokens, sampling)
-    B = drafter.block_size if block_size is None else int(block_size)
+    auto = block_size == AUTO
+    B = drafter.block_size if block_size is None or auto else int(block_size)
     if not 2 <= B <= drafter.block_size:
         raise UsageError(
             f"--block-size must be between 2 and the drafter's block size {drafter.block_size}, got {B}"
@@ -283,9 +292,17 @@ def dflash_generate(
         drafter.bind(target.embed, target.head)
     run = (target, drafter, list(prompt), max_tokens, sampling, B)
     eos, step = frozenset(eos_token_ids), prefill_step_size
-    if lagged_for(lookup) if lagged is None else lagged:
+    lag = lagged_for(lookup) if lagged is None else lagged
+    if lag:
         return _dflash_lagged(*run, eos, step, lookup)
-    return _dflash(*run, eos, step, lookup)
+    return _dflash(*run, eos, step, lookup, auto and auto_block_applies(sampling, lag))
+
+
+def auto_block_applies(sampling: SamplingParams, lagged: bool) -> bool:
+    """Whether ``block_size="auto"`` chooses each round's size: greedy (a seeded sampled run's
+    draws would depend on the machine's timings) and synchronous rounds (a lagged round is
+    queued before the last one's outcome is known); elsewhere rounds keep the drafter's size."""
+    return sampling.greedy and not lagged
 
 
 def _dflash_lagged(
@@ -366,6 +383,7 @@ def _dflash(
     eos: frozenset[int],
     step_size: int,
     lookup: bool = False,
+    auto: bool = False,
 ) -> Iterator[Event]:
     keys = None if sampling.greedy else KeyStream(sampling.seed)
     mask_id = drafter.mask_token_id
@@ -388,14 +406,23 @@ def _dflash(
     yield PrefillDone(len(prompt), prefill_time, len(prompt) / prefill_time, token, finish)
 
     chooser = LookupChooser([*prompt, token]) if lookup else None
-    whole = whole_verify(target, tcache, B, ids)  # full blocks as one compiled graph (CUDA)
-    dgraph = drafter.graph(B)  # the drafts of full blocks as one graph (HF2Q_COMPILE_DRAFT=1)
+    sizes = BlockChooser(B) if auto else None  # each round's size (``--block-size auto``)
+    graphs: dict[int, tuple[Any, Any]] = {}  # block size -> (verify graph, draft graph)
     unseen: list[mx.array] = []  # verified context rows the drafter has not been given yet
+
+    def graphs_for(bs: int) -> tuple[Any, Any]:
+        """Full blocks of ``bs`` as one compiled verify graph (CUDA) and one draft graph
+        (HF2Q_COMPILE_DRAFT=1), made once a size: the configured size, or each auto size."""
+        if bs not in graphs:
+            graphs[bs] = (whole_verify(target, tcache, bs, ids), drafter.graph(bs))
+        return graphs[bs]
 
     def submit_draft(last: int, ctx: mx.array) -> tuple[mx.array, mx.array | None, int, str]:
         """Queue the draft of block [last, MASK x (bs-1)]: the drafter forward, or the lookup
         proposal when the chooser picks it; return (draft, q, bs, source)."""
-        bs = min(B, max_tokens - len(tokens) + 1)  # never draft more than can be committed
+        size = sizes.next() if sizes is not None else B
+        graphs_for(size)  # a last, shorter block keeps the layer path (no graph traced for it)
+        bs = min(size, max_tokens - len(tokens) + 1)  # never draft more than can be committed
         unseen.append(ctx)
         proposal = chooser.proposal(bs - 1) if chooser is not None else None
         if proposal is not None:  # the drafter catches up on these rows in its next forward
@@ -403,7 +430,7 @@ def _dflash(
         rows = unseen[0] if len(unseen) == 1 else mx.concatenate(unseen, axis=1)
         unseen.clear()
         block = mx.array([[last] + [mask_id] * (bs - 1)], dtype=mx.int32)
-        dlogits = drafter(block, rows, dcache, dgraph)[0]  # (bs-1, V)
+        dlogits = drafter(block, rows, dcache, graphs.get(bs, NO_GRAPHS)[1])[0]  # (bs-1, V)
         if sampling.greedy:
             draft, q = drafter.proposals(dlogits), None
         else:
@@ -427,6 +454,7 @@ def _dflash(
         draft, q, bs, source = pending
         last = tokens[-1]
         vin = mx.concatenate([mx.array([last], dtype=mx.int32), draft])[None]  # (1, bs)
+        whole = graphs.get(bs, NO_GRAPHS)[0]
         vlogits, feats = verify_forward(target, vin, tcache, capture=ids, whole=whole)
         if sampling.greedy:
             a_arr, bonus_arr = accept_greedy(draft, mx.argmax(vlogits[0], axis=-1).astype(mx.int32))
@@ -454,6 +482,9 @@ def _dflash(
         tokens.extend(kept)
         if chooser is not None:
             chooser.round_done(source, a, kept)
+        if sizes is not None:
+            t_round = t_queue + time.perf_counter() - t0
+            sizes.record(bs, a, t_round)
         t_draft = t1 - t0 + t_queue
         t_roll = t3 - t2
         if finish is None:
@@ -510,6 +541,7 @@ def _dflash(
         t_verify=t_verify_sum,
         t_rollback=t_roll_sum,
         lookup_rounds=chooser.lookup_rounds if chooser is not None else None,
+        block_sizes=dict(sorted(sizes.rounds.items())) if sizes is not None else None,
     )
 
 
