@@ -15,30 +15,20 @@ same tokens (greedy: they must).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from dtype_ab import generate_json  # noqa: E402
 from quant_dtype import emit  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 ARMS = "--no-dflash;-b 16;-b 4;-b auto"
 
 
 def generate(args: argparse.Namespace, arm: str, prompt: str | None) -> dict:
-    cmd = [sys.executable, "-m", "hf2q", "generate", "--json", "-n", str(args.tokens)]
-    cmd += arm.split()
-    cmd += ["-m", args.model] if args.model else []
-    cmd += ["-d", args.draft] if args.draft and "--no-dflash" not in arm else []
-    cmd += [prompt] if prompt is not None else []
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, stdin=subprocess.DEVNULL)
-    if res.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{res.stderr[-2000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return generate_json(arm.split(), args.tokens, args.model, args.draft, prompt)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,16 +27,24 @@ from quant_dtype import emit, rates  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def generate(args: argparse.Namespace, dtype: str, mode: str) -> dict:
-    cmd = [sys.executable, "-m", "hf2q", "generate", "--json", "-n", str(args.tokens)]
-    cmd += ["--dtype", dtype, f"--{mode}"]
-    cmd += ["-m", args.model] if args.model else []
-    cmd += ["-d", args.draft] if args.draft else []
-    cmd += [args.prompt] if args.prompt else []
+def generate_json(
+    options: list[str], tokens: int, model: str | None, draft: str | None, prompt: str | None
+) -> dict:
+    """One ``python -m hf2q generate --json`` process's record (its last stdout line), with
+    ``options``, on ``model`` / ``draft`` (None: the demo pair; the drafter only with DFlash)."""
+    cmd = [sys.executable, "-m", "hf2q", "generate", "--json", "-n", str(tokens), *options]
+    cmd += ["-m", model] if model else []
+    cmd += ["-d", draft] if draft and "--no-dflash" not in options else []
+    cmd += [prompt] if prompt is not None else []
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, stdin=subprocess.DEVNULL)
     if res.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{res.stderr[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def generate(args: argparse.Namespace, dtype: str, mode: str) -> dict:
+    options = ["--dtype", dtype, f"--{mode}"]
+    return generate_json(options, args.tokens, args.model, args.draft, args.prompt or None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -455,3 +455,22 @@ def emulated_products(emulated_swiglu, monkeypatch, tmp_path):
         return normed[kind, eps]
 
     monkeypatch.setattr(cm, "_norm_kernel", norm_kernel)
+
+
+# ---- `hf2q generate` in this process ------------------------------------------------------------
+def run_generate(capsys, *args: str) -> tuple[int, str, str]:
+    """``hf2q generate ARGS`` through the CLI's entry point: (exit code, stdout, stderr)."""
+    from hf2q.cli.app import main
+
+    code = main(["generate", *args])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def generate_json(capsys, *args: str) -> dict:
+    """``hf2q generate ARGS --json``'s record (its last stdout line); the run must succeed."""
+    import json
+
+    code, out, err = run_generate(capsys, *args, "--json")
+    assert code == 0, err
+    return json.loads(out.strip().splitlines()[-1])

@@ -10,12 +10,11 @@ chooser comes to the best one.
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
+from conftest import generate_json, run_generate
 
-from hf2q.cli.app import main
 from hf2q.runtime.block_size import EXPLORE_EVERY, BlockChooser
 
 
@@ -140,27 +139,15 @@ def test_a_two_token_drafter_always_gets_two():
 PROMPT = "def add(a, b):"
 
 
-def _generate(capsys, *args: str) -> tuple[int, str, str]:
-    code = main(["generate", *args])
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
-
-
-def _json(capsys, *args: str) -> dict:
-    code, out, err = _generate(capsys, *args, "--json")
-    assert code == 0, err
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def test_generate_block_size_auto_reports_its_sizes(capsys, qwen35_dir, drafter_dir):
     base = [PROMPT, "-m", str(qwen35_dir), "--no-chat", "-n", "40"]
-    rec = _json(capsys, *base, "-d", str(drafter_dir), "-b", "auto")
+    rec = generate_json(capsys, *base, "-d", str(drafter_dir), "-b", "auto")
     sizes = {int(b): n for b, n in rec["block_sizes"].items()}
     assert sum(sizes.values()) == rec["rounds"] and max(sizes) <= rec["block_size"] == 16
     assert sum(rec["accepted_histogram"]) == rec["rounds"]
-    assert _json(capsys, *base, "--no-dflash")["tokens"] == rec["tokens"]
+    assert generate_json(capsys, *base, "--no-dflash")["tokens"] == rec["tokens"]
     # The plain-text summary names the sizes the rounds ran.
-    code, _, err = _generate(capsys, *base, "-d", str(drafter_dir), "-b", "auto")
+    code, _, err = run_generate(capsys, *base, "-d", str(drafter_dir), "-b", "auto")
     line = next(x for x in err.splitlines() if x.startswith("block size: "))
     assert code == 0 and line.startswith("block size: auto (rounds: ") and "16 x " in line
 
@@ -170,15 +157,15 @@ def test_generate_defaults_to_auto_on_a_cpu_when_greedy(capsys, qwen35_dir, draf
 
     base = [PROMPT, "-m", str(qwen35_dir), "-d", str(drafter_dir), "--no-chat", "-n", "24"]
     # On a GPU the drafter's size (a verify's rows cost little there).
-    assert bool(_json(capsys, *base)["block_sizes"]) == (select.backend() == "cpu")
-    assert _json(capsys, *base, "-b", "8")["block_sizes"] is None
+    assert bool(generate_json(capsys, *base)["block_sizes"]) == (select.backend() == "cpu")
+    assert generate_json(capsys, *base, "-b", "8")["block_sizes"] is None
     # Sampled: the drafter's size (a size chosen from timings would move a seeded run's draws).
-    assert _json(capsys, *base, "--temp", "0.7", "--seed", "3")["block_sizes"] is None
+    assert generate_json(capsys, *base, "--temp", "0.7", "--seed", "3")["block_sizes"] is None
 
 
 @pytest.mark.parametrize("value", ["x", "1", "0", "-3", "2.5"])
 def test_bad_block_size_is_one_line_naming_the_fix(capsys, value):
-    code, _, err = _generate(capsys, "-b", value, PROMPT)
+    code, _, err = run_generate(capsys, "-b", value, PROMPT)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1, err
     assert "--block-size must be auto or a whole number from 2" in lines[0]
@@ -186,7 +173,7 @@ def test_bad_block_size_is_one_line_naming_the_fix(capsys, value):
 
 
 def test_auto_with_sampling_says_it_keeps_the_drafters_size(capsys, qwen35_dir, drafter_dir):
-    code, _, err = _generate(
+    code, _, err = run_generate(
         capsys,
         PROMPT,
         "-m",

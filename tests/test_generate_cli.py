@@ -10,28 +10,16 @@ from pathlib import Path
 
 import checkpoints as ck
 import pytest
+from conftest import generate_json, run_generate
 
-from hf2q.cli.app import main
 from hf2q.platform import BlasPlan, plan_blas
 
 PROMPT = "def add(a, b):"
 
 
-def _run(capsys, *args: str) -> tuple[int, str, str]:
-    code = main(["generate", *args])
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
-
-
-def _json(capsys, *args: str) -> dict:
-    code, out, err = _run(capsys, *args, "--json")
-    assert code == 0, err
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def test_json_has_the_documented_keys_and_dflash_equals_plain(capsys, qwen35_dir, drafter_dir):
     base = [PROMPT, "-m", str(qwen35_dir), "--no-chat", "-n", "12"]
-    dfl = _json(capsys, *base, "-d", str(drafter_dir), "-b", "5")
+    dfl = generate_json(capsys, *base, "-d", str(drafter_dir), "-b", "5")
     for key in (
         "tokens",
         "text",
@@ -51,7 +39,7 @@ def test_json_has_the_documented_keys_and_dflash_equals_plain(capsys, qwen35_dir
     assert dfl["kernels"].startswith("cpu; Gated-DeltaNet ops") and "exact length" in dfl["kernels"]
     assert dfl["mode"] == "dflash" and len(dfl["tokens"]) == 12 and dfl["block_size"] == 5
     assert len(dfl["accepted_histogram"]) == 5 and sum(dfl["accepted_histogram"]) == dfl["rounds"]
-    plain = _json(capsys, *base, "--no-dflash")
+    plain = generate_json(capsys, *base, "--no-dflash")
     assert plain["mode"] == "plain" and plain["tokens"] == dfl["tokens"]
     assert plain["text"] == dfl["text"]
     assert "tau" not in plain and "rounds" not in plain
@@ -60,36 +48,36 @@ def test_json_has_the_documented_keys_and_dflash_equals_plain(capsys, qwen35_dir
 
 def test_plain_output_streams_text_to_stdout_and_stats_to_stderr(capsys, qwen35_dir, drafter_dir):
     pair = (PROMPT, "-m", str(qwen35_dir), "-d", str(drafter_dir), "--no-chat", "-n", "6")
-    code, out, err = _run(capsys, *pair, "-b", "3")
+    code, out, err = run_generate(capsys, *pair, "-b", "3")
     assert code == 0
-    text = _json(capsys, *pair, "-b", "3")["text"]
+    text = generate_json(capsys, *pair, "-b", "3")["text"]
     assert out == text + "\n"
     assert "round 1: drafted 2 accepted" in err
     assert "tau (mean a+1):" in err and "accepted histogram: 0:" in err
-    code, out, err = _run(capsys, *pair, "--no-stats")
+    code, out, err = run_generate(capsys, *pair, "--no-stats")
     assert code == 0 and "round" not in err and out == text + "\n"
 
 
 def test_prompt_comes_from_file_or_stdin(capsys, qwen35_dir, tmp_path, monkeypatch):
     args = ["-m", str(qwen35_dir), "--no-dflash", "-n", "5"]
-    want = _json(capsys, PROMPT, *args)["tokens"]
+    want = generate_json(capsys, PROMPT, *args)["tokens"]
     f = tmp_path / "prompt.txt"
     f.write_text(PROMPT)
-    assert _json(capsys, "--prompt-file", str(f), *args)["tokens"] == want
+    assert generate_json(capsys, "--prompt-file", str(f), *args)["tokens"] == want
     monkeypatch.setattr("sys.stdin", io.StringIO(PROMPT))
-    assert _json(capsys, *args)["tokens"] == want
+    assert generate_json(capsys, *args)["tokens"] == want
 
 
 def test_chat_template_and_thinking_switch_change_the_prompt(capsys, qwen35_dir):
     args = ["hi", "-m", str(qwen35_dir), "--no-dflash", "-n", "1"]
-    raw = _json(capsys, *args, "--no-chat")["prompt_tokens"]
-    chat = _json(capsys, *args)["prompt_tokens"]
-    no_think = _json(capsys, *args, "--no-thinking")["prompt_tokens"]
+    raw = generate_json(capsys, *args, "--no-chat")["prompt_tokens"]
+    chat = generate_json(capsys, *args)["prompt_tokens"]
+    no_think = generate_json(capsys, *args, "--no-thinking")["prompt_tokens"]
     assert raw < chat < no_think  # template turns, then the empty think block
 
 
 def _one_line_error(capsys, *args: str) -> str:
-    code, _, err = _run(capsys, *args)
+    code, _, err = run_generate(capsys, *args)
     lines = err.strip().splitlines()
     assert code == 2, err
     assert len(lines) == 1 and lines[0].startswith("hf2q: error:"), err
@@ -188,7 +176,7 @@ def test_demo_pair_runs_once_its_folders_exist(
     shutil.copy(Path(__file__).parents[1] / "configs" / "registry.toml", pkg / "configs")
     monkeypatch.setattr("hf2q.runtime.pair._package_dir", lambda: pkg)
     monkeypatch.setattr("sys.stdin", io.StringIO(""))  # nothing piped in: the demo's own prompt
-    rec = _json(capsys, "-n", "4")
+    rec = generate_json(capsys, "-n", "4")
     assert rec["mode"] == "dflash" and len(rec["tokens"]) == 4
     assert rec["model"].endswith("demo/target") and rec["draft"].endswith("demo/draft")
     # The registry marks the demo as raw text: no chat template turns around the prompt.
@@ -294,7 +282,7 @@ def test_blas_kind_says_when_the_gpu_makes_it_irrelevant():
 
 def test_in_process_calls_never_reexec(capsys, qwen35_dir):
     # Called from Python (argv given), hf2q must not replace the caller's process.
-    rec = _json(capsys, PROMPT, "-m", str(qwen35_dir), "--no-dflash", "-n", "2")
+    rec = generate_json(capsys, PROMPT, "-m", str(qwen35_dir), "--no-dflash", "-n", "2")
     assert rec["generation_tokens"] == 2
 
 
