@@ -46,7 +46,7 @@ def test_verify_rows_are_bit_equal_to_decode_steps_in_bf16(demo, text):
 def test_greedy_dflash_equals_plain_in_bf16(demo):
     prompts = [demo.tokenizer.encode(t) for t in PROMPTS]
     assert_greedy_dflash_equals_plain(
-        demo.target, demo.drafter, prompts, [48, 40, 56], blocks=[16, 8, 4], slots=2
+        demo.target, demo.drafter, prompts, [48, 40, 56], blocks=[16, 8, 4, "auto"], slots=2
     )
 
 
