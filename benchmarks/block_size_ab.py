@@ -27,10 +27,6 @@ from quant_dtype import emit  # noqa: E402
 ARMS = "--no-dflash;-b 16;-b 4;-b auto"
 
 
-def generate(args: argparse.Namespace, arm: str, prompt: str | None) -> dict:
-    return generate_json(arm.split(), args.tokens, args.model, args.draft, prompt)
-
-
 def main(argv: list[str] | None = None) -> int:
     from hf2q.runtime.bench import BUILTIN_PROMPTS
 
@@ -52,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, prompt in enumerate(prompts):
             name = "default" if prompt is None else f"builtin {i - 1}"
             for arm in arms:
-                rec = generate(args, arm, prompt)
+                rec = generate_json(arm.split(), args.tokens, args.model, args.draft, prompt)
                 last[arm][name] = rec
                 tokens.setdefault(name, set()).add(tuple(rec["tokens"]))
                 if r:

@@ -197,10 +197,9 @@ def summary_rows(summary: Any, extra: dict[str, Any]) -> dict[str, str]:
 
 def block_size_text(summary: Any) -> str:
     """``16``, or with sizes chosen round by round ``auto (rounds: 4 x 12, 16 x 3)``."""
-    sizes = getattr(summary, "block_sizes", None)
-    if not sizes:
+    if not summary.block_sizes:
         return str(summary.block_size)
-    return "auto (rounds: " + ", ".join(f"{b} x {n}" for b, n in sizes.items()) + ")"
+    return "auto (rounds: " + ", ".join(f"{b} x {n}" for b, n in summary.block_sizes.items()) + ")"
 
 
 def _pct(x: float | None) -> str:

@@ -76,7 +76,6 @@ class BlockChooser:
         self.kept = [0.0] * max_block  # index k: ... and accepted
         self.own: dict[int, list[float]] = {}  # size -> [decayed rounds, decayed tokens]
         self.cost: dict[int, float] = {}  # size -> average seconds a round (warm)
-        self.traced: set[int] = set()  # sizes whose first (tracing) round has run
         self.rounds: Counter[int] = Counter()  # rounds run at each size
         quarter = max(b for b in self.sizes if b <= max(2, max_block // 4))
         self.plan = deque([max_block, max_block, quarter, quarter])
@@ -174,11 +173,10 @@ class BlockChooser:
         """A round of ``b`` tokens took ``seconds`` and accepted ``accepted`` drafts (whoever
         drafted it: with lookup on, the rounds' mix of drafter and lookup proposals is what a
         size's tokens and time are)."""
+        first = self.rounds[b] == 0  # a size's first round traces its graphs: not its cost
         self.rounds[b] += 1
         self.full_streak = self.full_streak + 1 if accepted == b - 1 else 0
-        if b not in self.traced:
-            self.traced.add(b)  # the first round of a size traces its graphs: not its cost
-        else:
+        if not first:
             old = self.cost.get(b)
             if old is None:
                 self.cost[b] = seconds

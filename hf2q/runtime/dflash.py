@@ -407,21 +407,17 @@ def _dflash(
 
     chooser = LookupChooser([*prompt, token]) if lookup else None
     sizes = BlockChooser(B) if auto else None  # each round's size (``--block-size auto``)
-    graphs: dict[int, tuple[Any, Any]] = {}  # block size -> (verify graph, draft graph)
+    # Block size -> full blocks of it as one compiled verify graph (CUDA) and one draft graph
+    # (HF2Q_COMPILE_DRAFT=1), made once a size: the configured size, or each auto size.
+    graphs: dict[int, tuple[Any, Any]] = {}
     unseen: list[mx.array] = []  # verified context rows the drafter has not been given yet
-
-    def graphs_for(bs: int) -> tuple[Any, Any]:
-        """Full blocks of ``bs`` as one compiled verify graph (CUDA) and one draft graph
-        (HF2Q_COMPILE_DRAFT=1), made once a size: the configured size, or each auto size."""
-        if bs not in graphs:
-            graphs[bs] = (whole_verify(target, tcache, bs, ids), drafter.graph(bs))
-        return graphs[bs]
 
     def submit_draft(last: int, ctx: mx.array) -> tuple[mx.array, mx.array | None, int, str]:
         """Queue the draft of block [last, MASK x (bs-1)]: the drafter forward, or the lookup
         proposal when the chooser picks it; return (draft, q, bs, source)."""
         size = sizes.next() if sizes is not None else B
-        graphs_for(size)  # a last, shorter block keeps the layer path (no graph traced for it)
+        if size not in graphs:  # a last, shorter block keeps the layer path (no graph for it)
+            graphs[size] = (whole_verify(target, tcache, size, ids), drafter.graph(size))
         bs = min(size, max_tokens - len(tokens) + 1)  # never draft more than can be committed
         unseen.append(ctx)
         proposal = chooser.proposal(bs - 1) if chooser is not None else None
